@@ -1,0 +1,186 @@
+// The emulator's execution model, as seen from kernel code.
+//
+// A dispatch runs its threadgroups on CPU worker threads. Inside a threadgroup, when the
+// library uses barriers or SIMD-group functions, each Metal thread is a cooperative fiber:
+// a barrier or a SIMD collective suspends the fiber until every thread it waits for has
+// arrived, so synchronisation really blocks and a missing barrier is observable. Kernels
+// without any of those run as a plain loop over the threads.
+//
+// Nothing here may include C math headers: see types.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+namespace tsm_emu {
+
+struct u3 {
+  uint32_t x, y, z;
+};
+
+// Everything a thread can ask about its place in the dispatch.
+struct ThreadInfo {
+  u3 thread_position_in_grid;
+  u3 thread_position_in_threadgroup;
+  u3 threadgroup_position_in_grid;
+  u3 threads_per_threadgroup;           // actual size: smaller at the grid's edges
+  u3 dispatch_threads_per_threadgroup;  // requested size
+  u3 threadgroups_per_grid;
+  u3 threads_per_grid;
+  uint32_t thread_index_in_threadgroup;
+  uint32_t thread_index_in_simdgroup;
+  uint32_t simdgroup_index_in_threadgroup;
+  uint32_t simdgroups_per_threadgroup;
+  uint32_t dispatch_simdgroups_per_threadgroup;
+};
+
+enum ParamKind : int { P_BUFFER = 0, P_THREADGROUP = 1, P_BUILTIN = 2 };
+
+enum Builtin : int {
+  B_THREAD_POSITION_IN_GRID,
+  B_THREAD_POSITION_IN_THREADGROUP,
+  B_THREADGROUP_POSITION_IN_GRID,
+  B_THREADS_PER_THREADGROUP,
+  B_DISPATCH_THREADS_PER_THREADGROUP,
+  B_THREADGROUPS_PER_GRID,
+  B_THREADS_PER_GRID,
+  B_THREAD_INDEX_IN_THREADGROUP,
+  B_THREAD_INDEX_IN_SIMDGROUP,
+  B_SIMDGROUP_INDEX_IN_THREADGROUP,
+  B_THREADS_PER_SIMDGROUP,
+  B_THREAD_EXECUTION_WIDTH,
+  B_SIMDGROUPS_PER_THREADGROUP,
+  B_DISPATCH_SIMDGROUPS_PER_THREADGROUP,
+  B_THREAD_INDEX_IN_QUADGROUP,
+  B_QUADGROUP_INDEX_IN_THREADGROUP,
+  B_QUADGROUPS_PER_THREADGROUP,
+  B_DISPATCH_QUADGROUPS_PER_THREADGROUP,
+};
+
+struct ParamSpec {
+  int kind;   // ParamKind
+  int index;  // buffer / threadgroup index, or Builtin
+};
+
+struct DispatchArgs {
+  void* const* buffers;
+  const uint64_t* buffer_bytes;
+  void* const* threadgroup;  // this threadgroup's dynamic [[threadgroup(n)]] blocks
+};
+
+// Described to Python so it can convert scalars and check argument widths.
+struct TypeInfo {
+  int passing;       // 0 pointer, 1 reference, 2 value
+  int size;          // sizeof the pointee / referee / value
+  char scalar;       // f float, h half, b bfloat, d double, i signed, u unsigned, o bool, s other
+  int is_const;
+};
+
+using InvokeFn = void (*)(const DispatchArgs&, const ThreadInfo&);
+
+struct KernelEntry {
+  const char* name;
+  InvokeFn invoke;
+  int num_params;
+  const ParamSpec* params;
+  const TypeInfo* types;
+};
+
+// ---- runtime services (runtime.cpp) -------------------------------------------------
+[[noreturn]] void fault(const char* kind, const char* message);
+const ThreadInfo& current_thread();
+
+// A value exchanged by the active lanes of one SIMD-group at one collective.
+struct SimdExchange {
+  uint64_t active;                       // bit i: lane i took part
+  const unsigned char (*values)[32];     // values[lane], valid for active lanes
+  uint32_t lane;                         // the calling lane
+};
+// `site` identifies the call in the kernel source (line << 12 | column): the lanes waiting
+// at one site form one collective, and threads waiting at different barrier sites diverge.
+// Source positions survive optimisation, which may duplicate or merge the calls themselves.
+#if defined(__has_builtin) && __has_builtin(__builtin_COLUMN)
+#define TSM_EMU_COLUMN __builtin_COLUMN()
+#else
+#define TSM_EMU_COLUMN 0u  // GCC: line only; two collectives on one line share a site
+#endif
+constexpr uint32_t site_of(uint32_t line, uint32_t column) { return (line << 12) | (column & 0xFFF); }
+SimdExchange simd_exchange(const void* value, size_t size, uint32_t site);
+void simdgroup_barrier_wait(uint32_t site);
+void threadgroup_barrier_wait(uint32_t site);
+void register_static_threadgroup_memory(const void* address, size_t bytes);
+
+// ---- argument binding ---------------------------------------------------------------
+template <class T>
+struct scalar_code {
+  static constexpr char value =
+      std::is_same<T, bool>::value ? 'o'
+      : std::is_same<T, double>::value ? 'd'
+      : std::is_floating_point<T>::value ? 'f'
+      : std::is_integral<T>::value ? (std::is_signed<T>::value ? 'i' : 'u')
+                                   : 's';
+};
+template <>
+struct scalar_code<_Float16> {
+  static constexpr char value = 'h';
+};
+
+template <class T>
+struct builtin_traits {
+  static constexpr bool ok = std::is_integral<T>::value;
+  static T make(u3 v) { return static_cast<T>(v.x); }
+};
+
+template <class A>
+constexpr TypeInfo type_info() {
+  using NoRef = std::remove_reference_t<A>;
+  using Pointee = std::conditional_t<std::is_pointer<NoRef>::value, std::remove_pointer_t<NoRef>, NoRef>;
+  using Bare = std::remove_cv_t<Pointee>;
+  return TypeInfo{std::is_pointer<A>::value ? 0 : (std::is_reference<A>::value ? 1 : 2),
+                  int(sizeof(Bare)), scalar_code<Bare>::value, int(std::is_const<Pointee>::value)};
+}
+
+u3 builtin_value(int which, const ThreadInfo& t);
+
+template <class A>
+inline A make_arg(const ParamSpec& p, const DispatchArgs& d, const ThreadInfo& t) {
+  if constexpr (std::is_pointer<A>::value) {
+    void* base = p.kind == P_THREADGROUP ? d.threadgroup[p.index] : d.buffers[p.index];
+    return static_cast<A>(base);
+  } else if constexpr (std::is_reference<A>::value) {
+    void* base = p.kind == P_THREADGROUP ? d.threadgroup[p.index] : d.buffers[p.index];
+    return *static_cast<std::remove_reference_t<A>*>(base);
+  } else {
+    using V = std::remove_cv_t<A>;
+    if constexpr (builtin_traits<V>::ok) {
+      if (p.kind == P_BUILTIN) return builtin_traits<V>::make(builtin_value(p.index, t));
+    }
+    if (p.kind != P_BUFFER) fault("launch", "built-in parameter of an unsupported type");
+    V v;
+    __builtin_memcpy(static_cast<void*>(&v), d.buffers[p.index], sizeof(V));
+    return v;
+  }
+}
+
+template <class... A, size_t... I>
+inline void invoke_with(void (*f)(A...), const ParamSpec* p, const DispatchArgs& d,
+                        const ThreadInfo& t, std::index_sequence<I...>) {
+  f(make_arg<A>(p[I], d, t)...);
+}
+
+template <class... A>
+inline void invoke(void (*f)(A...), const ParamSpec* p, const DispatchArgs& d, const ThreadInfo& t) {
+  invoke_with(f, p, d, t, std::index_sequence_for<A...>{});
+}
+
+template <class F>
+struct fn_params;
+template <class... A>
+struct fn_params<void (*)(A...)> {
+  static constexpr int count = sizeof...(A);
+  static constexpr TypeInfo types[sizeof...(A) > 0 ? sizeof...(A) : 1] = {type_info<A>()...};
+};
+
+}  // namespace tsm_emu

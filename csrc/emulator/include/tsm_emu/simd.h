@@ -1,0 +1,302 @@
+// SIMD-group and quad-group functions over the active lanes of the caller's SIMD-group.
+//
+// Each call is a collective: the lane deposits its value and suspends until every live
+// lane of its SIMD-group is waiting somewhere; the lanes waiting at this call site are the
+// active lanes (a lane in another branch, or one that returned, is inactive). Reading an
+// inactive lane through a shuffle is unspecified in Metal; it yields a poison value here.
+#pragma once
+
+#include <type_traits>
+
+#include "tsm_emu/runtime.h"
+
+namespace metal {
+
+namespace simd_detail {
+
+template <class T>
+inline T lane_value(const tsm_emu::SimdExchange& x, unsigned lane) {
+  T v;
+  __builtin_memcpy(static_cast<void*>(&v), x.values[lane], sizeof(T));
+  return v;
+}
+
+inline bool active(const tsm_emu::SimdExchange& x, unsigned lane) {
+  return lane < 32 && ((x.active >> lane) & 1);
+}
+
+template <class T>
+inline T poison() {
+  T v;
+  __builtin_memset(static_cast<void*>(&v), 0xFF, sizeof(T));  // NaN for floats, -1 for ints
+  return v;
+}
+
+// The value of `lane` as seen by the caller, within a window of `width` lanes (32 for SIMD
+// functions, 4 for quad functions) that starts at the caller's window base.
+template <class T>
+inline T read(const tsm_emu::SimdExchange& x, unsigned lane) {
+  return active(x, lane) ? lane_value<T>(x, lane) : poison<T>();
+}
+
+template <class T, class Op>
+inline T reduce(const tsm_emu::SimdExchange& x, unsigned begin, unsigned end, Op op) {
+  bool have = false;
+  T acc{};
+  for (unsigned l = begin; l < end; ++l) {
+    if (!active(x, l)) continue;
+    T v = lane_value<T>(x, l);
+    acc = have ? op(acc, v) : v;
+    have = true;
+  }
+  return acc;
+}
+
+template <class T>
+inline tsm_emu::SimdExchange exchange(const T& v, uint32_t site) {
+  static_assert(sizeof(T) <= 32, "SIMD-group functions take values of at most 32 bytes");
+  return tsm_emu::simd_exchange(&v, sizeof(T), site);
+}
+
+struct Sum { template <class T> T operator()(T a, T b) const { return a + b; } };
+struct Product { template <class T> T operator()(T a, T b) const { return a * b; } };
+struct Min { template <class T> T operator()(T a, T b) const { return min(a, b); } };
+struct Max { template <class T> T operator()(T a, T b) const { return max(a, b); } };
+struct And { template <class T> T operator()(T a, T b) const { return a & b; } };
+struct Or { template <class T> T operator()(T a, T b) const { return a | b; } };
+struct Xor { template <class T> T operator()(T a, T b) const { return a ^ b; } };
+
+template <class T, class Op>
+inline T prefix(const T& v, uint32_t site, bool inclusive, T identity, Op op) {
+  auto x = exchange(v, site);
+  T acc = identity;
+  for (unsigned l = 0; l < x.lane; ++l)
+    if (active(x, l)) acc = op(acc, lane_value<T>(x, l));
+  return inclusive ? op(acc, v) : acc;
+}
+
+}  // namespace simd_detail
+
+#define TSM_SIMD_REDUCTION(name, op, base, width)                                \
+  template <class T>                                                             \
+  inline T name(T v, unsigned line_ = __builtin_LINE(),                          \
+                 unsigned column_ = TSM_EMU_COLUMN) {                        \
+    auto x = simd_detail::exchange(v, tsm_emu::site_of(line_, column_));         \
+    unsigned b = base;                                                           \
+    return simd_detail::reduce<T>(x, b, b + width, simd_detail::op{});           \
+  }
+TSM_SIMD_REDUCTION(simd_sum, Sum, 0, 32)
+TSM_SIMD_REDUCTION(simd_product, Product, 0, 32)
+TSM_SIMD_REDUCTION(simd_min, Min, 0, 32)
+TSM_SIMD_REDUCTION(simd_max, Max, 0, 32)
+TSM_SIMD_REDUCTION(simd_and, And, 0, 32)
+TSM_SIMD_REDUCTION(simd_or, Or, 0, 32)
+TSM_SIMD_REDUCTION(simd_xor, Xor, 0, 32)
+TSM_SIMD_REDUCTION(quad_sum, Sum, x.lane & ~3u, 4)
+TSM_SIMD_REDUCTION(quad_product, Product, x.lane & ~3u, 4)
+TSM_SIMD_REDUCTION(quad_min, Min, x.lane & ~3u, 4)
+TSM_SIMD_REDUCTION(quad_max, Max, x.lane & ~3u, 4)
+TSM_SIMD_REDUCTION(quad_and, And, x.lane & ~3u, 4)
+TSM_SIMD_REDUCTION(quad_or, Or, x.lane & ~3u, 4)
+TSM_SIMD_REDUCTION(quad_xor, Xor, x.lane & ~3u, 4)
+#undef TSM_SIMD_REDUCTION
+
+template <class T>
+inline T simd_prefix_inclusive_sum(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::prefix(v, tsm_emu::site_of(line_, column_), true, T(0), simd_detail::Sum{});
+}
+template <class T>
+inline T simd_prefix_exclusive_sum(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::prefix(v, tsm_emu::site_of(line_, column_), false, T(0), simd_detail::Sum{});
+}
+template <class T>
+inline T simd_prefix_inclusive_product(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::prefix(v, tsm_emu::site_of(line_, column_), true, T(1), simd_detail::Product{});
+}
+template <class T>
+inline T simd_prefix_exclusive_product(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::prefix(v, tsm_emu::site_of(line_, column_), false, T(1), simd_detail::Product{});
+}
+
+// Shuffles: `src(lane)` names the lane to read; `keep` says the caller keeps its own value.
+#define TSM_SHUFFLE(name, width, src_expr, keep_expr)                            \
+  template <class T, class I>                                                    \
+  inline T name(T v, I arg, unsigned line_ = __builtin_LINE(),                   \
+                 unsigned column_ = TSM_EMU_COLUMN) {                        \
+    auto x = simd_detail::exchange(v, tsm_emu::site_of(line_, column_));         \
+    const unsigned lane = x.lane, base = lane & ~(width - 1u), d = unsigned(arg); \
+    (void)base;                                                                  \
+    if (keep_expr) return v;                                                     \
+    return simd_detail::read<T>(x, src_expr);                                    \
+  }
+TSM_SHUFFLE(simd_shuffle, 32u, d, false)
+TSM_SHUFFLE(simd_broadcast, 32u, d, false)
+TSM_SHUFFLE(simd_shuffle_up, 32u, lane - d, d > lane)
+TSM_SHUFFLE(simd_shuffle_down, 32u, lane + d, lane + d >= 32u)
+TSM_SHUFFLE(simd_shuffle_rotate_up, 32u, (lane - d) & 31u, false)
+TSM_SHUFFLE(simd_shuffle_rotate_down, 32u, (lane + d) & 31u, false)
+TSM_SHUFFLE(simd_shuffle_xor, 32u, lane ^ (d & 31u), false)
+TSM_SHUFFLE(quad_shuffle, 4u, base + (d & 3u), false)
+TSM_SHUFFLE(quad_broadcast, 4u, base + (d & 3u), false)
+TSM_SHUFFLE(quad_shuffle_up, 4u, lane - d, d > (lane - base))
+TSM_SHUFFLE(quad_shuffle_down, 4u, lane + d, (lane - base) + d >= 4u)
+TSM_SHUFFLE(quad_shuffle_rotate_up, 4u, base + ((lane - base - d) & 3u), false)
+TSM_SHUFFLE(quad_shuffle_rotate_down, 4u, base + ((lane - base + d) & 3u), false)
+TSM_SHUFFLE(quad_shuffle_xor, 4u, base + ((lane - base) ^ (d & 3u)), false)
+#undef TSM_SHUFFLE
+
+template <class T>
+inline T simd_broadcast_first(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(v, tsm_emu::site_of(line_, column_));
+  return simd_detail::read<T>(x, unsigned(__builtin_ctzll(x.active)));
+}
+
+// Metal's simd_vote: a lane mask with convenience queries.
+struct simd_vote {
+  using vote_t = unsigned long;
+  vote_t bits = 0;
+  constexpr explicit simd_vote(vote_t v = 0) : bits(v) {}
+  // Any integer width, so `ulong(vote)` and `uint(vote)` both work.
+  template <class U, class = std::enable_if_t<std::is_integral<U>::value>>
+  explicit constexpr operator U() const { return U(bits); }
+  constexpr bool all() const { return bits == 0xFFFFFFFFul; }
+  constexpr bool any() const { return bits != 0; }
+};
+
+inline simd_vote simd_ballot(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+  unsigned long bits = 0;
+  for (unsigned l = 0; l < 32; ++l)
+    if (simd_detail::active(x, l) && simd_detail::lane_value<bool>(x, l)) bits |= 1ul << l;
+  return simd_vote(bits);
+}
+inline simd_vote simd_active_threads_mask(unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(true, tsm_emu::site_of(line_, column_));
+  return simd_vote((unsigned long)x.active);
+}
+inline bool simd_all(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+  for (unsigned l = 0; l < 32; ++l)
+    if (simd_detail::active(x, l) && !simd_detail::lane_value<bool>(x, l)) return false;
+  return true;
+}
+inline bool simd_any(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+  for (unsigned l = 0; l < 32; ++l)
+    if (simd_detail::active(x, l) && simd_detail::lane_value<bool>(x, l)) return true;
+  return false;
+}
+inline bool simd_is_first(unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(true, tsm_emu::site_of(line_, column_));
+  return unsigned(__builtin_ctzll(x.active)) == x.lane;
+}
+
+// Quad-group votes and scans: the same collectives over the caller's group of 4 lanes.
+struct quad_vote {
+  using vote_t = unsigned short;
+  vote_t bits = 0;
+  constexpr explicit quad_vote(vote_t v = 0) : bits(v) {}
+  template <class U, class = std::enable_if_t<std::is_integral<U>::value>>
+  explicit constexpr operator U() const { return U(bits); }
+  constexpr bool all() const { return bits == 0xF; }
+  constexpr bool any() const { return bits != 0; }
+};
+
+namespace simd_detail {
+inline unsigned quad_bits(const tsm_emu::SimdExchange& x, bool want_values) {
+  const unsigned base = x.lane & ~3u;
+  unsigned bits = 0;
+  for (unsigned l = 0; l < 4; ++l)
+    if (active(x, base + l) && (!want_values || lane_value<bool>(x, base + l))) bits |= 1u << l;
+  return bits;
+}
+template <class T, class Op>
+inline T quad_prefix(const T& v, uint32_t site, bool inclusive, T identity, Op op) {
+  auto x = exchange(v, site);
+  T acc = identity;
+  for (unsigned l = x.lane & ~3u; l < x.lane; ++l)
+    if (active(x, l)) acc = op(acc, lane_value<T>(x, l));
+  return inclusive ? op(acc, v) : acc;
+}
+}  // namespace simd_detail
+
+inline quad_vote quad_ballot(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+  return quad_vote((unsigned short)simd_detail::quad_bits(x, true));
+}
+inline quad_vote quad_active_threads_mask(unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(true, tsm_emu::site_of(line_, column_));
+  return quad_vote((unsigned short)simd_detail::quad_bits(x, false));
+}
+inline bool quad_all(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+  return simd_detail::quad_bits(x, true) == simd_detail::quad_bits(x, false);
+}
+inline bool quad_any(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+  return simd_detail::quad_bits(x, true) != 0;
+}
+inline bool quad_is_first(unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(true, tsm_emu::site_of(line_, column_));
+  return unsigned(__builtin_ctz(simd_detail::quad_bits(x, false))) == (x.lane & 3u);
+}
+template <class T>
+inline T quad_broadcast_first(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  auto x = simd_detail::exchange(v, tsm_emu::site_of(line_, column_));
+  return simd_detail::read<T>(x, (x.lane & ~3u) + unsigned(__builtin_ctz(simd_detail::quad_bits(x, false))));
+}
+template <class T>
+inline T quad_prefix_inclusive_sum(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::quad_prefix(v, tsm_emu::site_of(line_, column_), true, T(0), simd_detail::Sum{});
+}
+template <class T>
+inline T quad_prefix_exclusive_sum(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::quad_prefix(v, tsm_emu::site_of(line_, column_), false, T(0), simd_detail::Sum{});
+}
+template <class T>
+inline T quad_prefix_inclusive_product(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::quad_prefix(v, tsm_emu::site_of(line_, column_), true, T(1), simd_detail::Product{});
+}
+template <class T>
+inline T quad_prefix_exclusive_product(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::quad_prefix(v, tsm_emu::site_of(line_, column_), false, T(1), simd_detail::Product{});
+}
+
+// simd_shuffle_and_fill_up/down (MSL 2.4): lanes whose source falls off the edge of the
+// (modulo-sized) window read `filling` from the lane on the other side of the window.
+namespace simd_detail {
+template <class T>
+struct DataAndFill {
+  T data, fill;
+};
+template <class T>
+inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bool up, uint32_t site) {
+  static_assert(2 * sizeof(T) <= 32, "shuffle_and_fill takes values of at most 16 bytes");
+  auto x = exchange(DataAndFill<T>{data, filling}, site);
+  const unsigned w = modulo ? modulo : 32u, base = x.lane - x.lane % w, i = x.lane % w;
+  const bool inside = up ? i >= delta : i + delta < w;
+  const unsigned src = base + (up ? (i + w - delta) % w : (i + delta) % w);
+  if (!active(x, src)) return poison<T>();
+  const auto pair = lane_value<DataAndFill<T>>(x, src);
+  return inside ? pair.data : pair.fill;
+}
+}  // namespace simd_detail
+
+template <class T, class D>
+inline T simd_shuffle_and_fill_up(T data, T filling, D delta, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, true, tsm_emu::site_of(line_, column_));
+}
+template <class T, class D, class M>
+inline T simd_shuffle_and_fill_up(T data, T filling, D delta, M modulo, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), true, tsm_emu::site_of(line_, column_));
+}
+template <class T, class D>
+inline T simd_shuffle_and_fill_down(T data, T filling, D delta, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, false, tsm_emu::site_of(line_, column_));
+}
+template <class T, class D, class M>
+inline T simd_shuffle_and_fill_down(T data, T filling, D delta, M modulo, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), false, tsm_emu::site_of(line_, column_));
+}
+
+}  // namespace metal

@@ -1,0 +1,791 @@
+// Scalar and vector types of the Metal Shading Language, for the emulator (C++17, g++).
+//
+// Everything lives in namespace metal; kernels say `using namespace metal;`. Rules for every
+// file of the emulated <metal_stdlib>:
+//   * never include <cmath>, <math.h>, <cstdlib>, <stdlib.h>, <algorithm> or anything else
+//     that declares global C math functions: with `using namespace metal;` at global scope
+//     they would make unqualified calls such as abs(x) ambiguous. Use __builtin_* instead.
+//   * the address-space words (device, constant, thread, threadgroup) are defined away as
+//     macros after these headers: never use them as identifiers here.
+//
+// What is here:
+//   scalars  uint ushort uchar ulong half (_Float16) bfloat size_t ptrdiff_t (double is kept
+//            usable: kernels are instantiated for it in emulator builds)
+//   vectors  vec<T, N> (N = 2, 3, 4) and the MSL names float4, half2, uint3, bool4, ...;
+//            3-component vectors have the size and alignment of 4-component ones; packed_*
+//            types (packed_float3 is 12 bytes). Members .x .y .z .w / .r .g .b .a, v[i],
+//            every 2-, 3- and 4-component swizzle in both spellings (assignable when no
+//            component repeats), MSL constructors and element-wise operators.
+//   as_type<T>(x), numeric_limits<T>, the <metal_limits> macros (INT_MAX, HALF_MAX, ...),
+//   and the half literal suffix (1.5h).
+// Reserved names besides Metal's: metal::tsm_detail (internals), the TSM_* macros.
+// Math functions and the math constants are in tsm_emu/math.h.
+//
+// Deliberate departures from Metal, all in the permissive direction unless noted:
+//   * a proxy returned by a swizzle converts to vec<T, K> but has no members of its own, so
+//     v.xy.x does not compile: write float2(v.xy).x or v.x.
+//   * float4 v = {1} broadcasts (Metal's initializer list would zero-fill y, z, w).
+//   * vector shifts use the shift count modulo the element width (as OpenCL specifies);
+//     integer division by zero traps like scalar C++ (SIGFPE) instead of yielding garbage.
+//   * bfloat is a class: bfloat op bfloat/integer -> bfloat, bfloat op half/float -> float,
+//     bfloat op double -> double. Because it converts both ways, `c ? b : 0.0f` with a
+//     bfloat b is ambiguous in C++: write `c ? b : bfloat(0.0f)`.
+//   * integer vector +, -, * and unary - wrap around (defined), as on the GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+namespace metal {
+
+// ---- scalar types ---------------------------------------------------------------------
+// The same underlying types glibc's <sys/types.h> uses for its global uint/ushort/ulong, so
+// both may be visible at once without ambiguity.
+typedef unsigned int uint;
+typedef unsigned short ushort;
+typedef unsigned char uchar;
+typedef unsigned long ulong;
+typedef _Float16 half;
+using size_t = decltype(sizeof(0));
+using ptrdiff_t = decltype(static_cast<int*>(nullptr) - static_cast<int*>(nullptr));
+
+struct bfloat;
+
+namespace tsm_detail {
+
+template <class T>
+using bare = std::remove_cv_t<std::remove_reference_t<T>>;
+
+template <class T>
+struct is_bfloat : std::is_same<bare<T>, bfloat> {};
+template <class T>
+struct is_half : std::is_same<bare<T>, _Float16> {};
+
+// Arithmetic scalars (including bool and the character types), half and bfloat.
+template <class T>
+struct is_scalar
+    : std::integral_constant<bool, std::is_arithmetic<bare<T>>::value || is_half<T>::value ||
+                                       is_bfloat<T>::value> {};
+// float, double, half, bfloat (and long double, which MSL lacks; harmless).
+template <class T>
+struct is_fp : std::integral_constant<bool, std::is_floating_point<bare<T>>::value ||
+                                                is_half<T>::value || is_bfloat<T>::value> {};
+// Integers other than bool.
+template <class T>
+struct is_int : std::integral_constant<bool, std::is_integral<bare<T>>::value &&
+                                                 !std::is_same<bare<T>, bool>::value> {};
+
+// float <-> bfloat bits, round to nearest even; NaN stays NaN (quiet, sign kept).
+constexpr std::uint16_t float_to_bfloat_bits(float f) {
+  std::uint32_t u = __builtin_bit_cast(std::uint32_t, f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+constexpr float bfloat_bits_to_float(std::uint16_t b) {
+  return __builtin_bit_cast(float, static_cast<std::uint32_t>(b) << 16);
+}
+
+}  // namespace tsm_detail
+
+// bfloat16: 8 exponent bits, 7 mantissa bits. Converts implicitly to float; arithmetic is
+// done in float and rounded back (round to nearest even).
+struct bfloat {
+  std::uint16_t bits_;
+
+  bfloat() = default;
+  template <class U, std::enable_if_t<std::is_arithmetic<U>::value ||
+                                          std::is_same<U, _Float16>::value,
+                                      int> = 0>
+  constexpr bfloat(U v) : bits_(tsm_detail::float_to_bfloat_bits(static_cast<float>(v))) {}
+  constexpr operator float() const { return tsm_detail::bfloat_bits_to_float(bits_); }
+
+  static constexpr bfloat from_bits(std::uint16_t b) {
+    bfloat r{};
+    r.bits_ = b;
+    return r;
+  }
+};
+
+namespace tsm_detail {
+
+// Result of `a op b` when at least one side is a bfloat and neither is a vector.
+template <class A, class B>
+struct bf_arith {
+  using type = std::conditional_t<
+      (is_bfloat<A>::value && (is_bfloat<B>::value || std::is_integral<B>::value)) ||
+          (is_bfloat<B>::value && std::is_integral<A>::value),
+      bfloat,
+      std::conditional_t<std::is_same<A, double>::value || std::is_same<B, double>::value, double,
+                         std::conditional_t<std::is_same<A, long double>::value ||
+                                                std::is_same<B, long double>::value,
+                                            long double, float>>>;
+};
+template <class A, class B,
+          bool ok = (is_bfloat<A>::value || is_bfloat<B>::value) && is_scalar<A>::value &&
+                    is_scalar<B>::value>
+struct bf_bin {};
+template <class A, class B>
+struct bf_bin<A, B, true> {
+  using type = typename bf_arith<bare<A>, bare<B>>::type;
+  // the precision the operation is carried out in
+  using calc = std::conditional_t<std::is_same<type, bfloat>::value, float, type>;
+};
+template <class A, class B>
+using bf_bin_t = typename bf_bin<A, B>::type;
+template <class A, class B>
+using bf_calc_t = typename bf_bin<A, B>::calc;
+
+}  // namespace tsm_detail
+
+#define TSM_BF_BINOP(op)                                                              \
+  template <class A, class B>                                                         \
+  constexpr tsm_detail::bf_bin_t<A, B> operator op(const A& a, const B& b) {          \
+    using C = tsm_detail::bf_calc_t<A, B>;                                            \
+    return tsm_detail::bf_bin_t<A, B>(static_cast<C>(a) op static_cast<C>(b));        \
+  }
+#define TSM_BF_CMPOP(op)                                                              \
+  template <class A, class B>                                                         \
+  constexpr std::enable_if_t<sizeof(tsm_detail::bf_bin_t<A, B>) != 0, bool>           \
+  operator op(const A& a, const B& b) {                                               \
+    using C = tsm_detail::bf_calc_t<A, B>;                                            \
+    return static_cast<C>(a) op static_cast<C>(b);                                    \
+  }
+#define TSM_BF_ASSIGNOP(op)                                                           \
+  template <class B, class = tsm_detail::bf_bin_t<bfloat, B>>                         \
+  constexpr bfloat& operator op##=(bfloat& a, const B& b) {                           \
+    using C = tsm_detail::bf_calc_t<bfloat, B>;                                       \
+    a = bfloat(static_cast<C>(a) op static_cast<C>(b));                               \
+    return a;                                                                         \
+  }
+TSM_BF_BINOP(+)
+TSM_BF_BINOP(-)
+TSM_BF_BINOP(*)
+TSM_BF_BINOP(/)
+TSM_BF_CMPOP(==)
+TSM_BF_CMPOP(!=)
+TSM_BF_CMPOP(<)
+TSM_BF_CMPOP(>)
+TSM_BF_CMPOP(<=)
+TSM_BF_CMPOP(>=)
+TSM_BF_ASSIGNOP(+)
+TSM_BF_ASSIGNOP(-)
+TSM_BF_ASSIGNOP(*)
+TSM_BF_ASSIGNOP(/)
+#undef TSM_BF_BINOP
+#undef TSM_BF_CMPOP
+#undef TSM_BF_ASSIGNOP
+
+constexpr bfloat operator-(bfloat a) { return bfloat::from_bits(a.bits_ ^ 0x8000u); }
+constexpr bfloat operator+(bfloat a) { return a; }
+constexpr bfloat& operator++(bfloat& a) { return a = bfloat(float(a) + 1.0f); }
+constexpr bfloat& operator--(bfloat& a) { return a = bfloat(float(a) - 1.0f); }
+constexpr bfloat operator++(bfloat& a, int) { bfloat r = a; ++a; return r; }
+constexpr bfloat operator--(bfloat& a, int) { bfloat r = a; --a; return r; }
+
+// Metal's half literal suffix: 1.5h. (Literal suffixes without '_' are reserved to the
+// standard library in C++, hence the pragma.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wliteral-suffix"
+constexpr half operator""h(long double v) { return static_cast<half>(v); }
+#pragma GCC diagnostic pop
+
+// ---- vector types ---------------------------------------------------------------------
+template <class T, int N>
+struct vec;
+template <class T, int N>
+struct packed_vec;
+
+namespace tsm_detail {
+
+// Reading proxy for a swizzle of K components (indices I0..I3, -1 when unused) of a vector
+// whose storage holds S elements. It overlays that storage inside the vector's union.
+// Assignable only when no component repeats. Copy-assignment from the same swizzle of
+// another vector must assign components, not copy the whole storage: the deleted
+// `const volatile&` copy-assignment suppresses the implicit ones so that the template
+// below is chosen for every non-volatile source.
+template <class T, int K, int S, int I0, int I1, int I2, int I3>
+struct swz {
+  T d_[S];
+
+  static constexpr bool assignable =
+      I0 != I1 && (K < 3 || (I2 != I0 && I2 != I1)) &&
+      (K < 4 || (I3 != I0 && I3 != I1 && I3 != I2));
+
+  operator vec<T, K>() const {
+    vec<T, K> r{};  // zero padding lane: a float3 written to memory is deterministic
+    const int idx[4] = {I0, I1, I2, I3};
+    for (int i = 0; i < K; ++i) r.d_[i] = d_[idx[i]];
+    return r;
+  }
+
+  swz& operator=(const volatile swz&) = delete;
+
+  // Constrained on `assignable` only: a std::is_convertible<U, vec<T, K>> test here would
+  // be evaluated (and cached) while the enclosing vector is instantiated, when vec<T, K>
+  // may still be incomplete.
+  template <class U, bool A = assignable, std::enable_if_t<A, int> = 0>
+  swz& operator=(U&& u) {
+    const vec<T, K> v = static_cast<U&&>(u);  // before writing: the source may alias us
+    const int idx[4] = {I0, I1, I2, I3};
+    for (int i = 0; i < K; ++i) d_[idx[i]] = v.d_[i];
+    return *this;
+  }
+};
+
+// Storage: a union of the element array, the named components and the swizzle proxies.
+// S = number of stored elements (4 for a 3-vector, 3 for a packed 3-vector), A = alignment.
+template <class T, int N, int S, int A>
+struct vstore;
+
+#define TSM_SWZ(K, i0, i1, i2, i3, n1, n2) swz<T, K, S, i0, i1, i2, i3> n1, n2;
+
+template <class T, int S, int A>
+struct alignas(A) vstore<T, 2, S, A> {
+  union {
+    T d_[S];
+    struct { T x, y; };
+    struct { T r, g; };
+#define TSM_SWZ_DIM 2
+#include "tsm_emu/swizzles.inc"
+#undef TSM_SWZ_DIM
+  };
+  vstore() = default;
+  constexpr explicit vstore(int) : d_{} {}
+};
+
+template <class T, int S, int A>
+struct alignas(A) vstore<T, 3, S, A> {
+  union {
+    T d_[S];
+    struct { T x, y, z; };
+    struct { T r, g, b; };
+#define TSM_SWZ_DIM 3
+#include "tsm_emu/swizzles.inc"
+#undef TSM_SWZ_DIM
+  };
+  vstore() = default;
+  constexpr explicit vstore(int) : d_{} {}
+};
+
+template <class T, int S, int A>
+struct alignas(A) vstore<T, 4, S, A> {
+  union {
+    T d_[S];
+    struct { T x, y, z, w; };
+    struct { T r, g, b, a; };
+#define TSM_SWZ_DIM 4
+#include "tsm_emu/swizzles.inc"
+#undef TSM_SWZ_DIM
+  };
+  vstore() = default;
+  constexpr explicit vstore(int) : d_{} {}
+};
+
+#undef TSM_SWZ
+
+// What a type looks like to the vector operators: vectors, packed vectors and swizzle
+// proxies are "vector-like" with n components of type elem; anything else is a scalar.
+template <class X>
+struct vinfo {
+  static constexpr bool vec_like = false;
+  static constexpr int n = 1;
+  using elem = X;
+  using vec_type = X;
+};
+template <class T, int N>
+struct vinfo<vec<T, N>> {
+  static constexpr bool vec_like = true;
+  static constexpr int n = N;
+  using elem = T;
+  using vec_type = vec<T, N>;
+};
+template <class T, int N>
+struct vinfo<packed_vec<T, N>> : vinfo<vec<T, N>> {};
+template <class T, int K, int S, int I0, int I1, int I2, int I3>
+struct vinfo<swz<T, K, S, I0, I1, I2, I3>> : vinfo<vec<T, K>> {};
+
+template <class X>
+using vi = vinfo<bare<X>>;
+template <class X>
+struct is_vec_like : std::integral_constant<bool, vi<X>::vec_like> {};
+
+// Number of components an argument contributes to a vector constructor (0: not allowed).
+template <class X>
+constexpr int ncomp() {
+  return vi<X>::vec_like ? vi<X>::n : (is_scalar<X>::value ? 1 : 0);
+}
+template <class... X>
+constexpr bool ctor_args_ok(int n) {
+  const int c[] = {ncomp<X>()...};
+  int total = 0;
+  for (int v : c) {
+    if (v == 0) return false;
+    total += v;
+  }
+  return total == n;
+}
+
+template <class T, class X>
+constexpr void put(T* d, int& k, const X& x) {
+  if constexpr (vi<X>::vec_like) {
+    const typename vi<X>::vec_type v = x;
+    for (int i = 0; i < vi<X>::n; ++i) d[k++] = static_cast<T>(v.d_[i]);
+  } else {
+    d[k++] = static_cast<T>(x);
+  }
+}
+
+template <int N>
+constexpr int storage_count() { return N == 3 ? 4 : N; }
+template <class T, int N>
+constexpr int vec_align() { return int(sizeof(T)) * storage_count<N>(); }
+
+// Constructors shared by vec and packed_vec.
+template <class T, int N, int S, int A>
+struct vcore : vstore<T, N, S, A> {
+  using value_type = T;
+  static constexpr int size = N;
+
+  vcore() = default;
+
+  // Broadcast: implicit, as Metal converts scalars to vectors implicitly.
+  template <class U, std::enable_if_t<is_scalar<U>::value, int> = 0>
+  constexpr vcore(const U& s) : vstore<T, N, S, A>(0) {
+    for (int i = 0; i < N; ++i) this->d_[i] = static_cast<T>(s);
+  }
+
+  // Components and smaller vectors, concatenated: float4(a, b, c, d), float4(v2, z, w), ...
+  template <class A0, class A1, class... As,
+            std::enable_if_t<ctor_args_ok<A0, A1, As...>(N), int> = 0>
+  constexpr vcore(const A0& a0, const A1& a1, const As&... as) : vstore<T, N, S, A>(0) {
+    int k = 0;
+    put(this->d_, k, a0);
+    put(this->d_, k, a1);
+    (put(this->d_, k, as), ...);
+  }
+
+  // Element-type conversion, explicit as in Metal: float4(int4), bool4(v.xyzw), ...
+  template <class X, std::enable_if_t<vi<X>::vec_like && vi<X>::n == N &&
+                                          !std::is_same<bare<X>, vec<T, N>>::value,
+                                      int> = 0>
+  constexpr explicit vcore(const X& src) : vstore<T, N, S, A>(0) {
+    int k = 0;
+    put(this->d_, k, src);
+  }
+
+  T& operator[](int i) { return this->d_[i]; }
+  constexpr const T& operator[](int i) const { return this->d_[i]; }
+};
+
+}  // namespace tsm_detail
+
+// vec<T, N>: Metal's vector, size and alignment N * sizeof(T) (3-vectors like 4-vectors).
+// Value-initialisation (float4(), float4{}) gives zeros; default-initialisation leaves the
+// components indeterminate, as in Metal.
+template <class T, int N>
+struct vec : tsm_detail::vcore<T, N, tsm_detail::storage_count<N>(), tsm_detail::vec_align<T, N>()> {
+  static_assert(N >= 2 && N <= 4, "vec<T, N>: N must be 2, 3 or 4");
+  using core = tsm_detail::vcore<T, N, tsm_detail::storage_count<N>(), tsm_detail::vec_align<T, N>()>;
+  using core::core;
+
+  vec() = default;
+  vec(const vec&) = default;
+  // See swz: the template assigns element-wise; the class stays trivially copyable.
+  vec& operator=(const volatile vec&) = delete;
+  template <class U, std::enable_if_t<std::is_convertible<U&&, vec>::value, int> = 0>
+  vec& operator=(U&& u) {
+    const vec v = static_cast<U&&>(u);
+    for (int i = 0; i < N; ++i) this->d_[i] = v.d_[i];
+    return *this;
+  }
+};
+
+// packed_vec<T, N>: N * sizeof(T) bytes, aligned like T (packed_float3 is 12 bytes).
+template <class T, int N>
+struct packed_vec : tsm_detail::vcore<T, N, N, int(alignof(T))> {
+  using core = tsm_detail::vcore<T, N, N, int(alignof(T))>;
+  using core::core;
+
+  packed_vec() = default;
+  packed_vec(const packed_vec&) = default;
+  constexpr packed_vec(const vec<T, N>& v) : core(0) {
+    for (int i = 0; i < N; ++i) this->d_[i] = v.d_[i];
+  }
+  // packed_float3 p = v.xyz;  (one user-defined conversion, not swizzle -> vec -> packed)
+  template <int S, int I0, int I1, int I2, int I3>
+  packed_vec(const tsm_detail::swz<T, N, S, I0, I1, I2, I3>& s) : packed_vec(vec<T, N>(s)) {}
+  operator vec<T, N>() const {
+    vec<T, N> r{};
+    for (int i = 0; i < N; ++i) r.d_[i] = this->d_[i];
+    return r;
+  }
+  packed_vec& operator=(const volatile packed_vec&) = delete;
+  template <class U, std::enable_if_t<std::is_convertible<U&&, vec<T, N>>::value, int> = 0>
+  packed_vec& operator=(U&& u) {
+    const vec<T, N> v = static_cast<U&&>(u);
+    for (int i = 0; i < N; ++i) this->d_[i] = v.d_[i];
+    return *this;
+  }
+};
+
+#define TSM_VEC_NAMES(T, name)                                                       \
+  typedef vec<T, 2> name##2;                                                         \
+  typedef vec<T, 3> name##3;                                                         \
+  typedef vec<T, 4> name##4;                                                         \
+  typedef packed_vec<T, 2> packed_##name##2;                                         \
+  typedef packed_vec<T, 3> packed_##name##3;                                         \
+  typedef packed_vec<T, 4> packed_##name##4;
+TSM_VEC_NAMES(float, float)
+TSM_VEC_NAMES(half, half)
+TSM_VEC_NAMES(bfloat, bfloat)
+TSM_VEC_NAMES(int, int)
+TSM_VEC_NAMES(uint, uint)
+TSM_VEC_NAMES(short, short)
+TSM_VEC_NAMES(ushort, ushort)
+TSM_VEC_NAMES(char, char)
+TSM_VEC_NAMES(uchar, uchar)
+TSM_VEC_NAMES(bool, bool)
+TSM_VEC_NAMES(long, long)
+TSM_VEC_NAMES(ulong, ulong)
+TSM_VEC_NAMES(double, double)  // emulator only: Metal has no double
+#undef TSM_VEC_NAMES
+
+// ---- vector operators -----------------------------------------------------------------
+// Free templates (found by argument-dependent lookup) taking vectors, packed vectors and
+// swizzle proxies. Two vector operands must have the same element type and size (Metal
+// has no implicit conversion between vector types); a scalar operand is converted to the
+// element type and broadcast.
+namespace tsm_detail {
+
+template <class A, class B, bool AV = vi<A>::vec_like, bool BV = vi<B>::vec_like>
+struct vbin {};
+template <class A, class B>
+struct vbin<A, B, true, true>
+    : std::enable_if<std::is_same<typename vi<A>::vec_type, typename vi<B>::vec_type>::value,
+                     typename vi<A>::vec_type> {};
+template <class A, class B>
+struct vbin<A, B, true, false> : std::enable_if<is_scalar<B>::value, typename vi<A>::vec_type> {};
+template <class A, class B>
+struct vbin<A, B, false, true> : std::enable_if<is_scalar<A>::value, typename vi<B>::vec_type> {};
+template <class A, class B>
+using vbin_t = typename vbin<A, B>::type;
+
+// x as a V: a vector-like x converts (explicitly, so element types may differ); a scalar
+// is converted to the element type and broadcast. V may itself be a scalar type.
+template <class V, class X>
+inline V to_vec(const X& x) {
+  if constexpr (!vinfo<V>::vec_like) {
+    return static_cast<V>(x);
+  } else if constexpr (vi<X>::vec_like) {
+    return V(x);
+  } else {
+    return V(static_cast<typename V::value_type>(x));
+  }
+}
+
+// Integer +, -, * and negation wrap around (two's complement) as on the GPU: they are done
+// in the unsigned version of the promoted type.
+template <class T, bool = is_int<T>::value>
+struct wrap {
+  using type = T;
+};
+template <class T>
+struct wrap<T, true> {
+  using type = std::make_unsigned_t<decltype(+T())>;
+};
+template <class T>
+using wrap_t = typename wrap<T>::type;
+
+template <class V>
+struct as_bool_vec;
+template <class T, int N>
+struct as_bool_vec<vec<T, N>> {
+  using type = vec<bool, N>;
+};
+
+template <class T>
+constexpr T shift_count(T c) {
+  return static_cast<T>(c & static_cast<T>(sizeof(T) * 8 - 1));
+}
+// Left shift done on the unsigned type: defined for negative values, as on the GPU.
+template <class T>
+constexpr T shl(T a, T c) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(a) << shift_count(c)));
+}
+template <class T>
+constexpr T shr(T a, T c) {
+  return static_cast<T>(a >> shift_count(c));
+}
+
+}  // namespace tsm_detail
+
+#define TSM_VEC_BINOP(op, expr)                                                      \
+  template <class A, class B>                                                        \
+  inline tsm_detail::vbin_t<A, B> operator op(const A& a_, const B& b_) {            \
+    using V = tsm_detail::vbin_t<A, B>;                                              \
+    using T = typename V::value_type;                                                \
+    const V a = tsm_detail::to_vec<V>(a_), b = tsm_detail::to_vec<V>(b_);            \
+    V r{};                                                                           \
+    for (int i = 0; i < V::size; ++i) r.d_[i] = static_cast<T>(expr);               \
+    return r;                                                                        \
+  }
+TSM_VEC_BINOP(+, tsm_detail::wrap_t<T>(a.d_[i]) + tsm_detail::wrap_t<T>(b.d_[i]))
+TSM_VEC_BINOP(-, tsm_detail::wrap_t<T>(a.d_[i]) - tsm_detail::wrap_t<T>(b.d_[i]))
+TSM_VEC_BINOP(*, tsm_detail::wrap_t<T>(a.d_[i]) * tsm_detail::wrap_t<T>(b.d_[i]))
+TSM_VEC_BINOP(/, a.d_[i] / b.d_[i])
+TSM_VEC_BINOP(%, a.d_[i] % b.d_[i])
+TSM_VEC_BINOP(&, a.d_[i] & b.d_[i])
+TSM_VEC_BINOP(|, a.d_[i] | b.d_[i])
+TSM_VEC_BINOP(^, a.d_[i] ^ b.d_[i])
+TSM_VEC_BINOP(<<, tsm_detail::shl<T>(a.d_[i], b.d_[i]))
+TSM_VEC_BINOP(>>, tsm_detail::shr<T>(a.d_[i], b.d_[i]))
+#undef TSM_VEC_BINOP
+
+#define TSM_VEC_BOOLOP(op)                                                           \
+  template <class A, class B>                                                        \
+  inline typename tsm_detail::as_bool_vec<tsm_detail::vbin_t<A, B>>::type            \
+  operator op(const A& a_, const B& b_) {                                            \
+    using V = tsm_detail::vbin_t<A, B>;                                              \
+    const V a = tsm_detail::to_vec<V>(a_), b = tsm_detail::to_vec<V>(b_);            \
+    typename tsm_detail::as_bool_vec<V>::type r{};                                   \
+    for (int i = 0; i < V::size; ++i) r.d_[i] = a.d_[i] op b.d_[i];                  \
+    return r;                                                                        \
+  }
+TSM_VEC_BOOLOP(==)
+TSM_VEC_BOOLOP(!=)
+TSM_VEC_BOOLOP(<)
+TSM_VEC_BOOLOP(>)
+TSM_VEC_BOOLOP(<=)
+TSM_VEC_BOOLOP(>=)
+TSM_VEC_BOOLOP(&&)
+TSM_VEC_BOOLOP(||)
+#undef TSM_VEC_BOOLOP
+
+#define TSM_VEC_ASSIGNOP(op)                                                         \
+  template <class A, class B, class = tsm_detail::vbin_t<A, B>,                      \
+            std::enable_if_t<tsm_detail::is_vec_like<A>::value, int> = 0>            \
+  inline A& operator op##=(A& a, const B& b) {                                       \
+    a = a op b;                                                                      \
+    return a;                                                                        \
+  }
+TSM_VEC_ASSIGNOP(+)
+TSM_VEC_ASSIGNOP(-)
+TSM_VEC_ASSIGNOP(*)
+TSM_VEC_ASSIGNOP(/)
+TSM_VEC_ASSIGNOP(%)
+TSM_VEC_ASSIGNOP(&)
+TSM_VEC_ASSIGNOP(|)
+TSM_VEC_ASSIGNOP(^)
+TSM_VEC_ASSIGNOP(<<)
+TSM_VEC_ASSIGNOP(>>)
+#undef TSM_VEC_ASSIGNOP
+
+#define TSM_VEC_UNOP(op, R, expr)                                                    \
+  template <class X, class V = typename tsm_detail::vi<X>::vec_type,                 \
+            std::enable_if_t<tsm_detail::is_vec_like<X>::value, int> = 0>            \
+  inline R operator op(const X& x_) {                                                \
+    using T = typename V::value_type;                                                \
+    (void)sizeof(T);                                                                 \
+    const V x = x_;                                                                  \
+    R r{};                                                                           \
+    for (int i = 0; i < V::size; ++i) r.d_[i] = expr;                                \
+    return r;                                                                        \
+  }
+TSM_VEC_UNOP(-, V, static_cast<T>(-tsm_detail::wrap_t<T>(x.d_[i])))
+TSM_VEC_UNOP(+, V, x.d_[i])
+TSM_VEC_UNOP(~, V, static_cast<T>(~x.d_[i]))
+TSM_VEC_UNOP(!, typename tsm_detail::as_bool_vec<V>::type, !x.d_[i])
+#undef TSM_VEC_UNOP
+
+template <class X, std::enable_if_t<tsm_detail::is_vec_like<X>::value, int> = 0>
+inline X& operator++(X& x) {
+  x += 1;
+  return x;
+}
+template <class X, std::enable_if_t<tsm_detail::is_vec_like<X>::value, int> = 0>
+inline X& operator--(X& x) {
+  x -= 1;
+  return x;
+}
+template <class X, class V = typename tsm_detail::vi<X>::vec_type,
+          std::enable_if_t<tsm_detail::is_vec_like<X>::value, int> = 0>
+inline V operator++(X& x, int) {
+  const V old = x;
+  x += 1;
+  return old;
+}
+template <class X, class V = typename tsm_detail::vi<X>::vec_type,
+          std::enable_if_t<tsm_detail::is_vec_like<X>::value, int> = 0>
+inline V operator--(X& x, int) {
+  const V old = x;
+  x -= 1;
+  return old;
+}
+
+// ---- as_type --------------------------------------------------------------------------
+// Bit reinterpretation. A swizzle proxy is first turned into the vector it denotes.
+template <class T, class U>
+inline T as_type(const U& u) {
+  using From = std::conditional_t<tsm_detail::vi<U>::vec_like &&
+                                      !std::is_same<tsm_detail::bare<U>,
+                                                    packed_vec<typename tsm_detail::vi<U>::elem,
+                                                               tsm_detail::vi<U>::n>>::value,
+                                  typename tsm_detail::vi<U>::vec_type, tsm_detail::bare<U>>;
+  static_assert(sizeof(T) == sizeof(From), "as_type<T>(x): T and x must have the same size");
+  const From from = u;
+  T t;
+  __builtin_memcpy(static_cast<void*>(&t), static_cast<const void*>(&from), sizeof(T));
+  return t;
+}
+
+// ---- numeric_limits -------------------------------------------------------------------
+template <class T>
+struct numeric_limits : std::numeric_limits<T> {};
+template <class T>
+struct numeric_limits<const T> : numeric_limits<T> {};
+template <class T>
+struct numeric_limits<volatile T> : numeric_limits<T> {};
+template <class T>
+struct numeric_limits<const volatile T> : numeric_limits<T> {};
+
+template <>
+struct numeric_limits<half> {
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr int digits = 11;
+  static constexpr int radix = 2;
+  static constexpr half min() { return half(6.103515625e-05f); }      // 0x1p-14
+  static constexpr half max() { return half(65504.0f); }
+  static constexpr half lowest() { return half(-65504.0f); }
+  static constexpr half epsilon() { return half(9.765625e-04f); }     // 0x1p-10
+  static constexpr half denorm_min() { return half(5.9604644775390625e-08f); }  // 0x1p-24
+  static constexpr half infinity() { return half(__builtin_huge_valf()); }
+  static constexpr half quiet_NaN() { return half(__builtin_nanf("")); }
+};
+
+template <>
+struct numeric_limits<bfloat> {
+  static constexpr bool is_specialized = true;
+  static constexpr bool is_signed = true;
+  static constexpr bool is_integer = false;
+  static constexpr bool is_exact = false;
+  static constexpr bool has_infinity = true;
+  static constexpr bool has_quiet_NaN = true;
+  static constexpr int digits = 8;
+  static constexpr int radix = 2;
+  static constexpr bfloat min() { return bfloat::from_bits(0x0080); }     // 0x1p-126
+  static constexpr bfloat max() { return bfloat::from_bits(0x7f7f); }     // 0x1.fep127
+  static constexpr bfloat lowest() { return bfloat::from_bits(0xff7f); }
+  static constexpr bfloat epsilon() { return bfloat::from_bits(0x3c00); } // 0x1p-7
+  static constexpr bfloat denorm_min() { return bfloat::from_bits(0x0001); }
+  static constexpr bfloat infinity() { return bfloat::from_bits(0x7f80); }
+  static constexpr bfloat quiet_NaN() { return bfloat::from_bits(0x7fc0); }
+};
+
+}  // namespace metal
+
+// ---- <metal_limits> macros ------------------------------------------------------------
+// Spelled like GCC's <limits.h>/<float.h> where those define the same names, so including
+// one of those later is harmless.
+#ifndef CHAR_BIT
+#define CHAR_BIT __CHAR_BIT__
+#endif
+#ifndef SCHAR_MAX
+#define SCHAR_MAX __SCHAR_MAX__
+#endif
+#ifndef SCHAR_MIN
+#define SCHAR_MIN (-SCHAR_MAX - 1)
+#endif
+#ifndef UCHAR_MAX
+#define UCHAR_MAX (SCHAR_MAX * 2 + 1)
+#endif
+#ifndef CHAR_MAX
+#define CHAR_MAX SCHAR_MAX
+#endif
+#ifndef CHAR_MIN
+#define CHAR_MIN SCHAR_MIN
+#endif
+#ifndef SHRT_MAX
+#define SHRT_MAX __SHRT_MAX__
+#endif
+#ifndef SHRT_MIN
+#define SHRT_MIN (-SHRT_MAX - 1)
+#endif
+#ifndef USHRT_MAX
+#define USHRT_MAX (SHRT_MAX * 2 + 1)
+#endif
+#ifndef INT_MAX
+#define INT_MAX __INT_MAX__
+#endif
+#ifndef INT_MIN
+#define INT_MIN (-INT_MAX - 1)
+#endif
+#ifndef UINT_MAX
+#define UINT_MAX (INT_MAX * 2U + 1U)
+#endif
+#ifndef LONG_MAX
+#define LONG_MAX __LONG_MAX__
+#endif
+#ifndef LONG_MIN
+#define LONG_MIN (-LONG_MAX - 1L)
+#endif
+#ifndef ULONG_MAX
+#define ULONG_MAX (LONG_MAX * 2UL + 1UL)
+#endif
+
+#ifndef FLT_DIG
+#define FLT_DIG __FLT_DIG__
+#endif
+#ifndef FLT_MANT_DIG
+#define FLT_MANT_DIG __FLT_MANT_DIG__
+#endif
+#ifndef FLT_MAX_10_EXP
+#define FLT_MAX_10_EXP __FLT_MAX_10_EXP__
+#endif
+#ifndef FLT_MAX_EXP
+#define FLT_MAX_EXP __FLT_MAX_EXP__
+#endif
+#ifndef FLT_MIN_10_EXP
+#define FLT_MIN_10_EXP __FLT_MIN_10_EXP__
+#endif
+#ifndef FLT_MIN_EXP
+#define FLT_MIN_EXP __FLT_MIN_EXP__
+#endif
+#ifndef FLT_RADIX
+#define FLT_RADIX __FLT_RADIX__
+#endif
+#ifndef FLT_MAX
+#define FLT_MAX __FLT_MAX__
+#endif
+#ifndef FLT_MIN
+#define FLT_MIN __FLT_MIN__
+#endif
+#ifndef FLT_EPSILON
+#define FLT_EPSILON __FLT_EPSILON__
+#endif
+
+#define HALF_DIG 3
+#define HALF_MANT_DIG 11
+#define HALF_MAX_10_EXP 4
+#define HALF_MAX_EXP 16
+#define HALF_MIN_10_EXP (-4)
+#define HALF_MIN_EXP (-13)
+#define HALF_RADIX 2
+#define HALF_MAX (::metal::half(65504.0f))
+#define HALF_MIN (::metal::half(6.103515625e-05f))
+#define HALF_EPSILON (::metal::half(9.765625e-04f))
+
+#define BFLOAT_DIG 2
+#define BFLOAT_MANT_DIG 8
+#define BFLOAT_MAX (::metal::bfloat::from_bits(0x7f7f))
+#define BFLOAT_MIN (::metal::bfloat::from_bits(0x0080))
+#define BFLOAT_EPSILON (::metal::bfloat::from_bits(0x3c00))

@@ -1,0 +1,537 @@
+// The emulator's dispatcher: threadgroups over worker threads, Metal threads as fibers.
+//
+// Compiled once per machine into an object that every kernel library links. Kernel
+// libraries are loaded with RTLD_LOCAL, so each has its own copy of this state.
+#include <ucontext.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tsm_emu/runtime.h"
+
+extern "C" {
+// Defined by the generated part of every kernel library.
+extern const tsm_emu::KernelEntry tsm_kernel_table[];
+extern const int tsm_kernel_count;
+}
+
+namespace tsm_emu {
+namespace {
+
+constexpr uint32_t kSimdWidth = 32;
+constexpr uint32_t kMaxThreadsPerThreadgroup = 1024;
+constexpr size_t kMaxThreadgroupMemory = 32 * 1024;
+
+struct KernelFault {
+  std::string kind;
+  std::string message;
+};
+
+enum class State { Runnable, AtThreadgroupBarrier, AtSimd, Done };
+
+struct Exchange {
+  uint64_t active = 0;
+  alignas(16) unsigned char values[kSimdWidth][32];
+};
+
+struct Fiber {
+  ucontext_t context;
+  State state = State::Runnable;
+  uint32_t site = 0;  // where in the kernel source the fiber waits (site_of)
+  unsigned char slot[32];
+  const Exchange* exchange = nullptr;
+  ThreadInfo info;
+  char* stack = nullptr;
+};
+
+// One worker's state: it runs whole threadgroups one after the other.
+struct Worker {
+  const KernelEntry* kernel = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<char*> stacks;
+  size_t stack_bytes = 0;
+  ucontext_t scheduler;
+  // One per SIMD-group: a round releases at most one collective per SIMD-group, and its
+  // lanes read their values as soon as they resume, before any later round.
+  std::vector<std::unique_ptr<Exchange>> exchange;
+  std::vector<std::vector<unsigned char>> dynamic_tg;                 // per [[threadgroup(n)]]
+  std::vector<void*> dynamic_tg_ptrs;
+  std::vector<const void*> static_tg;  // static threadgroup arrays seen in this group
+  size_t dynamic_tg_total = 0;
+  size_t static_tg_total = 0;
+  Fiber* current = nullptr;
+  DispatchArgs args;
+  bool fault_raised = false;
+  KernelFault fault;
+
+  ~Worker() {
+    for (char* s : stacks) munmap(s, stack_bytes);
+  }
+};
+
+thread_local Worker* t_worker = nullptr;
+thread_local const ThreadInfo* t_plain_thread = nullptr;  // plain-loop mode
+
+size_t stack_size() {
+  static size_t bytes = [] {
+    const char* env = getenv("TSM_EMU_STACK_KB");
+    size_t kb = env ? strtoul(env, nullptr, 10) : 256;
+    return std::max<size_t>(kb, 64) * 1024;
+  }();
+  return bytes;
+}
+
+char* allocate_stack(size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw KernelFault{"launch", "could not allocate a fiber stack"};
+  // A guard page below the stack turns an overflow into a crash at the overflow, not a
+  // silent overwrite of a neighbouring fiber.
+  mprotect(p, static_cast<size_t>(getpagesize()), PROT_NONE);
+  return static_cast<char*>(p);
+}
+
+u3 ceil_div(u3 a, u3 b) {
+  return {(a.x + b.x - 1) / b.x, (a.y + b.y - 1) / b.y, (a.z + b.z - 1) / b.z};
+}
+
+std::string fmt3(u3 v) {
+  return "(" + std::to_string(v.x) + ", " + std::to_string(v.y) + ", " + std::to_string(v.z) + ")";
+}
+
+// Describe thread i of threadgroup `group` (position), given the dispatch geometry.
+ThreadInfo thread_info(u3 grid, u3 group_size, u3 groups, u3 group, uint32_t i) {
+  ThreadInfo t;
+  u3 actual{std::min(group_size.x, grid.x - group.x * group_size.x),
+            std::min(group_size.y, grid.y - group.y * group_size.y),
+            std::min(group_size.z, grid.z - group.z * group_size.z)};
+  uint32_t n = actual.x * actual.y * actual.z;
+  u3 local{i % actual.x, (i / actual.x) % actual.y, i / (actual.x * actual.y)};
+  t.thread_position_in_threadgroup = local;
+  t.threadgroup_position_in_grid = group;
+  t.threads_per_threadgroup = actual;
+  t.dispatch_threads_per_threadgroup = group_size;
+  t.threadgroups_per_grid = groups;
+  t.threads_per_grid = grid;
+  t.thread_position_in_grid = {group.x * group_size.x + local.x, group.y * group_size.y + local.y,
+                               group.z * group_size.z + local.z};
+  t.thread_index_in_threadgroup = i;
+  t.thread_index_in_simdgroup = i % kSimdWidth;
+  t.simdgroup_index_in_threadgroup = i / kSimdWidth;
+  t.simdgroups_per_threadgroup = (n + kSimdWidth - 1) / kSimdWidth;
+  uint32_t full = group_size.x * group_size.y * group_size.z;
+  t.dispatch_simdgroups_per_threadgroup = (full + kSimdWidth - 1) / kSimdWidth;
+  return t;
+}
+
+void fiber_entry() {
+  Worker* w = t_worker;
+  Fiber* f = w->current;
+  try {
+    w->kernel->invoke(w->args, f->info);
+  } catch (KernelFault& e) {
+    if (!w->fault_raised) {
+      w->fault_raised = true;
+      w->fault = e;
+    }
+  } catch (std::exception& e) {
+    if (!w->fault_raised) {
+      w->fault_raised = true;
+      w->fault = KernelFault{"launch", e.what()};
+    }
+  }
+  f->state = State::Done;
+  // Returning resumes uc_link, the scheduler.
+}
+
+[[noreturn]] void raise(std::string kind, std::string message) {
+  throw KernelFault{std::move(kind), std::move(message)};
+}
+
+std::string where(const Fiber& f) {
+  return "thread " + fmt3(f.info.thread_position_in_grid) + " (index " +
+         std::to_string(f.info.thread_index_in_threadgroup) + " in threadgroup " +
+         fmt3(f.info.threadgroup_position_in_grid) + ")";
+}
+
+std::string site_name(uint32_t site) {
+  return "line " + std::to_string(site >> 12) + ":" + std::to_string(site & 0xFFF);
+}
+
+// Suspend the calling fiber until the scheduler resumes it.
+void suspend(Worker* w) {
+  Fiber* f = w->current;
+  swapcontext(&f->context, &w->scheduler);
+  if (w->fault_raised) raise("aborted", "");  // another thread faulted: unwind quietly
+}
+
+// Release the SIMD collectives that can complete; true if any did. Called only when no
+// fiber is runnable, so every live lane of every SIMD-group is waiting somewhere: the lanes
+// waiting at one collective call site are that collective's active lanes.
+//
+// When a SIMD-group's lanes wait at different sites, they diverged, and only the site that
+// comes first in the source is released: lanes still inside a branch or a loop run on
+// until they reach the lanes that skipped ahead, so a collective after the branch sees all
+// of them again (reconvergence, as the GPU's lockstep execution gives).
+bool resolve_simd(Worker* w, uint32_t n) {
+  bool released = false;
+  for (uint32_t first = 0, sg = 0; first < n; first += kSimdWidth, ++sg) {
+    uint32_t lanes = std::min(n - first, kSimdWidth);
+    bool any = false;
+    uint32_t site = 0;
+    for (uint32_t lane = 0; lane < lanes; ++lane) {
+      const Fiber& f = w->fibers[first + lane];
+      if (f.state != State::AtSimd) continue;
+      site = any ? std::min(site, f.site) : f.site;
+      any = true;
+    }
+    if (!any) continue;
+    if (!w->exchange[sg]) w->exchange[sg].reset(new Exchange);
+    Exchange* ex = w->exchange[sg].get();
+    ex->active = 0;
+    for (uint32_t lane = 0; lane < lanes; ++lane) {
+      Fiber& f = w->fibers[first + lane];
+      if (f.state != State::AtSimd || f.site != site) continue;
+      ex->active |= uint64_t(1) << lane;
+      std::memcpy(ex->values[lane], f.slot, sizeof f.slot);
+      f.exchange = ex;
+      f.state = State::Runnable;
+    }
+    released = true;
+  }
+  return released;
+}
+
+void resolve_threadgroup_barrier(Worker* w, uint32_t n) {
+  const Fiber* waiting = nullptr;
+  const Fiber* exited = nullptr;
+  for (uint32_t i = 0; i < n; ++i) {
+    const Fiber& f = w->fibers[i];
+    if (f.state == State::Done) {
+      if (!exited) exited = &f;
+      continue;
+    }
+    if (!waiting) {
+      waiting = &f;
+    } else if (f.site != waiting->site) {
+      raise("barrier_divergence", "threads wait at different threadgroup_barrier calls: " +
+                                      where(*waiting) + " at " + site_name(waiting->site) + ", " +
+                                      where(f) + " at " + site_name(f.site));
+    }
+  }
+  if (!waiting) return;
+  static const bool exited_arrive = [] {
+    const char* env = getenv("TSM_EMU_EXITED_THREADS_ARRIVE");
+    return env && env[0] == '1';
+  }();
+  if (exited && !exited_arrive)
+    raise("barrier_divergence", where(*exited) + " returned before the threadgroup_barrier at " +
+                                    site_name(waiting->site) + " that " + where(*waiting) +
+                                    " waits at (undefined in Metal: it hangs "
+                                    "on some GPUs; set TSM_EMU_EXITED_THREADS_ARRIVE=1 to count "
+                                    "exited threads as arrived)");
+  for (uint32_t i = 0; i < n; ++i)
+    if (w->fibers[i].state == State::AtThreadgroupBarrier) w->fibers[i].state = State::Runnable;
+}
+
+void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, uint32_t n) {
+  if (w->fibers.size() < n) w->fibers.resize(n);
+  while (w->stacks.size() < n) w->stacks.push_back(allocate_stack(w->stack_bytes));
+  size_t guard = static_cast<size_t>(getpagesize());
+  for (uint32_t i = 0; i < n; ++i) {
+    Fiber& f = w->fibers[i];
+    f.state = State::Runnable;
+    f.exchange = nullptr;
+    f.site = 0;
+    f.info = thread_info(grid, group_size, groups, group, i);
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = w->stacks[i] + guard;
+    f.context.uc_stack.ss_size = w->stack_bytes - guard;
+    f.context.uc_link = &w->scheduler;
+    makecontext(&f.context, fiber_entry, 0);
+  }
+  for (;;) {
+    bool ran = false, live = false;
+    for (uint32_t i = 0; i < n; ++i) {
+      Fiber& f = w->fibers[i];
+      if (f.state == State::Runnable) {
+        w->current = &f;
+        swapcontext(&w->scheduler, &f.context);
+        w->current = nullptr;
+        ran = true;
+        if (w->fault_raised) throw w->fault;
+      }
+      live |= f.state != State::Done;
+    }
+    if (!live) return;
+    if (ran) continue;
+    if (resolve_simd(w, n)) continue;
+    resolve_threadgroup_barrier(w, n);
+  }
+}
+
+void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibers) {
+  u3 actual{std::min(group_size.x, grid.x - group.x * group_size.x),
+            std::min(group_size.y, grid.y - group.y * group_size.y),
+            std::min(group_size.z, grid.z - group.z * group_size.z)};
+  uint32_t n = actual.x * actual.y * actual.z;
+  w->static_tg.clear();
+  w->static_tg_total = 0;
+  if (fibers) {
+    run_group_fibers(w, grid, group_size, groups, group, n);
+    return;
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    ThreadInfo info = thread_info(grid, group_size, groups, group, i);
+    t_plain_thread = &info;
+    try {
+      w->kernel->invoke(w->args, info);
+    } catch (...) {
+      t_plain_thread = nullptr;
+      throw;
+    }
+    t_plain_thread = nullptr;
+  }
+}
+
+}  // namespace
+
+// ---- services called from kernel code -------------------------------------------------
+
+void fault(const char* kind, const char* message) { raise(kind, message); }
+
+const ThreadInfo& current_thread() {
+  Worker* w = t_worker;
+  if (w && w->current) return w->current->info;
+  if (t_plain_thread) return *t_plain_thread;
+  raise("launch", "a Metal built-in was used outside a kernel launch");
+}
+
+static Worker* fiber_worker(const char* what) {
+  Worker* w = t_worker;
+  if (!w || !w->current)
+    raise("launch", std::string(what) + " called outside a fiber: the library was compiled "
+                                        "without synchronisation support (emulator bug)");
+  return w;
+}
+
+SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
+  Worker* w = fiber_worker("a SIMD-group function");
+  Fiber* f = w->current;
+  if (size > sizeof f->slot) raise("launch", "SIMD-group function on a value wider than 32 bytes");
+  std::memcpy(f->slot, value, size);
+  f->site = site;
+  f->exchange = nullptr;
+  f->state = State::AtSimd;
+  suspend(w);
+  SimdExchange out;
+  out.active = f->exchange->active;
+  out.values = f->exchange->values;
+  out.lane = f->info.thread_index_in_simdgroup;
+  return out;
+}
+
+void simdgroup_barrier_wait(uint32_t site) {
+  Worker* w = fiber_worker("simdgroup_barrier");
+  Fiber* f = w->current;
+  f->site = site;
+  f->exchange = nullptr;
+  f->state = State::AtSimd;
+  suspend(w);
+}
+
+void threadgroup_barrier_wait(uint32_t site) {
+  Worker* w = fiber_worker("threadgroup_barrier");
+  Fiber* f = w->current;
+  f->site = site;
+  f->state = State::AtThreadgroupBarrier;
+  suspend(w);
+}
+
+void register_static_threadgroup_memory(const void* address, size_t bytes) {
+  Worker* w = t_worker;
+  if (!w) return;
+  for (const void* seen : w->static_tg)
+    if (seen == address) return;
+  w->static_tg.push_back(address);
+  w->static_tg_total += bytes;
+  if (w->static_tg_total + w->dynamic_tg_total > kMaxThreadgroupMemory)
+    raise("launch", "threadgroup memory exceeds 32 KB: " + std::to_string(w->static_tg_total) +
+                        " bytes declared in the kernel + " + std::to_string(w->dynamic_tg_total) +
+                        " bytes of [[threadgroup(n)]] arguments");
+}
+
+u3 builtin_value(int which, const ThreadInfo& t) {
+  auto s = [](uint32_t v) { return u3{v, 0, 0}; };
+  switch (which) {
+    case B_THREAD_POSITION_IN_GRID: return t.thread_position_in_grid;
+    case B_THREAD_POSITION_IN_THREADGROUP: return t.thread_position_in_threadgroup;
+    case B_THREADGROUP_POSITION_IN_GRID: return t.threadgroup_position_in_grid;
+    case B_THREADS_PER_THREADGROUP: return t.threads_per_threadgroup;
+    case B_DISPATCH_THREADS_PER_THREADGROUP: return t.dispatch_threads_per_threadgroup;
+    case B_THREADGROUPS_PER_GRID: return t.threadgroups_per_grid;
+    case B_THREADS_PER_GRID: return t.threads_per_grid;
+    case B_THREAD_INDEX_IN_THREADGROUP: return s(t.thread_index_in_threadgroup);
+    case B_THREAD_INDEX_IN_SIMDGROUP: return s(t.thread_index_in_simdgroup);
+    case B_SIMDGROUP_INDEX_IN_THREADGROUP: return s(t.simdgroup_index_in_threadgroup);
+    case B_THREADS_PER_SIMDGROUP:
+    case B_THREAD_EXECUTION_WIDTH: return s(kSimdWidth);
+    case B_SIMDGROUPS_PER_THREADGROUP: return s(t.simdgroups_per_threadgroup);
+    case B_DISPATCH_SIMDGROUPS_PER_THREADGROUP: return s(t.dispatch_simdgroups_per_threadgroup);
+    case B_THREAD_INDEX_IN_QUADGROUP: return s(t.thread_index_in_threadgroup % 4);
+    case B_QUADGROUP_INDEX_IN_THREADGROUP: return s(t.thread_index_in_threadgroup / 4);
+    case B_QUADGROUPS_PER_THREADGROUP: {
+      u3 a = t.threads_per_threadgroup;
+      return s((a.x * a.y * a.z + 3) / 4);
+    }
+    case B_DISPATCH_QUADGROUPS_PER_THREADGROUP: {
+      u3 a = t.dispatch_threads_per_threadgroup;
+      return s((a.x * a.y * a.z + 3) / 4);
+    }
+  }
+  raise("launch", "unknown built-in");
+}
+
+}  // namespace tsm_emu
+
+// ---- the C interface Python calls through ctypes ---------------------------------------
+
+struct tsm_launch {
+  void* buffers[31];
+  uint64_t buffer_bytes[31];
+  int32_t num_buffers;
+  uint32_t grid[3];
+  uint32_t group[3];
+  uint64_t threadgroup_bytes[31];
+  int32_t num_threadgroup;
+  int32_t use_fibers;
+  int32_t num_workers;
+};
+
+extern "C" {
+
+__attribute__((visibility("default"))) int tsm_num_kernels() { return tsm_kernel_count; }
+
+__attribute__((visibility("default"))) const tsm_emu::KernelEntry* tsm_kernel(int i) {
+  return (i >= 0 && i < tsm_kernel_count) ? &tsm_kernel_table[i] : nullptr;
+}
+
+__attribute__((visibility("default"))) const char* tsm_kernel_name(int i) {
+  return tsm_kernel_table[i].name;
+}
+__attribute__((visibility("default"))) int tsm_kernel_num_params(int i) {
+  return tsm_kernel_table[i].num_params;
+}
+__attribute__((visibility("default"))) void tsm_kernel_param(int k, int i, int32_t* out) {
+  const tsm_emu::KernelEntry& e = tsm_kernel_table[k];
+  out[0] = e.params[i].kind;
+  out[1] = e.params[i].index;
+  out[2] = e.types[i].passing;
+  out[3] = e.types[i].size;
+  out[4] = e.types[i].scalar;
+  out[5] = e.types[i].is_const;
+}
+
+// Returns 0, or writes "kind\tmessage" into `error` and returns 1.
+__attribute__((visibility("default"))) int tsm_dispatch(int k, const tsm_launch* l, char* error,
+                                                        int error_len) {
+  using namespace tsm_emu;
+  static std::mutex one_dispatch_at_a_time;  // workers' stacks are reused between dispatches
+  std::lock_guard<std::mutex> lock(one_dispatch_at_a_time);
+
+  u3 grid{l->grid[0], l->grid[1], l->grid[2]};
+  u3 group{l->group[0], l->group[1], l->group[2]};
+  auto fail = [&](const std::string& kind, const std::string& msg) {
+    std::snprintf(error, size_t(error_len), "%s\t%s", kind.c_str(), msg.c_str());
+    return 1;
+  };
+  if (k < 0 || k >= tsm_kernel_count) return fail("launch", "no such kernel");
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return 0;
+  uint64_t group_threads = uint64_t(group.x) * group.y * group.z;
+  if (group_threads == 0 || group_threads > kMaxThreadsPerThreadgroup)
+    return fail("launch", "threadgroup size " + fmt3(group) + " has " + std::to_string(group_threads) +
+                              " threads; Metal allows 1 to 1024");
+  size_t dynamic_total = 0;
+  for (int i = 0; i < l->num_threadgroup; ++i) dynamic_total += size_t(l->threadgroup_bytes[i]);
+  if (dynamic_total > kMaxThreadgroupMemory)
+    return fail("launch", "threadgroup memory arguments total " + std::to_string(dynamic_total) +
+                              " bytes; Metal allows 32 KB");
+
+  u3 groups = ceil_div(grid, group);
+  uint64_t num_groups = uint64_t(groups.x) * groups.y * groups.z;
+  unsigned workers = unsigned(std::max(1, l->num_workers));
+  workers = unsigned(std::min<uint64_t>(workers, num_groups));
+
+  static std::vector<std::unique_ptr<Worker>> pool;
+  while (pool.size() < workers) pool.emplace_back(new Worker);
+
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex fault_lock;
+  bool faulted = false;
+  KernelFault first_fault;
+
+  auto work = [&](Worker* w) {
+    t_worker = w;
+    w->kernel = &tsm_kernel_table[k];
+    w->fault_raised = false;
+    w->stack_bytes = w->stacks.empty() ? stack_size() : w->stack_bytes;
+    w->dynamic_tg.resize(size_t(l->num_threadgroup));
+    w->dynamic_tg_ptrs.assign(31, nullptr);
+    w->dynamic_tg_total = dynamic_total;
+    for (int i = 0; i < l->num_threadgroup; ++i) {
+      w->dynamic_tg[i].assign(size_t(l->threadgroup_bytes[i]) + 16, 0);
+      w->dynamic_tg_ptrs[i] = w->dynamic_tg[i].data();
+    }
+    uint32_t sgs = (uint32_t(group_threads) + kSimdWidth - 1) / kSimdWidth;
+    if (w->exchange.size() < sgs) w->exchange.resize(sgs);
+    w->args = DispatchArgs{l->buffers, l->buffer_bytes, w->dynamic_tg_ptrs.data()};
+    try {
+      for (;;) {
+        if (stop.load(std::memory_order_relaxed)) break;
+        uint64_t g = next.fetch_add(1);
+        if (g >= num_groups) break;
+        u3 pos{uint32_t(g % groups.x), uint32_t((g / groups.x) % groups.y),
+               uint32_t(g / (uint64_t(groups.x) * groups.y))};
+        run_group(w, grid, group, groups, pos, l->use_fibers != 0);
+      }
+    } catch (KernelFault& e) {
+      std::lock_guard<std::mutex> g(fault_lock);
+      if (!faulted) {
+        faulted = true;
+        first_fault = e;
+      }
+      stop = true;
+    } catch (std::exception& e) {
+      std::lock_guard<std::mutex> g(fault_lock);
+      if (!faulted) {
+        faulted = true;
+        first_fault = KernelFault{"launch", e.what()};
+      }
+      stop = true;
+    }
+    t_worker = nullptr;
+  };
+
+  if (workers == 1) {
+    work(pool[0].get());
+  } else {
+    std::vector<std::thread> threads;
+    for (unsigned i = 1; i < workers; ++i) threads.emplace_back(work, pool[i].get());
+    work(pool[0].get());
+    for (auto& t : threads) t.join();
+  }
+  if (faulted) return fail(first_fault.kind, first_fault.message);
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,611 @@
+// torch_sparse_metal._metal_launcher: encode one Metal compute dispatch on torch's MPS stream.
+//
+// A thin, op-agnostic launcher. Python (torch_sparse_metal/_metal_backend.py) hands it a
+// self-contained Metal source string, a kernel name, the arguments in [[buffer(i)]] order
+// (MPS tensors or the raw bytes of typed scalars), the grid in threads and the threadgroup
+// size (dispatchThreads semantics) and the byte lengths of the [[threadgroup(n)]] parameters.
+//
+// Stream contract (the same one torch's own Metal ops follow):
+//   * everything that touches the encoder runs inside
+//     dispatch_sync(stream->queue(), ^{ ... stream->commandEncoder() ... });
+//   * the encoder is torch's shared ("coalesced") compute encoder: this file never ends it
+//     and never commits the command buffer; torch does both when it needs to;
+//   * a tensor binds as its storage's MTLBuffer at byte offset
+//     storage_offset * element_size, so views work.
+//
+// Memory management: Automatic Reference Counting. setup.py compiles this file with
+// -fobjc-arc and the #error below refuses any other build. Strong references live in the
+// (deliberately never destroyed) caches and in local __strong variables; nothing is retained
+// or released by hand. Objective-C++ defaults to -fobjc-arc-exceptions, so strong locals are
+// also released when a C++ exception unwinds through them. Autorelease pools are never left
+// by an exception: code inside @autoreleasepool reports failures as values and the C++
+// exception is thrown after the pool has been popped.
+//
+// Compilation: MTLCompileOptions.languageVersion is the newest Metal Shading Language the
+// running macOS supports among 3.0 (macOS 13), 3.1 (14), 3.2 (15) and 4.0 (26), limited to
+// what the SDK used for the build knows. Math is SAFE with precise functions, as torch's own
+// runtime-compiled shaders use unless PYTORCH_MPS_FAST_MATH is set, and as the emulator
+// computes: fast math lets the compiler assume no NaN/Inf operands, which breaks kernels that
+// start a minimum from INFINITY or must propagate NaN, and would make the GPU disagree with
+// the emulator the tests run on. TSM_METAL_FAST_MATH=1 in the environment (read once) opts
+// into Metal's fast math. It is set explicitly on every macOS, since from macOS 15 the
+// default depends on the language version.
+//
+// Objective-C types never leave this file: the only interface is the Python module below.
+
+#if !__has_feature(objc_arc)
+#error "launcher.mm must be compiled with -fobjc-arc (see setup.py)"
+#endif
+
+#include <torch/extension.h>
+
+#include <ATen/mps/MPSDevice.h>
+#include <ATen/mps/MPSStream.h>
+#include <pybind11/stl.h>
+
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#ifndef TORCH_EXTENSION_NAME
+#define TORCH_EXTENSION_NAME _metal_launcher
+#endif
+
+// Availability.h (via Foundation) names the SDK's newest macOS as __MAC_OS_X_VERSION_MAX_ALLOWED.
+#ifndef __MAC_OS_X_VERSION_MAX_ALLOWED
+#define __MAC_OS_X_VERSION_MAX_ALLOWED 0
+#endif
+#define TSM_SDK_HAS(version) (__MAC_OS_X_VERSION_MAX_ALLOWED >= (version))
+
+namespace py = pybind11;
+
+namespace {
+
+// Metal's argument tables: [[buffer(0..30)]] and [[threadgroup(0..30)]].
+constexpr size_t kMaxBufferArguments = 31;
+constexpr size_t kMaxThreadgroupArguments = 31;
+// setBytes:length:atIndex: is documented for data smaller than 4 KB.
+constexpr size_t kMaxSetBytesLength = 4096;
+// setThreadgroupMemoryLength:atIndex: takes multiples of 16 bytes.
+constexpr uint64_t kThreadgroupMemoryAlignment = 16;
+
+std::string ns_to_std(NSString* s) {
+  if (s == nil) {
+    return std::string();
+  }
+  const char* utf8 = [s UTF8String];
+  return utf8 ? std::string(utf8) : std::string();
+}
+
+// ---------------------------------------------------------------------------------------
+// Compile options, chosen once per process.
+// ---------------------------------------------------------------------------------------
+
+struct LanguageChoice {
+  bool set = false;  // false: leave Metal's default (macOS older than 13)
+  MTLLanguageVersion version{};
+  const char* name = "default";
+};
+
+LanguageChoice newest_language_version() {
+  LanguageChoice c;
+#if TSM_SDK_HAS(260000)
+  if (@available(macOS 26.0, *)) {
+    c.set = true;
+    c.version = MTLLanguageVersion4_0;
+    c.name = "4.0";
+    return c;
+  }
+#endif
+#if TSM_SDK_HAS(150000)
+  if (@available(macOS 15.0, *)) {
+    c.set = true;
+    c.version = MTLLanguageVersion3_2;
+    c.name = "3.2";
+    return c;
+  }
+#endif
+#if TSM_SDK_HAS(140000)
+  if (@available(macOS 14.0, *)) {
+    c.set = true;
+    c.version = MTLLanguageVersion3_1;
+    c.name = "3.1";
+    return c;
+  }
+#endif
+#if TSM_SDK_HAS(130000)
+  if (@available(macOS 13.0, *)) {
+    c.set = true;
+    c.version = MTLLanguageVersion3_0;
+    c.name = "3.0";
+    return c;
+  }
+#endif
+  return c;
+}
+
+const LanguageChoice& language_version() {
+  static const LanguageChoice choice = newest_language_version();
+  return choice;
+}
+
+bool fast_math_enabled() {
+  static const bool enabled = [] {
+    const char* value = std::getenv("TSM_METAL_FAST_MATH");
+    if (value == nullptr || *value == '\0') {
+      return false;
+    }
+    const std::string v(value);
+    return v == "1" || v == "true" || v == "True" || v == "TRUE" || v == "on" || v == "yes";
+  }();
+  return enabled;
+}
+
+void apply_math_mode(MTLCompileOptions* options, bool fast) {
+#if TSM_SDK_HAS(150000)
+  if (@available(macOS 15.0, *)) {
+    options.mathMode = fast ? MTLMathModeFast : MTLMathModeSafe;
+    options.mathFloatingPointFunctions =
+        fast ? MTLMathFloatingPointFunctionsFast : MTLMathFloatingPointFunctionsPrecise;
+    return;
+  }
+#endif
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+  options.fastMathEnabled = fast ? YES : NO;  // YES is the documented default before macOS 15
+#pragma clang diagnostic pop
+}
+
+// ---------------------------------------------------------------------------------------
+// Device.
+// ---------------------------------------------------------------------------------------
+
+id<MTLDevice> metal_device() {
+  if (!at::mps::is_available()) {
+    throw std::runtime_error(
+        "_metal_launcher: torch's MPS backend is not available on this machine (no Apple "
+        "GPU, or macOS too old)");
+  }
+  id<MTLDevice> device = at::mps::MPSDevice::getInstance()->device();
+  if (device == nil) {
+    throw std::runtime_error("_metal_launcher: torch's MPS device has no MTLDevice");
+  }
+  return device;
+}
+
+struct DeviceProbe {
+  std::string name;
+  bool apple7 = false;  // simdgroup_matrix
+  bool metal3 = false;  // native atomic_float in device memory
+  MTLSize max_threads_per_threadgroup{};
+  uint64_t max_threadgroup_memory = 0;
+  uint64_t recommended_max_working_set_size = 0;
+};
+
+DeviceProbe probe_device(id<MTLDevice> device) {
+  DeviceProbe p;
+  @autoreleasepool {
+    p.name = ns_to_std(device.name);
+    if (@available(macOS 11.0, *)) {
+      p.apple7 = [device supportsFamily:MTLGPUFamilyApple7];
+    }
+#if TSM_SDK_HAS(130000)
+    if (@available(macOS 13.0, *)) {
+      p.metal3 = [device supportsFamily:MTLGPUFamilyMetal3];
+    }
+#endif
+    p.max_threads_per_threadgroup = device.maxThreadsPerThreadgroup;
+    p.max_threadgroup_memory = static_cast<uint64_t>(device.maxThreadgroupMemoryLength);
+    p.recommended_max_working_set_size = static_cast<uint64_t>(device.recommendedMaxWorkingSetSize);
+  }
+  return p;
+}
+
+const DeviceProbe& device_probe() {
+  // Initialised on first use; a throw from metal_device() leaves it uninitialised for a retry.
+  static const DeviceProbe probe = probe_device(metal_device());
+  return probe;
+}
+
+// ---------------------------------------------------------------------------------------
+// Library and pipeline caches.
+// ---------------------------------------------------------------------------------------
+
+struct Kernel {
+  id<MTLComputePipelineState> pipeline = nil;
+  uint64_t max_total_threads = 0;
+  uint64_t static_threadgroup_memory = 0;
+};
+
+struct Library {
+  id<MTLLibrary> library = nil;
+  std::unordered_map<std::string, Kernel> kernels;  // pipeline per kernel name
+};
+
+struct Caches {
+  std::mutex mutex;
+  // Authoritative: one compiled library per distinct source text.
+  std::unordered_map<std::string, std::unique_ptr<Library>> by_source;
+  // Fast path: the Python str object last seen for a source (torch_sparse_metal caches
+  // shader sources, so the same object comes back on every dispatch and the text is
+  // neither copied nor hashed again). Each entry holds a reference to its str, so the
+  // address cannot be reused by another object while the entry exists.
+  std::unordered_map<PyObject*, std::pair<py::object, Library*>> by_object;
+};
+
+constexpr size_t kMaxIdentityEntries = 256;
+
+Caches& caches() {
+  // Never destroyed: releasing Metal objects or Python references during interpreter
+  // shutdown is not safe.
+  static Caches* c = new Caches();
+  return *c;
+}
+
+// Returns nil and fills `message` on failure (never throws inside the pool).
+id<MTLLibrary> compile_library(id<MTLDevice> device, const std::string& source,
+                               std::string* message) {
+  id<MTLLibrary> library = nil;
+  @autoreleasepool {
+    NSString* text = [[NSString alloc] initWithBytes:source.data()
+                                              length:source.size()
+                                            encoding:NSUTF8StringEncoding];
+    if (text == nil) {
+      *message = "the shader source is not valid UTF-8";
+      return nil;
+    }
+    MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
+    const LanguageChoice& lang = language_version();
+    if (lang.set) {
+      options.languageVersion = lang.version;
+    }
+    apply_math_mode(options, fast_math_enabled());
+    NSError* error = nil;
+    library = [device newLibraryWithSource:text options:options error:&error];
+    if (library == nil) {
+      *message = error ? ns_to_std(error.localizedDescription) : std::string("no diagnostic");
+    }
+  }
+  return library;
+}
+
+// The names a library exports, for the unknown-kernel message.
+std::string function_names(id<MTLLibrary> library) {
+  std::string out;
+  @autoreleasepool {
+    NSArray<NSString*>* names = library.functionNames;
+    const NSUInteger n = names ? names.count : 0;
+    const NSUInteger shown = n < 40 ? n : 40;
+    for (NSUInteger i = 0; i < shown; ++i) {
+      if (i) {
+        out += ", ";
+      }
+      out += ns_to_std(names[i]);
+    }
+    if (n > shown) {
+      out += ", ... (" + std::to_string(n - shown) + " more)";
+    }
+  }
+  return out;
+}
+
+enum class PipelineFailure { None, UnknownKernel, CreationFailed };
+
+id<MTLComputePipelineState> make_pipeline(id<MTLDevice> device, id<MTLLibrary> library,
+                                          const std::string& kernel, PipelineFailure* failure,
+                                          std::string* message) {
+  id<MTLComputePipelineState> pipeline = nil;
+  @autoreleasepool {
+    NSString* name = [[NSString alloc] initWithBytes:kernel.data()
+                                              length:kernel.size()
+                                            encoding:NSUTF8StringEncoding];
+    id<MTLFunction> function = name ? [library newFunctionWithName:name] : nil;
+    if (function == nil) {
+      *failure = PipelineFailure::UnknownKernel;
+      return nil;
+    }
+    NSError* error = nil;
+    pipeline = [device newComputePipelineStateWithFunction:function error:&error];
+    if (pipeline == nil) {
+      *failure = PipelineFailure::CreationFailed;
+      *message = error ? ns_to_std(error.localizedDescription) : std::string("no diagnostic");
+    }
+  }
+  return pipeline;
+}
+
+Library* library_for(id<MTLDevice> device, const py::str& source) {
+  Caches& c = caches();
+  PyObject* key = source.ptr();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto hit = c.by_object.find(key);
+    if (hit != c.by_object.end()) {
+      return hit->second.second;
+    }
+  }
+  const std::string text = source;  // UTF-8
+  std::lock_guard<std::mutex> lock(c.mutex);
+  Library* lib = nullptr;
+  auto found = c.by_source.find(text);
+  if (found != c.by_source.end()) {
+    lib = found->second.get();
+  } else {
+    std::string message;
+    id<MTLLibrary> compiled = compile_library(device, text, &message);
+    if (compiled == nil) {
+      throw std::runtime_error("_metal_launcher: the Metal compiler rejected the shader "
+                               "source (MSL " + std::string(language_version().name) +
+                               "):\n" + message);
+    }
+    auto entry = std::make_unique<Library>();
+    entry->library = compiled;
+    lib = entry.get();
+    c.by_source.emplace(text, std::move(entry));
+  }
+  if (c.by_object.size() >= kMaxIdentityEntries) {
+    c.by_object.clear();  // sources built afresh on every call: keep the fast path bounded
+  }
+  c.by_object.emplace(key, std::make_pair(py::reinterpret_borrow<py::object>(source), lib));
+  return lib;
+}
+
+const Kernel& kernel_for(id<MTLDevice> device, Library* lib, const std::string& kernel) {
+  Caches& c = caches();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  auto found = lib->kernels.find(kernel);
+  if (found != lib->kernels.end()) {
+    return found->second;
+  }
+  PipelineFailure failure = PipelineFailure::None;
+  std::string message;
+  id<MTLComputePipelineState> pipeline = make_pipeline(device, lib->library, kernel, &failure,
+                                                       &message);
+  if (failure == PipelineFailure::UnknownKernel) {
+    throw py::value_error("_metal_launcher: no kernel named '" + kernel +
+                          "' in the shader; it defines: " + function_names(lib->library));
+  }
+  if (pipeline == nil) {
+    throw std::runtime_error("_metal_launcher: could not create the compute pipeline for '" +
+                             kernel + "': " + message);
+  }
+  Kernel k;
+  k.pipeline = pipeline;
+  k.max_total_threads = static_cast<uint64_t>(pipeline.maxTotalThreadsPerThreadgroup);
+  k.static_threadgroup_memory = static_cast<uint64_t>(pipeline.staticThreadgroupMemoryLength);
+  return lib->kernels.emplace(kernel, k).first->second;
+}
+
+// ---------------------------------------------------------------------------------------
+// Arguments.
+// ---------------------------------------------------------------------------------------
+
+struct Binding {
+  bool is_tensor = false;
+  at::Tensor tensor;  // keeps the storage alive until the dispatch is encoded
+  NSUInteger offset = 0;
+  std::string bytes;
+};
+
+std::string where(const std::string& kernel, size_t index) {
+  return "_metal_launcher(" + kernel + "): argument " + std::to_string(index);
+}
+
+std::vector<Binding> parse_args(const std::string& kernel, const py::list& args) {
+  if (args.size() > kMaxBufferArguments) {
+    throw py::value_error("_metal_launcher(" + kernel + "): " + std::to_string(args.size()) +
+                          " arguments; Metal binds at most " +
+                          std::to_string(kMaxBufferArguments) + " buffers");
+  }
+  std::vector<Binding> out;
+  out.reserve(args.size());
+  size_t i = 0;
+  for (const py::handle item : args) {
+    Binding b;
+    if (THPVariable_Check(item.ptr())) {
+      const at::Tensor& t = THPVariable_Unpack(item.ptr());
+      if (!t.defined()) {
+        throw py::value_error(where(kernel, i) + " is an undefined tensor");
+      }
+      if (!t.is_mps()) {
+        throw py::value_error(where(kernel, i) + " is a tensor on '" + t.device().str() +
+                              "'; the Metal launcher needs tensors on 'mps'");
+      }
+      b.is_tensor = true;
+      b.tensor = t;
+      b.offset = static_cast<NSUInteger>(t.storage_offset()) *
+                 static_cast<NSUInteger>(t.element_size());
+    } else if (PyBytes_Check(item.ptr())) {
+      char* data = nullptr;
+      Py_ssize_t size = 0;
+      if (PyBytes_AsStringAndSize(item.ptr(), &data, &size) != 0) {
+        throw py::error_already_set();
+      }
+      if (size <= 0 || static_cast<size_t>(size) > kMaxSetBytesLength) {
+        throw py::value_error(where(kernel, i) + " has " + std::to_string(size) +
+                              " bytes; setBytes takes 1 to " +
+                              std::to_string(kMaxSetBytesLength));
+      }
+      b.bytes.assign(data, static_cast<size_t>(size));
+    } else {
+      throw py::type_error(where(kernel, i) + " must be a torch.Tensor on 'mps' or bytes, got " +
+                           std::string(Py_TYPE(item.ptr())->tp_name));
+    }
+    out.push_back(std::move(b));
+    ++i;
+  }
+  return out;
+}
+
+std::vector<uint64_t> dims3(const std::vector<int64_t>& v, const char* what, int64_t minimum,
+                            const std::string& kernel) {
+  if (v.size() != 3) {
+    throw py::value_error("_metal_launcher(" + kernel + "): " + what + " must have 3 entries");
+  }
+  std::vector<uint64_t> out;
+  for (int64_t d : v) {
+    if (d < minimum) {
+      throw py::value_error("_metal_launcher(" + kernel + "): " + what + " entries must be >= " +
+                            std::to_string(minimum) + ", got " + std::to_string(d));
+    }
+    out.push_back(static_cast<uint64_t>(d));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
+// The two Python entry points.
+// ---------------------------------------------------------------------------------------
+
+void py_dispatch(const py::str& source, const std::string& kernel, const py::list& args,
+              const std::vector<int64_t>& threads, const std::vector<int64_t>& group_size,
+              const std::vector<int64_t>& threadgroup_memory) {
+  // 1. Validate everything that needs no GPU.
+  const std::vector<uint64_t> grid = dims3(threads, "threads", 0, kernel);
+  const std::vector<uint64_t> group = dims3(group_size, "group_size", 1, kernel);
+  if (threadgroup_memory.size() > kMaxThreadgroupArguments) {
+    throw py::value_error("_metal_launcher(" + kernel + "): at most " +
+                          std::to_string(kMaxThreadgroupArguments) +
+                          " threadgroup memory arguments");
+  }
+  std::vector<uint64_t> tg_lengths;
+  for (int64_t n : threadgroup_memory) {
+    if (n < 0) {
+      throw py::value_error("_metal_launcher(" + kernel +
+                            "): threadgroup_memory lengths must be >= 0");
+    }
+    const uint64_t rounded = (static_cast<uint64_t>(n) + kThreadgroupMemoryAlignment - 1) /
+                             kThreadgroupMemoryAlignment * kThreadgroupMemoryAlignment;
+    tg_lengths.push_back(rounded);
+  }
+  std::vector<Binding> bindings = parse_args(kernel, args);
+
+  // 2. Nothing to run.
+  if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) {
+    return;
+  }
+
+  // 3. Library and pipeline (compiled once, then cached), and the limits they imply.
+  id<MTLDevice> device = metal_device();
+  const DeviceProbe& dev = device_probe();
+  Library* lib = library_for(device, source);
+  const Kernel& k = kernel_for(device, lib, kernel);
+
+  const uint64_t group_threads = group[0] * group[1] * group[2];
+  if (group_threads > k.max_total_threads || group[0] > dev.max_threads_per_threadgroup.width ||
+      group[1] > dev.max_threads_per_threadgroup.height ||
+      group[2] > dev.max_threads_per_threadgroup.depth) {
+    throw py::value_error(
+        "_metal_launcher(" + kernel + "): threadgroup " + std::to_string(group[0]) + "x" +
+        std::to_string(group[1]) + "x" + std::to_string(group[2]) + " (" +
+        std::to_string(group_threads) + " threads) exceeds the pipeline's " +
+        "maxTotalThreadsPerThreadgroup " + std::to_string(k.max_total_threads) +
+        " or the device's per-dimension limit " +
+        std::to_string(dev.max_threads_per_threadgroup.width) + "x" +
+        std::to_string(dev.max_threads_per_threadgroup.height) + "x" +
+        std::to_string(dev.max_threads_per_threadgroup.depth));
+  }
+  uint64_t tg_total = k.static_threadgroup_memory;
+  for (uint64_t n : tg_lengths) {
+    tg_total += n;
+  }
+  if (tg_total > dev.max_threadgroup_memory) {
+    throw py::value_error("_metal_launcher(" + kernel + "): " + std::to_string(tg_total) +
+                          " bytes of threadgroup memory (" +
+                          std::to_string(k.static_threadgroup_memory) +
+                          " static + dynamic lengths rounded up to 16) exceed the device "
+                          "limit of " + std::to_string(dev.max_threadgroup_memory));
+  }
+
+  // 4. Encode on torch's current stream, in its serial queue, on its shared encoder.
+  id<MTLComputePipelineState> pipeline = k.pipeline;
+  const MTLSize grid_size = MTLSizeMake(grid[0], grid[1], grid[2]);
+  const MTLSize group_dims = MTLSizeMake(group[0], group[1], group[2]);
+  const std::vector<Binding>* bound = &bindings;
+  const std::vector<uint64_t>* tg = &tg_lengths;
+  std::exception_ptr failure;
+  std::exception_ptr* failure_out = &failure;
+  at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+  {
+    // Tensors are held by `bindings`; no Python object is touched while the GIL is released.
+    py::gil_scoped_release no_gil;
+    dispatch_sync(stream->queue(), ^{
+      @autoreleasepool {
+        try {
+          id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
+          [encoder setComputePipelineState:pipeline];
+          for (size_t i = 0; i < bound->size(); ++i) {
+            const Binding& b = (*bound)[i];
+            if (b.is_tensor) {
+              // The storage's data pointer is its id<MTLBuffer> (nil for an empty storage,
+              // which binds a null pointer the kernel must not dereference).
+              id<MTLBuffer> buffer = __builtin_bit_cast(id<MTLBuffer>, b.tensor.storage().data());
+              [encoder setBuffer:buffer offset:b.offset atIndex:i];
+            } else {
+              [encoder setBytes:b.bytes.data() length:b.bytes.size() atIndex:i];
+            }
+          }
+          for (size_t n = 0; n < tg->size(); ++n) {
+            if ((*tg)[n] > 0) {
+              [encoder setThreadgroupMemoryLength:(*tg)[n] atIndex:n];
+            }
+          }
+          [encoder dispatchThreads:grid_size threadsPerThreadgroup:group_dims];
+        } catch (...) {  // an exception must not unwind through libdispatch
+          *failure_out = std::current_exception();
+        }
+      }
+    });
+  }
+  if (failure) {
+    std::rethrow_exception(failure);
+  }
+}
+
+py::dict py_device_info() {
+  metal_device();  // clear error when there is no MPS device
+  const DeviceProbe& p = device_probe();
+  py::dict d;
+  d["name"] = p.name;
+  d["supports_apple7"] = p.apple7;
+  d["supports_metal3"] = p.metal3;
+  d["max_threads_per_threadgroup"] = static_cast<uint64_t>(p.max_threads_per_threadgroup.width);
+  d["max_threads_per_threadgroup_xyz"] =
+      py::make_tuple(static_cast<uint64_t>(p.max_threads_per_threadgroup.width),
+                     static_cast<uint64_t>(p.max_threads_per_threadgroup.height),
+                     static_cast<uint64_t>(p.max_threads_per_threadgroup.depth));
+  d["max_threadgroup_memory"] = p.max_threadgroup_memory;
+  d["recommended_max_working_set_size"] = p.recommended_max_working_set_size;
+  d["metal_language_version"] = std::string(language_version().name);
+  d["fast_math"] = fast_math_enabled();
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Encodes Metal compute dispatches on torch's current MPS stream (see launcher.mm).";
+  m.def("dispatch", &py_dispatch, py::arg("source"), py::arg("kernel"), py::arg("args"),
+        py::arg("threads"), py::arg("group_size"),
+        py::arg("threadgroup_memory") = std::vector<int64_t>{},
+        "dispatch(source, kernel, args, threads, group_size, threadgroup_memory=[]): compile "
+        "`source` once, then encode dispatchThreads(threads, group_size) of `kernel` on the "
+        "current MPS stream. args[i] binds [[buffer(i)]]: an mps tensor (at its storage "
+        "offset) or bytes (setBytes). threadgroup_memory[n] is the byte length of "
+        "[[threadgroup(n)]]. Does not commit.");
+  m.def("device_info", &py_device_info,
+        "The Metal device's name, supports_apple7 (simdgroup_matrix), supports_metal3 "
+        "(atomic_float), max_threads_per_threadgroup, max_threadgroup_memory, "
+        "recommended_max_working_set_size, and the MSL version and fast-math setting used.");
+}

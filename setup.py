@@ -1,0 +1,128 @@
+"""Build of torch_sparse_metal.
+
+* Everywhere: the pure-Python package, plus copies of ``shaders/`` and ``csrc/emulator/``
+  under ``torch_sparse_metal/_data/`` in built wheels and regular installs (an editable
+  install reads them from the checkout; see ``torch_sparse_metal/_paths.py``).
+* On macOS only: the Objective-C++ extension ``torch_sparse_metal._metal_launcher`` from
+  ``csrc/metal/launcher.mm``, built with torch's ``BuildExtension``. torch is imported on
+  that branch only, so a Linux build needs no torch at build time.
+
+Develop with ``pip install --no-build-isolation -e .`` (the Mac build compiles against the
+torch already installed, which is the one that will load the extension).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import find_namespace_packages, setup
+from setuptools.command.build_py import build_py
+from setuptools.command.sdist import sdist
+
+ROOT = Path(__file__).resolve().parent
+PACKAGE = "torch_sparse_metal"
+
+# Non-Python trees the package reads at run time, relative to the repository root; a wheel
+# carries them under torch_sparse_metal/_data/<same path>.
+DATA_TREES = ("shaders", os.path.join("csrc", "emulator"))
+_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.o", "*.so", "*.dylib", ".*")
+
+
+def _version() -> str:
+    init = ROOT / PACKAGE / "__init__.py"
+    match = re.search(r'^__version__\s*=\s*"([^"]+)"', init.read_text(), re.M) if init.is_file() else None
+    return match.group(1) if match else "0.1.0"
+
+
+class build_py_with_data(build_py):
+    """Also copy the shader and emulator sources into ``<build>/torch_sparse_metal/_data``."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return  # an editable install reads them from the checkout
+        for tree in DATA_TREES:
+            source = ROOT / tree
+            if not source.is_dir():
+                self.warn(f"{tree}/ not found; the built package will not contain it")
+                continue
+            target = Path(self.build_lib) / PACKAGE / "_data" / tree
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(source, target, ignore=_IGNORED)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list:
+        outputs = list(super().get_outputs(include_bytecode))
+        data = Path(self.build_lib) / PACKAGE / "_data"
+        if data.is_dir():
+            outputs.extend(str(p) for p in sorted(data.rglob("*")) if p.is_file())
+        return outputs
+
+
+class sdist_with_sources(sdist):
+    """Put ``shaders/``, ``csrc/`` and ``requirements.txt`` in source distributions too."""
+
+    def make_release_tree(self, base_dir, files) -> None:
+        extra = [p.relative_to(ROOT).as_posix()
+                 for tree in ("shaders", "csrc") for p in sorted((ROOT / tree).rglob("*"))
+                 if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".o", ".so")]
+        if (ROOT / "requirements.txt").is_file():
+            extra.append("requirements.txt")
+        files = list(files)
+        super().make_release_tree(base_dir, files + [f for f in extra if f not in files])
+
+
+cmdclass = {"build_py": build_py_with_data, "sdist": sdist_with_sources}
+ext_modules = []
+
+
+def _metal_extension():
+    """The launcher extension and torch's BuildExtension; macOS only (imports torch)."""
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    if not torch.backends.mps.is_built():
+        # BuildExtension only accepts .mm sources when torch was built with MPS.
+        print("torch_sparse_metal: this torch has no MPS support; building without the "
+              "Metal launcher", file=sys.stderr)
+        return None, None
+    extension = CppExtension(
+        name=f"{PACKAGE}._metal_launcher",
+        sources=["csrc/metal/launcher.mm"],
+        # -fobjc-arc: launcher.mm relies on ARC (and #errors without it).
+        # No -std flag on purpose: BuildExtension appends the standard the installed torch
+        # builds its extensions with (-std=c++17 in the 2.1 era, -std=c++20 in 2.13) unless
+        # one is given, so a hard-coded c++17 would override what newer torch headers expect.
+        extra_compile_args=["-fobjc-arc"],
+        extra_link_args=["-framework", "Metal", "-framework", "Foundation"],
+    )
+    return extension, BuildExtension
+
+
+if sys.platform == "darwin":  # torch is imported on this branch only
+    _extension, _build_ext = _metal_extension()
+    if _extension is not None:
+        ext_modules.append(_extension)
+        cmdclass["build_ext"] = _build_ext
+
+setup(
+    name="torch_sparse_metal",
+    version=_version(),
+    description="Hand-written Apple Metal kernels for sparse ops on PyTorch MPS tensors, "
+                "with a Metal emulator for Linux",
+    packages=find_namespace_packages(
+        include=[PACKAGE, f"{PACKAGE}.*"],
+        exclude=[f"{PACKAGE}._data", f"{PACKAGE}._data.*", "*.__pycache__"]),
+    python_requires=">=3.10",
+    install_requires=["torch>=2.1", "numpy"],
+    extras_require={
+        "test": ["pytest", "hypothesis", "scipy", "scikit-learn"],
+        "demo": ["scikit-learn", "matplotlib"],
+    },
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+    zip_safe=False,
+)

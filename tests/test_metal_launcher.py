@@ -1,0 +1,447 @@
+"""The Metal backend's launcher: its Python side everywhere, its stream contract by source
+inspection everywhere, and real dispatches on a Mac.
+
+The tests marked ``mac`` run a tiny inline shader through ``_launch.launch(...,
+backend="metal")``: ``_metal_backend.shader_source`` is monkeypatched to serve that inline
+source under a made-up shader name, so no file in ``shaders/`` is needed for them.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import torch_sparse_metal._metal_backend as mb
+from torch_sparse_metal.metal._record import record
+
+REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = REPO / "csrc" / "metal" / "launcher.mm"
+SETUP = REPO / "setup.py"
+
+METAL_AVAILABLE = mb.is_available()
+needs_mac = [pytest.mark.mac,
+             pytest.mark.skipif(not METAL_AVAILABLE,
+                                reason="needs macOS, an Apple GPU (MPS) and the built extension")]
+
+
+# --------------------------------------------------------------------------------------
+# Import and availability
+# --------------------------------------------------------------------------------------
+
+def test_backend_imports_without_loading_the_extension():
+    code = ("import sys, torch_sparse_metal._metal_backend as m; "
+            "print(m.EXTENSION in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=REPO)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="checks behaviour off macOS")
+def test_is_available_is_false_off_macos():
+    assert mb.is_available() is False
+
+
+def test_is_available_is_false_on_another_platform(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert mb.is_available() is False
+
+
+def test_dispatch_off_macos_raises_the_clear_error(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    x = torch.zeros(4)
+    with pytest.raises(mb.MetalUnavailableError, match="needs macOS with an Apple GPU") as info:
+        mb.dispatch("any.metal", "k", [x, np.int32(4)], threads=4, group_size=4)
+    message = str(info.value)
+    assert "backend 'emulator' or 'reference'" in message
+    assert isinstance(info.value, RuntimeError)
+
+
+def test_launch_with_backend_metal_off_macos_raises_the_clear_error(monkeypatch):
+    launch_module = pytest.importorskip("torch_sparse_metal._launch")
+    monkeypatch.setattr(sys, "platform", "linux")
+    with pytest.raises(mb.MetalUnavailableError, match="'emulator' or 'reference'"):
+        launch_module.launch("any.metal", "k", [torch.zeros(4)], threads=4, group_size=4,
+                             backend="metal")
+
+
+def test_missing_extension_is_reported_clearly(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(mb, "EXTENSION", "torch_sparse_metal._no_such_extension")
+    assert mb.is_available() is False
+    with pytest.raises(mb.MetalUnavailableError, match="could not be imported"):
+        mb.dispatch("any.metal", "k", [], threads=1, group_size=1)
+
+
+# --------------------------------------------------------------------------------------
+# Argument handling, against a fake extension
+# --------------------------------------------------------------------------------------
+
+class FakeExtension:
+    def __init__(self):
+        self.calls = []
+
+    def dispatch(self, source, kernel, args, threads, group_size, threadgroup_memory):
+        self.calls.append((source, kernel, list(args), threads, group_size, threadgroup_memory))
+
+
+class PretendMps(torch.Tensor):
+    """A CPU tensor that claims to live on 'mps', to reach the checks after the device one."""
+
+    @property
+    def device(self):
+        return torch.device("mps")
+
+
+@pytest.fixture
+def fake_ext(monkeypatch):
+    ext = FakeExtension()
+    monkeypatch.setattr(mb, "_extension", lambda: ext)
+    monkeypatch.setattr(mb, "shader_source", lambda name: f"// source of {name}\n")
+    return ext
+
+
+def test_scalars_become_their_bytes_and_dims_are_normalised(fake_ext):
+    t = torch.arange(6, dtype=torch.float32).as_subclass(PretendMps)
+    args = [t, np.int32(7), np.uint32(3), np.float32(1.5), np.float16(2), np.int64(-1),
+            np.bool_(True)]
+    with record() as launches:
+        mb.dispatch("s.metal", "kern", args, threads=(10, 2), group_size=32,
+                    threadgroup_memory=[64, 0])
+    (source, kernel, packed, threads, group, tg), = fake_ext.calls
+    assert source == "// source of s.metal\n" and kernel == "kern"
+    assert packed[0] is t
+    assert packed[1:] == [np.int32(7).tobytes(), np.uint32(3).tobytes(),
+                          np.float32(1.5).tobytes(), np.float16(2).tobytes(),
+                          np.int64(-1).tobytes(), b"\x01"]
+    assert all(type(p) is bytes for p in packed[1:])
+    assert threads == (10, 2, 1) and group == (32, 1, 1) and tg == [64, 0]
+    assert [(l.kernel, l.threads, l.group_size, l.backend) for l in launches] == [
+        ("kern", (10, 2, 1), (32, 1, 1), "metal")]
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (3, TypeError, "typed NumPy scalar"),
+    (2.5, TypeError, "typed NumPy scalar"),
+    (np.float64(1.0), TypeError, "no double"),
+    (np.complex64(1j), TypeError, "bool, integer or floating"),
+    (np.str_("x"), TypeError, "bool, integer or floating"),
+    (torch.zeros(3), ValueError, "'mps'"),
+])
+def test_bad_arguments_are_rejected_before_the_extension(fake_ext, bad, error, match):
+    with pytest.raises(error, match=match):
+        mb.dispatch("s.metal", "kern", [np.int32(1), bad], threads=4, group_size=4)
+    assert fake_ext.calls == []
+
+
+def test_non_contiguous_tensors_are_rejected(fake_ext):
+    t = torch.zeros(4, 4).t().as_subclass(PretendMps)
+    with pytest.raises(ValueError, match="contiguous"):
+        mb.dispatch("s.metal", "kern", [t], threads=4, group_size=4)
+    assert fake_ext.calls == []
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(threads=4, group_size=0), "group_size"),
+    (dict(threads=4, group_size=(4, 0)), "group_size"),
+    (dict(threads=-1, group_size=4), "threads"),
+    (dict(threads=(1, 2, 3, 4), group_size=4), "threads"),
+    (dict(threads=4, group_size=4, threadgroup_memory=[-16]), "threadgroup_memory"),
+])
+def test_bad_launch_geometry_is_rejected(fake_ext, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        mb.dispatch("s.metal", "kern", [], **kwargs)
+    assert fake_ext.calls == []
+
+
+def test_too_many_arguments_are_rejected(fake_ext):
+    with pytest.raises(ValueError, match="at most 31"):
+        mb.dispatch("s.metal", "kern", [np.int32(i) for i in range(32)], threads=1,
+                    group_size=1)
+
+
+# --------------------------------------------------------------------------------------
+# Capabilities and their environment overrides
+# --------------------------------------------------------------------------------------
+
+FAKE_INFO = {
+    "name": "Fake M9", "supports_apple7": True, "supports_metal3": True,
+    "max_threads_per_threadgroup": 1024, "max_threadgroup_memory": 32768,
+    "recommended_max_working_set_size": 1 << 34, "metal_language_version": "3.2",
+    "fast_math": True,
+}
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    monkeypatch.setattr(mb, "_device_info", lambda: dict(FAKE_INFO))
+    monkeypatch.delenv(mb.FORCE_NO_SIMDGROUP_MATRIX, raising=False)
+    monkeypatch.delenv(mb.FORCE_NO_ATOMIC_FLOAT, raising=False)
+    mb.device_capabilities.cache_clear()
+    yield monkeypatch
+    mb.device_capabilities.cache_clear()
+
+
+def test_capabilities_are_the_probed_ones_by_default(fake_device):
+    caps = mb.device_capabilities()
+    assert {k: caps[k] for k in FAKE_INFO} == FAKE_INFO
+    assert caps["forced_off"] == ()
+    assert mb.device_capabilities() is caps  # probed once
+
+
+@pytest.mark.parametrize("env, apple7, metal3", [
+    ({"TSM_FORCE_NO_SIMDGROUP_MATRIX": "1"}, False, True),
+    ({"TSM_FORCE_NO_ATOMIC_FLOAT": "1"}, True, False),
+    ({"TSM_FORCE_NO_SIMDGROUP_MATRIX": "1", "TSM_FORCE_NO_ATOMIC_FLOAT": "true"}, False, False),
+    ({"TSM_FORCE_NO_SIMDGROUP_MATRIX": "0", "TSM_FORCE_NO_ATOMIC_FLOAT": ""}, True, True),
+])
+def test_capability_overrides(fake_device, env, apple7, metal3):
+    for name, value in env.items():
+        fake_device.setenv(name, value)
+    mb.device_capabilities.cache_clear()
+    caps = mb.device_capabilities()
+    assert caps["supports_apple7"] is apple7
+    assert caps["supports_metal3"] is metal3
+    expected_forced = tuple(k for k, on in (("supports_apple7", apple7),
+                                            ("supports_metal3", metal3)) if not on)
+    assert caps["forced_off"] == expected_forced
+
+
+def test_overrides_never_turn_a_capability_on(monkeypatch):
+    monkeypatch.setattr(mb, "_device_info",
+                        lambda: dict(FAKE_INFO, supports_apple7=False, supports_metal3=False))
+    monkeypatch.setenv(mb.FORCE_NO_SIMDGROUP_MATRIX, "0")
+    mb.device_capabilities.cache_clear()
+    try:
+        caps = mb.device_capabilities()
+        assert caps["supports_apple7"] is False and caps["supports_metal3"] is False
+    finally:
+        mb.device_capabilities.cache_clear()
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="checks behaviour off macOS")
+def test_capabilities_off_macos_raise_the_clear_error():
+    mb.device_capabilities.cache_clear()
+    with pytest.raises(mb.MetalUnavailableError):
+        mb.device_capabilities()
+
+
+# --------------------------------------------------------------------------------------
+# The stream contract, checked on launcher.mm's source (cheap guards; no compiler needed)
+# --------------------------------------------------------------------------------------
+
+def _code_only(text: str) -> str:
+    """``text`` with comments and string/char literals blanked (positions kept)."""
+    out = []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append(re.sub(r"[^\n]", " ", text[i:j]))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            j = min(j + 1, n)
+            out.append(c + " " * max(j - i - 2, 0) + c)
+            i = j
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def _block_end(code: str, open_brace: int) -> int:
+    depth = 0
+    for k in range(open_brace, len(code)):
+        if code[k] == "{":
+            depth += 1
+        elif code[k] == "}":
+            depth -= 1
+            if depth == 0:
+                return k
+    raise AssertionError("unbalanced braces in launcher.mm")
+
+
+@pytest.fixture(scope="module")
+def launcher_code() -> str:
+    return _code_only(LAUNCHER.read_text())
+
+
+def test_code_only_strips_comments_and_strings():
+    text = 'a // commit\nb /* endEncoding */ "commit" \'}\' c'
+    code = _code_only(text)
+    assert len(code) == len(text)
+    assert "commit" not in code and "endEncoding" not in code and "}" not in code
+    assert code.replace('"', " ").replace("'", " ").split() == ["a", "b", "c"]
+
+
+def test_launcher_never_ends_the_encoder_nor_commits(launcher_code):
+    assert "endEncoding" not in launcher_code
+    assert not re.search(r"commit", launcher_code, re.I)
+
+
+def test_launcher_encodes_only_inside_the_streams_queue(launcher_code):
+    spans = []
+    for m in re.finditer(r"dispatch_sync\s*\(\s*\w+\s*->\s*queue\s*\(\s*\)\s*,\s*\^", launcher_code):
+        brace = launcher_code.index("{", m.end())
+        spans.append((brace, _block_end(launcher_code, brace)))
+    assert spans, "no dispatch_sync(stream->queue(), ^{...}) block"
+    uses = [m.start() for m in re.finditer(r"->\s*commandEncoder\s*\(\s*\)", launcher_code)]
+    assert uses, "the launcher must encode on stream->commandEncoder()"
+    assert all(any(a < u < b for a, b in spans) for u in uses)
+    for verb in ("setBuffer:", "setBytes:", "setThreadgroupMemoryLength:", "dispatchThreads:",
+                 "setComputePipelineState:"):
+        found = [m.start() for m in re.finditer(re.escape(verb), launcher_code)]
+        assert found and all(any(a < u < b for a, b in spans) for u in found), verb
+
+
+def test_launcher_binds_tensors_at_their_storage_offset(launcher_code):
+    assert re.search(r"storage_offset\s*\(\s*\)\s*\)?\s*\*", launcher_code)
+    assert "element_size()" in launcher_code
+    assert re.search(r"__builtin_bit_cast\s*\(\s*id\s*<\s*MTLBuffer\s*>\s*,\s*[\w.]+"
+                     r"\.storage\s*\(\s*\)\s*\.data\s*\(\s*\)\s*\)", launcher_code)
+    for m in re.finditer(r"setBuffer:\s*\w+\s+offset:\s*([\w.]+)", launcher_code):
+        assert m.group(1) != "0", "a tensor bound at offset 0 ignores views"
+
+
+def test_launcher_requires_arc_and_setup_builds_it_so():
+    code = _code_only(LAUNCHER.read_text())
+    assert re.search(r"#if\s*!\s*__has_feature\s*\(\s*objc_arc\s*\)\s*\n\s*#error", code)
+    setup = SETUP.read_text()
+    assert '"-fobjc-arc"' in setup
+    assert '"-framework", "Metal"' in setup and '"-framework", "Foundation"' in setup
+    assert 'sys.platform == "darwin"' in setup
+
+
+# --------------------------------------------------------------------------------------
+# Real dispatches (macOS with an Apple GPU and the built extension)
+# --------------------------------------------------------------------------------------
+
+INLINE_SHADER_NAME = "tests/inline_launcher_test.metal"
+INLINE_SHADER = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void axpb(device const float* x [[buffer(0)]],
+                 device float* y [[buffer(1)]],
+                 constant float& a [[buffer(2)]],
+                 constant uint& n [[buffer(3)]],
+                 uint i [[thread_position_in_grid]]) {
+  if (i < n) {
+    y[i] = a * x[i] + 1.0f;
+  }
+}
+
+kernel void reverse_in_group(device const int* x [[buffer(0)]],
+                             device int* y [[buffer(1)]],
+                             threadgroup int* scratch [[threadgroup(0)]],
+                             uint i [[thread_position_in_grid]],
+                             uint l [[thread_position_in_threadgroup]],
+                             uint g [[threads_per_threadgroup]]) {
+  scratch[l] = x[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  y[i] = scratch[g - 1 - l];
+}
+"""
+
+
+@pytest.fixture
+def inline_shader(monkeypatch):
+    original = mb.shader_source
+    monkeypatch.setattr(mb, "shader_source",
+                        lambda name: INLINE_SHADER if name == INLINE_SHADER_NAME else original(name))
+    from torch_sparse_metal import _launch
+    return _launch.launch
+
+
+class TestOnTheGpu:
+    pytestmark = needs_mac
+
+    def test_axpb_on_views_with_storage_offsets(self, inline_shader):
+        n = 1000
+        base_x = torch.randn(n + 5, device="mps")
+        base_y = torch.zeros(n + 3, device="mps")
+        x, y = base_x[5:], base_y[3:]
+        assert x.storage_offset() == 5 and y.storage_offset() == 3
+        with record() as launches:
+            inline_shader(INLINE_SHADER_NAME, "axpb", [x, y, np.float32(2.0), np.uint32(n)],
+                          threads=n, group_size=256, backend="metal")
+        assert [l.backend for l in launches] == ["metal"]
+        torch.testing.assert_close(y.cpu(), 2.0 * x.cpu() + 1.0)
+        assert torch.count_nonzero(base_y[:3].cpu()) == 0  # nothing written before the view
+
+    def test_interleaves_with_torch_ops_on_the_same_stream(self, inline_shader):
+        n = 4096
+        x0 = torch.randn(n)
+        x = x0.to("mps")
+        for _ in range(20):
+            y = torch.empty_like(x)
+            inline_shader(INLINE_SHADER_NAME, "axpb", [x, y, np.float32(0.5), np.uint32(n)],
+                          threads=n, group_size=128, backend="metal")
+            x = y * 2.0 - 1.0  # a torch op consuming our output before any sync: x + 1
+        torch.mps.synchronize()
+        torch.testing.assert_close(x.cpu(), x0 + 20.0)
+
+    def test_threadgroup_memory(self, inline_shader):
+        n, g = 512, 64
+        x = torch.arange(n, dtype=torch.int32, device="mps")
+        y = torch.empty_like(x)
+        inline_shader(INLINE_SHADER_NAME, "reverse_in_group", [x, y], threads=n, group_size=g,
+                      threadgroup_memory=[g * 4], backend="metal")
+        expected = torch.arange(n, dtype=torch.int32).view(-1, g).flip(1).reshape(-1)
+        assert torch.equal(y.cpu(), expected)
+
+    def test_empty_grid_encodes_nothing(self, inline_shader):
+        y = torch.full((4,), 7.0, device="mps")
+        inline_shader(INLINE_SHADER_NAME, "axpb", [y, y, np.float32(2.0), np.uint32(4)],
+                      threads=0, group_size=32, backend="metal")
+        assert torch.equal(y.cpu(), torch.full((4,), 7.0))
+
+    def test_unknown_kernel(self, inline_shader):
+        with pytest.raises(ValueError, match="no kernel named 'nope'.*axpb"):
+            inline_shader(INLINE_SHADER_NAME, "nope", [], threads=1, group_size=1,
+                          backend="metal")
+
+    def test_group_larger_than_the_pipeline_allows(self, inline_shader):
+        x = torch.zeros(4096, device="mps")
+        with pytest.raises(ValueError, match="maxTotalThreadsPerThreadgroup"):
+            inline_shader(INLINE_SHADER_NAME, "axpb", [x, x, np.float32(1), np.uint32(4096)],
+                          threads=4096, group_size=4096, backend="metal")
+
+    def test_too_much_threadgroup_memory(self, inline_shader):
+        x = torch.zeros(64, dtype=torch.int32, device="mps")
+        with pytest.raises(ValueError, match="threadgroup memory"):
+            inline_shader(INLINE_SHADER_NAME, "reverse_in_group", [x, x], threads=64,
+                          group_size=64, threadgroup_memory=[1 << 24], backend="metal")
+
+    def test_compile_error_carries_the_compiler_message(self):
+        ext = mb._extension()
+        with pytest.raises(RuntimeError, match="rejected the shader"):
+            ext.dispatch("kernel void broken( { }", "broken", [], (1, 1, 1), (1, 1, 1), [])
+
+    def test_extension_rejects_cpu_tensors_itself(self):
+        ext = mb._extension()
+        with pytest.raises(ValueError, match="'mps'"):
+            ext.dispatch(INLINE_SHADER, "axpb", [torch.zeros(4)], (4, 1, 1), (4, 1, 1), [])
+
+    def test_device_info(self):
+        mb.device_capabilities.cache_clear()
+        caps = mb.device_capabilities()
+        for key in ("name", "supports_apple7", "supports_metal3", "max_threads_per_threadgroup",
+                    "max_threadgroup_memory", "recommended_max_working_set_size"):
+            assert key in caps
+        assert caps["max_threads_per_threadgroup"] >= 256
+        assert caps["max_threadgroup_memory"] >= 16384

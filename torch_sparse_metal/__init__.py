@@ -1,0 +1,12 @@
+"""torch_sparse_metal: hand-written Metal kernels for PyTorch on Apple GPUs.
+
+Every kernel lives once, in ``shaders/*.metal``; it runs on the GPU for MPS tensors and
+through the package's Metal emulator for CPU tensors (see :mod:`torch_sparse_metal.metal`).
+"""
+from . import metal
+from ._backend import get_backend, use_backend
+from .ops.sparse_linear import sparse_linear
+from . import nn
+
+__all__ = ["metal", "use_backend", "get_backend", "sparse_linear", "nn"]
+__version__ = "0.1.0"

@@ -1,0 +1,144 @@
+"""Compiling Metal Shading Language for the CPU: preprocess, rewrite, g++, cache.
+
+1. The C preprocessor runs over the source with the emulated headers empty
+   (``__TSM_EMU_PARSE__``), so what comes out is the user's code alone, macros expanded
+   (MLX-style instantiation macros included) and ``#line`` markers kept.
+2. :mod:`._rewrite` finds the kernels and translates to C++, appending the binding table.
+3. The system C++ compiler builds a shared library from it and the runtime object; the
+   library is cached under a hash of everything that went into it, so a second run (or
+   a second process) does not recompile.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
+from . import _rewrite
+from ._errors import MetalCompileError
+
+CXX_STANDARD = "-std=c++17"
+# Kernels cast untyped buffers freely, as Metal allows; no fast-math, so float64 gradcheck
+# through the kernels sees exact IEEE arithmetic.
+CXX_FLAGS = ("-O2", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden", "-Wno-attributes",
+             "-Wno-ignored-attributes", "-Wno-unused-result")
+PREDEFINED = ("-D__METAL_EMULATOR__=1", "-D__METAL_VERSION__=310", "-D__METAL_MACOS__=1")
+
+
+@dataclass
+class CompiledLibrary:
+    path: Path
+    kernels: List[_rewrite.Kernel]
+    uses_synchronisation: bool
+    origin: str
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("TSM_CACHE_DIR")
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_sparse_metal"
+    path = base / "emulator"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def compiler() -> str:
+    for candidate in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    raise MetalCompileError("the Metal emulator needs a C++17 compiler (g++ or clang++) on PATH; "
+                            "none was found (set CXX to choose one)")
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain_fingerprint() -> str:
+    """Hash of the compiler's identity and every emulator header and runtime source."""
+    h = hashlib.sha256()
+    version = subprocess.run([compiler(), "--version"], capture_output=True, text=True).stdout
+    h.update(version.encode())
+    for path in sorted(EMULATOR_DIR.rglob("*")):
+        if path.is_file() and path.suffix in ("", ".h", ".cpp", ".inc"):
+            h.update(str(path.relative_to(EMULATOR_DIR)).encode())
+            h.update(path.read_bytes())
+    h.update(" ".join(CXX_FLAGS + PREDEFINED + (CXX_STANDARD,)).encode())
+    return h.hexdigest()
+
+
+def _run(cmd: Sequence[str], what: str, source_text: Optional[str] = None,
+         origin: str = "") -> None:
+    proc = subprocess.run(list(cmd), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise MetalCompileError.from_log(what, proc.stderr, source_text, origin)
+
+
+@functools.lru_cache(maxsize=None)
+def _runtime_object() -> Path:
+    out = cache_dir() / f"runtime-{_toolchain_fingerprint()[:16]}.o"
+    if not out.exists():
+        tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
+        _run([compiler(), CXX_STANDARD, *CXX_FLAGS, "-I", str(EMULATOR_INCLUDE_DIR), "-c",
+              str(EMULATOR_DIR / "src" / "runtime.cpp"), "-o", str(tmp)],
+             "compiling the emulator runtime")
+        os.replace(tmp, out)
+    return out
+
+
+def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str) -> str:
+    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-D__TSM_EMU_PARSE__=1", *PREDEFINED,
+           "-I", str(EMULATOR_INCLUDE_DIR)]
+    for d in include_dirs:
+        cmd += ["-I", str(d)]
+    proc = subprocess.run(cmd + [str(path)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise MetalCompileError.from_log("preprocessing", proc.stderr, path.read_text(), origin)
+    return proc.stdout
+
+
+def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None
+                 ) -> CompiledLibrary:
+    """Compile the MSL file at ``path`` (quoted includes resolve next to it and in ``include_dirs``)."""
+    origin = origin or path.name
+    include_dirs = [path.parent, *include_dirs, SHADERS_DIR]
+    preprocessed = _preprocess(path, include_dirs, origin)
+    source_text = path.read_text()
+    try:
+        kernels = _rewrite.find_kernels(preprocessed)
+    except _rewrite.ParseError as e:
+        raise MetalCompileError.at_offset(str(e), preprocessed, e.offset, origin) from None
+    cxx = "#include <metal_stdlib>\n" + _rewrite.rewrite(preprocessed) + _rewrite.binding_table(kernels)
+    key = hashlib.sha256((_toolchain_fingerprint() + cxx).encode()).hexdigest()[:24]
+    lib = cache_dir() / f"{key}.so"
+    if not lib.exists():
+        runtime = _runtime_object()
+        with tempfile.TemporaryDirectory(prefix="tsm-emu-") as tmp:
+            src = Path(tmp) / "kernel.cpp"
+            src.write_text(cxx)
+            out = Path(tmp) / "kernel.so"
+            _run([compiler(), CXX_STANDARD, *CXX_FLAGS, "-shared", "-I", str(EMULATOR_INCLUDE_DIR),
+                  str(src), str(runtime), "-o", str(out), "-lm", "-lpthread"],
+                 f"compiling {origin}", source_text, origin)
+            staged = lib.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(out, staged)
+            os.replace(staged, lib)
+    return CompiledLibrary(lib, kernels, _rewrite.uses_synchronisation(preprocessed), origin)
+
+
+def compile_source(source: str, *, include_dirs: Sequence[Path] = ()) -> CompiledLibrary:
+    """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    src_dir = cache_dir() / "sources"
+    src_dir.mkdir(exist_ok=True)
+    path = src_dir / f"shader-{digest}.metal"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(source)
+        os.replace(tmp, path)
+    return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>")

@@ -1,0 +1,280 @@
+"""From preprocessed Metal Shading Language to C++ the emulator compiles.
+
+Input is the output of the C preprocessor run over the user's source with the emulated
+``<metal_stdlib>`` empty (so only user code is in it). This module
+
+* finds the kernels: plain ``kernel void f(...)``, templates with ``[[kernel]]`` and their
+  explicit instantiations under ``[[host_name("...")]]``, with each parameter's binding
+  attribute (``[[buffer(n)]]``, ``[[threadgroup(n)]]``, built-ins);
+* rewrites what C++ cannot express: attributes and ``kernel`` are removed, threadgroup
+  variables declared in a function body become storage shared by the threads of one
+  threadgroup (``static thread_local``: one worker runs a threadgroup's fibers) and are
+  registered for the 32 KB check, ``1.5h`` half literals become ``half(1.5f)``;
+* writes the binding table the runtime dispatches through.
+
+It knows the shape of declarations, not the C++ grammar: what it cannot parse it reports
+as a compile error naming the line, rather than guessing.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+BUILTINS = (
+    "thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
+    "threads_per_threadgroup", "dispatch_threads_per_threadgroup", "threadgroups_per_grid",
+    "threads_per_grid", "thread_index_in_threadgroup", "thread_index_in_simdgroup",
+    "simdgroup_index_in_threadgroup", "threads_per_simdgroup", "thread_execution_width",
+    "simdgroups_per_threadgroup", "dispatch_simdgroups_per_threadgroup",
+    "thread_index_in_quadgroup", "quadgroup_index_in_threadgroup", "quadgroups_per_threadgroup",
+    "dispatch_quadgroups_per_threadgroup",
+)
+
+P_BUFFER, P_THREADGROUP, P_BUILTIN = 0, 1, 2
+
+
+class ParseError(Exception):
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+@dataclass
+class Param:
+    text: str
+    kind: int
+    index: int  # buffer / threadgroup index, or position in BUILTINS
+
+    @property
+    def builtin(self) -> Optional[str]:
+        return BUILTINS[self.index] if self.kind == P_BUILTIN else None
+
+
+@dataclass
+class Kernel:
+    host_name: str
+    cxx: str  # expression naming the C++ function (e.g. ``f<float>``)
+    params: List[Param] = field(default_factory=list)
+
+
+_ATTRIBUTE = re.compile(r"\[\[(?:[^\[\]]|\[[^\[\]]*\])*?\]\]")
+_KERNEL_MARK = re.compile(r"\[\[\s*kernel\s*\]\]|\bkernel\b")
+_HOST_NAME = re.compile(r'host_name\s*\(\s*"([^"]*)"\s*\)')
+_SYNC_CALL = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
+_HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
+_PARAM_ATTR = re.compile(r"\[\[\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*\]\]")
+
+
+def blank(text: str) -> str:
+    """Spaces for ``text``, keeping its newlines so line numbers stay right."""
+    return re.sub(r"[^\n]", " ", text)
+
+
+def _mask_strings_and_directives(src: str) -> str:
+    """Same length as ``src``, with string literals and ``#`` lines blanked, for searching."""
+    out = re.sub(r'"(?:\\.|[^"\\\n])*"', lambda m: '"' + " " * (len(m.group()) - 2) + '"', src)
+    return re.sub(r"(?m)^[ \t]*#.*$", lambda m: " " * len(m.group()), out)
+
+
+def _match_close(text: str, start: int, open_ch: str, close_ch: str) -> int:
+    depth = 0
+    for i in range(start, len(text)):
+        c = text[i]
+        if c == open_ch:
+            depth += 1
+        elif c == close_ch:
+            depth -= 1
+            if depth == 0:
+                return i
+    raise ParseError(f"unbalanced {open_ch}{close_ch}", start)
+
+
+def _split_top_level(text: str) -> List[str]:
+    parts, depth, cur = [], 0, []
+    for c in text:
+        if c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            depth -= 1
+        if c == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(c)
+    if "".join(cur).strip():
+        parts.append("".join(cur))
+    return parts
+
+
+def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
+    params: List[Param] = []
+    next_buffer = next_tg = 0
+    for raw in _split_top_level(text):
+        piece = " ".join(raw.split())
+        if not piece or piece == "void":
+            continue
+        attrs = _PARAM_ATTR.findall(piece)
+        attr = next(((name, idx) for name, idx in attrs), None)
+        if attr is None:
+            if re.search(r"\bthreadgroup\b", piece):
+                params.append(Param(piece, P_THREADGROUP, next_tg))
+                next_tg += 1
+            else:
+                params.append(Param(piece, P_BUFFER, next_buffer))
+                next_buffer += 1
+            continue
+        name, idx = attr
+        if name == "buffer":
+            params.append(Param(piece, P_BUFFER, int(idx)))
+            next_buffer = int(idx) + 1
+        elif name == "threadgroup":
+            params.append(Param(piece, P_THREADGROUP, int(idx)))
+            next_tg = int(idx) + 1
+        elif name in BUILTINS:
+            params.append(Param(piece, P_BUILTIN, BUILTINS.index(name)))
+        else:
+            raise ParseError(f"kernel {kernel}: parameter attribute [[{name}]] is not supported "
+                             f"by the emulator (parameter `{piece}`)", offset)
+    return params
+
+
+def _head_start(masked: str, pos: int) -> int:
+    """Start of the declaration that contains ``pos`` (after the previous ; { or })."""
+    i = pos
+    while i > 0 and masked[i - 1] not in ";{}":
+        i -= 1
+    return i
+
+
+def find_kernels(src: str) -> List[Kernel]:
+    masked = _mask_strings_and_directives(src)
+    templates = {}  # name -> params of a template kernel definition
+    instantiations: List[Tuple[str, str, str, int, Optional[str]]] = []
+    kernels: List[Kernel] = []
+    for mark in _KERNEL_MARK.finditer(masked):
+        head_start = _head_start(masked, mark.start())
+        head = src[head_start:mark.start()]
+        after = masked[mark.end():]
+        host = _HOST_NAME.search(head)
+        host_name = host.group(1) if host else None
+        if not host_name:
+            host_in_tail = _HOST_NAME.match(after.lstrip())
+            if host_in_tail:
+                host_name = host_in_tail.group(1)
+        head_masked = masked[head_start:mark.start()]
+        tail = _ATTRIBUTE.sub(lambda m: blank(m.group()), after)
+        m_decltype = re.match(r"\s*decltype\s*\(\s*([^()]*?)\s*\)\s*([\w:]+\s*<[^;]*?>)\s*;", tail)
+        m_func = re.match(r"\s*void\s+([\w:]+)\s*(<[^(;]*>)?\s*\(", tail)
+        is_instantiation = re.match(r"\s*template\b(?!\s*<)", head_masked) is not None
+        is_template = re.match(r"\s*template\s*<", head_masked) is not None
+        if m_decltype and is_instantiation:
+            name = re.sub(r"\s+", "", m_decltype.group(2))
+            base = name.split("<", 1)[0]
+            instantiations.append((host_name or name, base, name, mark.start(), None))
+            continue
+        if not m_func:
+            raise ParseError("cannot parse the kernel declaration after `kernel`", mark.start())
+        name = m_func.group(1)
+        targs = re.sub(r"\s+", "", m_func.group(2) or "")
+        open_paren = mark.end() + m_func.end() - 1
+        close_paren = _match_close(masked, open_paren, "(", ")")
+        params = _parse_params(src[open_paren + 1:close_paren], open_paren, name)
+        if is_template:
+            templates[name] = params
+        elif is_instantiation or targs:
+            instantiations.append((host_name or name + targs, name, name + targs, mark.start(), params))
+        else:
+            kernels.append(Kernel(host_name or name, name, params))
+    for host_name, base, cxx, offset, params in instantiations:
+        if params is None:
+            if base not in templates:
+                raise ParseError(f"instantiation {host_name!r} of {base!r}: no template kernel "
+                                 f"named {base!r} is defined before it", offset)
+            params = templates[base]
+        kernels.append(Kernel(host_name, cxx, params))
+    seen = set()
+    for k in kernels:
+        if k.host_name in seen:
+            raise ParseError(f"two kernels are named {k.host_name!r}", 0)
+        seen.add(k.host_name)
+    return kernels
+
+
+def uses_synchronisation(src: str) -> bool:
+    """Whether any code may block on other threads (barriers, SIMD-group collectives)."""
+    return _SYNC_CALL.search(_mask_strings_and_directives(src)) is not None
+
+
+def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
+    """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup."""
+    out, last = [], 0
+    for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
+        start = m.start()
+        before = masked[:start].rstrip()
+        if before and before[-1] not in ";{}":
+            continue  # a parameter, a cast or a pointer declaration's qualifier mid-statement
+        end = masked.find(";", start)
+        if end < 0:
+            continue
+        decl = masked[m.end():end]
+        if re.search(r"[*&(=]", decl.split("[", 1)[0]):
+            continue  # pointer/reference/function: only the qualifier goes (macro)
+        name = re.search(r"(\w+)\s*(?:\[|$)", decl.strip())
+        if not name:
+            continue
+        out.append(src[last:start])
+        out.append("static thread_local")
+        out.append(src[m.end():end + 1])
+        out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name.group(1)}, "
+                   f"sizeof({name.group(1)}));")
+        last = end + 1
+    out.append(src[last:])
+    return "".join(out)
+
+
+def rewrite(src: str) -> str:
+    """The C++ translation of preprocessed MSL ``src`` (line structure preserved)."""
+    masked = _mask_strings_and_directives(src)
+    src = _rewrite_threadgroup_declarations(src, masked)
+    masked = _mask_strings_and_directives(src)
+    pieces, last = [], 0
+    for m in _ATTRIBUTE.finditer(masked):
+        pieces.append(src[last:m.start()])
+        pieces.append(blank(m.group()))
+        last = m.end()
+    pieces.append(src[last:])
+    src = "".join(pieces)
+    masked = _mask_strings_and_directives(src)
+    pieces, last = [], 0
+    for m in re.finditer(r"\bkernel\b", masked):
+        pieces.append(src[last:m.start()])
+        pieces.append(" " * len(m.group()))
+        last = m.end()
+    pieces.append(src[last:])
+    src = "".join(pieces)
+    return _HALF_LITERAL.sub(lambda m: f"half({m.group(1)}f)", src)
+
+
+def binding_table(kernels: List[Kernel]) -> str:
+    """C++ that registers ``kernels`` with the runtime (appended to the rewritten source)."""
+    lines = ["", "// ---- generated by torch_sparse_metal.metal: kernel binding table ----",
+             "namespace tsm_emu_generated {"]
+    for i, k in enumerate(kernels):
+        specs = ", ".join(f"{{{p.kind}, {p.index}}}" for p in k.params) or "{0, 0}"
+        lines.append(f"static const ::tsm_emu::ParamSpec params_{i}[] = {{{specs}}};")
+        lines.append(f"static void invoke_{i}(const ::tsm_emu::DispatchArgs& d, "
+                     f"const ::tsm_emu::ThreadInfo& t) {{ ::tsm_emu::invoke(&{k.cxx}, params_{i}, d, t); }}")
+    lines.append("}  // namespace tsm_emu_generated")
+    entries = [f'  {{"{k.host_name}", tsm_emu_generated::invoke_{i}, '
+               f"::tsm_emu::fn_params<decltype(&{k.cxx})>::count, tsm_emu_generated::params_{i}, "
+               f"::tsm_emu::fn_params<decltype(&{k.cxx})>::types}}" for i, k in enumerate(kernels)]
+    if not entries:
+        entries = ["  {nullptr, nullptr, 0, nullptr, nullptr}"]
+    lines += ['extern "C" {',
+              "extern const ::tsm_emu::KernelEntry tsm_kernel_table[];",
+              "extern const int tsm_kernel_count;",
+              "const ::tsm_emu::KernelEntry tsm_kernel_table[] = {",
+              ",\n".join(entries), "};",
+              f"const int tsm_kernel_count = {len(kernels)};", "}", ""]
+    return "\n".join(lines)

@@ -1,0 +1,197 @@
+"""``SparseLinear``: ``nn.Linear`` with a fixed CSR sparsity pattern."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from ..ops.sparse_linear import BySource, CSRPattern, sparse_linear_pattern
+
+_MODULE = "SparseLinear"
+# Below this many cells a random pattern comes from randperm (exact, O(cells) memory);
+# above it, from rejection sampling (O(nnz) memory).
+_RANDPERM_MAX_CELLS = 1 << 22
+
+
+def random_csr_pattern(in_features: int, out_features: int, density: float, *,
+                       generator: Optional[torch.Generator] = None
+                       ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A uniformly random pattern with ``round(density * in * out)`` distinct entries.
+
+    Returns ``(indptr, indices)`` as int32 on the generator's device (CPU by default),
+    columns sorted within each row. Rows may come out empty at low density.
+    """
+    if not 0.0 <= density <= 1.0:
+        raise ValueError(f"{_MODULE}: density must lie in [0, 1], got {density}")
+    device = generator.device if generator is not None else torch.device("cpu")
+    cells = in_features * out_features
+    nnz = round(density * cells)
+    if 2 * nnz <= cells:
+        cells_chosen = _distinct_cells(cells, nnz, generator, device)
+    else:  # sample the (fewer) empty cells instead
+        keep = torch.ones(cells, dtype=torch.bool, device=device)
+        keep[_distinct_cells(cells, cells - nnz, generator, device)] = False
+        cells_chosen = keep.nonzero().squeeze(1)
+    cells_chosen, _ = torch.sort(cells_chosen)
+    rows = torch.div(cells_chosen, max(in_features, 1), rounding_mode="floor")
+    indices = cells_chosen - rows * in_features
+    counts = torch.bincount(rows, minlength=out_features)
+    indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    return indptr.to(torch.int32), indices.to(torch.int32)
+
+
+def _distinct_cells(cells: int, k: int, generator: Optional[torch.Generator],
+                    device: torch.device) -> torch.Tensor:
+    """``k <= cells / 2`` distinct uniform draws from ``range(cells)``, int64, any order."""
+    if k == 0:
+        return torch.empty(0, dtype=torch.long, device=device)
+    if cells <= _RANDPERM_MAX_CELLS:
+        return torch.randperm(cells, generator=generator, device=device)[:k]
+    # With k <= cells / 2 each round keeps most of its draws. The distinct values of
+    # i.i.d. uniform draws form a uniform random subset of their size, so a random
+    # k-subset of them is a uniform k-subset of range(cells).
+    chosen = torch.empty(0, dtype=torch.long, device=device)
+    while chosen.numel() < k:
+        n_draw = 2 * (k - chosen.numel()) + 16
+        draws = torch.randint(cells, (n_draw,), generator=generator, device=device)
+        chosen = torch.unique(torch.cat([chosen, draws]))
+    pick = torch.randperm(chosen.numel(), generator=generator, device=device)[:k]
+    return chosen[pick]
+
+
+class SparseLinear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` (out_features x in_features) sparse in CSR form.
+
+    Give exactly one of ``density`` (a random pattern with that fraction of nonzeros,
+    drawn from ``generator`` if given) or ``indptr`` + ``indices`` (the pattern: row ``r``
+    holds the source neurons ``indices[indptr[r]:indptr[r + 1]]`` of target neuron ``r``).
+
+    Attributes:
+        weight: ``(nnz,)`` the nonzero values, in CSR order.
+        bias: ``(out_features,)`` or None.
+        indptr, indices: the pattern (int32 buffers, saved in the state dict).
+        src_indptr, src_rows, src_perm: the same pattern indexed by source neuron, which
+            the backward kernel walks (derived, not saved; rebuilt when the pattern changes).
+
+    Initialisation follows ``nn.Linear`` (uniform in ``+-1/sqrt(fan_in)``) with each row's
+    real fan-in, its number of edges; rows without edges get a zero bias.
+
+    ``load_state_dict`` accepts a state dict with a different pattern (another nnz): the
+    buffers and ``weight`` are resized first. Optimizer state of ``weight`` then no longer
+    fits: build the optimizer after loading.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, density: Optional[float] = None,
+                 indptr: Optional[torch.Tensor] = None, indices: Optional[torch.Tensor] = None,
+                 bias: bool = True, device=None, dtype=None,
+                 generator: Optional[torch.Generator] = None) -> None:
+        super().__init__()
+        for name, n in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ValueError(f"{_MODULE}: {name} must be a non-negative int, got {n!r}")
+        has_pattern = indptr is not None or indices is not None
+        if (density is not None) == has_pattern:
+            raise ValueError(f"{_MODULE}: give exactly one of density or indptr + indices")
+        if has_pattern and (indptr is None or indices is None):
+            raise ValueError(f"{_MODULE}: indptr and indices go together; got only "
+                             f"{'indptr' if indices is None else 'indices'}")
+        self.in_features = in_features
+        self.out_features = out_features
+        if density is not None:
+            indptr, indices = random_csr_pattern(in_features, out_features, float(density),
+                                                 generator=generator)
+        pattern = CSRPattern(indptr, indices, in_features, out_features=out_features, op=_MODULE)
+
+        self.weight = nn.Parameter(torch.empty(pattern.nnz, device=device, dtype=dtype))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        pattern = pattern.to(self.weight.device)
+        self.register_buffer("indptr", pattern.indptr)
+        self.register_buffer("indices", pattern.indices)
+        src = pattern.by_source()
+        self.register_buffer("src_indptr", src.indptr, persistent=False)
+        self.register_buffer("src_rows", src.rows, persistent=False)
+        self.register_buffer("src_perm", src.perm, persistent=False)
+        self._pattern = pattern
+        self._pattern_key = self._buffers_key()
+        self.reset_parameters(generator=generator)
+
+    # -- pattern bookkeeping -------------------------------------------------------------
+
+    def _buffers_key(self) -> tuple:
+        # A new tensor (.to(), assignment) changes the pointer; an in-place write
+        # (load_state_dict's copy_, user edits) bumps the version.
+        return tuple((t.device, t.data_ptr(), t._version, t.shape, t.dtype)
+                     for t in (self.indptr, self.indices))
+
+    def pattern(self) -> CSRPattern:
+        """The current pattern; validated and transposed again only after it changed."""
+        if self._buffers_key() != self._pattern_key:
+            pattern = CSRPattern(self.indptr, self.indices, self.in_features,
+                                 out_features=self.out_features, op=_MODULE)
+            src: BySource = pattern.by_source()
+            self.indptr, self.indices = pattern.indptr, pattern.indices  # int32 if they weren't
+            self.src_indptr, self.src_rows, self.src_perm = src
+            self._pattern = pattern
+            self._pattern_key = self._buffers_key()
+        return self._pattern
+
+    @property
+    def nnz(self) -> int:
+        return self.indices.shape[0]
+
+    @property
+    def density(self) -> float:
+        cells = self.in_features * self.out_features
+        return self.nnz / cells if cells else 0.0
+
+    # -- nn.Module API -------------------------------------------------------------------
+
+    def reset_parameters(self, generator: Optional[torch.Generator] = None) -> None:
+        """Uniform in ``+-1/sqrt(fan_in)`` per row, fan_in = that row's number of edges."""
+        pattern = self.pattern()
+        # Sample where the generator lives (the weight's device without one), in float32
+        # unless the weight is float64 (MPS has no float64).
+        device = generator.device if generator is not None else self.weight.device
+        dtype = torch.float64 if self.weight.dtype == torch.float64 else torch.float32
+        fan_in = (pattern.indptr[1:] - pattern.indptr[:-1]).to(device=device, dtype=dtype)
+        bound = torch.where(fan_in > 0, fan_in.clamp(min=1).rsqrt(), torch.zeros_like(fan_in))
+        rows = pattern.row_ids().to(device)
+        with torch.no_grad():
+            u = torch.rand(self.nnz, generator=generator, device=device, dtype=dtype)
+            self.weight.copy_((2 * u - 1) * bound[rows])
+            if self.bias is not None:
+                u = torch.rand(self.out_features, generator=generator, device=device, dtype=dtype)
+                self.bias.copy_((2 * u - 1) * bound)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return sparse_linear_pattern(input, self.pattern(), self.weight, self.bias)
+
+    def to_dense(self) -> torch.Tensor:
+        """``W`` as a dense ``(out_features, in_features)`` tensor (differentiable)."""
+        pattern = self.pattern()
+        dense = self.weight.new_zeros(self.out_features, self.in_features)
+        return dense.index_put((pattern.row_ids(), pattern.indices.long()), self.weight,
+                               accumulate=True)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"nnz={self.nnz}, density={self.density:.4g}, bias={self.bias is not None}")
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:
+        # Resize to the incoming pattern so checkpoints of any nnz load; copy_ then fills.
+        indices = state_dict.get(prefix + "indices")
+        if isinstance(indices, torch.Tensor) and indices.dim() == 1 \
+                and indices.shape != self.indices.shape:
+            nnz = indices.shape[0]
+            self.indices = self.indices.new_empty(nnz)
+            self.weight.data = self.weight.new_empty(nnz)
+        n_errors = len(error_msgs)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if len(error_msgs) == n_errors:
+            self.pattern()  # a bad pattern fails here, not at the next forward

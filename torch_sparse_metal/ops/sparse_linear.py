@@ -1,0 +1,279 @@
+"""``sparse_linear``: ``input @ W.T + bias`` with ``W`` a CSR matrix, and its gradients.
+
+``W`` is ``out_features x in_features``; row ``r`` of the CSR lists the source neurons
+(``indices``) and weights (``values``) of target neuron ``r``. Kernels:
+``shaders/sparse_linear.metal`` (one forward dispatch, one fused backward dispatch).
+
+Host code follows torch's MPS ops: validate -> allocate -> return early on empty -> launch.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import _launch
+from .. import _validation as V
+from .._backend import resolve_backend
+from .._kernel_names import kernel_name
+from ..reference.sparse_linear import csr_row_ids, sparse_linear_reference
+
+OP = "sparse_linear"
+SHADER = "sparse_linear.metal"
+KERNELS = ("sparse_linear_forward", "sparse_linear_backward")
+# 8 SIMD-groups of 32: the seed engine's choice for these register-light kernels.
+GROUP_SIZE = 256
+
+
+def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
+    """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
+    return tuple(kernel_name(base, dtype)
+                 for base in KERNELS for dtype in V.KERNEL_DTYPES[backend])
+
+
+class BySource(NamedTuple):
+    """The pattern transposed: CSR indexed by source neuron (all int32, on the device).
+
+    ``indptr`` (in_features + 1): edges leaving source ``i`` are positions
+    ``indptr[i]:indptr[i + 1]``; ``rows`` (nnz): the target row of the edge at each
+    position; ``perm`` (nnz): its by-target edge id, i.e. where its value lives.
+    """
+    indptr: torch.Tensor
+    rows: torch.Tensor
+    perm: torch.Tensor
+
+
+class CSRPattern:
+    """A validated sparsity pattern of an ``out_features x in_features`` matrix.
+
+    Holds ``indptr`` / ``indices`` as contiguous int32 on one device and builds the
+    by-source CSR the backward kernel needs on first use, once. Immutable: a new pattern
+    means a new object (``SparseLinear`` does that when its buffers change).
+
+    Duplicate (row, column) entries are allowed and add up, as in scipy.
+    """
+
+    def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, in_features: int, *,
+                 out_features: Optional[int] = None, op: str = OP) -> None:
+        in_features = int(in_features)
+        if in_features < 0:
+            raise ValueError(f"{op}: in_features must be >= 0, got {in_features}")
+        self.indptr, self.indices = V.validate_csr(op, indptr, indices, n_cols=in_features,
+                                                   n_rows=out_features)
+        self.in_features = in_features
+        self.out_features = self.indptr.shape[0] - 1
+        self._by_source: Optional[BySource] = None
+
+    @classmethod
+    def _trusted(cls, indptr: torch.Tensor, indices: torch.Tensor, in_features: int,
+                 by_source: Optional[BySource] = None) -> "CSRPattern":
+        """Wrap arrays already validated and int32 (no device sync)."""
+        self = cls.__new__(cls)
+        self.indptr, self.indices = indptr, indices
+        self.in_features = in_features
+        self.out_features = indptr.shape[0] - 1
+        self._by_source = by_source
+        return self
+
+    @property
+    def nnz(self) -> int:
+        return self.indices.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.indptr.device
+
+    @property
+    def density(self) -> float:
+        cells = self.in_features * self.out_features
+        return self.nnz / cells if cells else 0.0
+
+    def row_ids(self) -> torch.Tensor:
+        """The target row of every edge (int64), in edge order."""
+        return csr_row_ids(self.indptr)
+
+    def by_source(self) -> BySource:
+        """The by-source CSR, built on the pattern's device from torch ops on first call."""
+        if self._by_source is None:
+            self._by_source = _build_by_source(self.indptr, self.indices, self.in_features)
+        return self._by_source
+
+    def to(self, device: torch.device) -> "CSRPattern":
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        moved = None if self._by_source is None else BySource(
+            *(t.to(device) for t in self._by_source))
+        return CSRPattern._trusted(self.indptr.to(device), self.indices.to(device),
+                                   self.in_features, moved)
+
+    def __repr__(self) -> str:
+        return (f"CSRPattern(out_features={self.out_features}, in_features={self.in_features}, "
+                f"nnz={self.nnz}, device={self.device})")
+
+
+def _build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: int) -> BySource:
+    # A stable sort keeps each source's edges in target-row order, so the by-source walk
+    # reads grad_output rows in increasing order (and the result is deterministic).
+    sorted_sources, perm = torch.sort(indices.long(), stable=True)
+    # Where each source's run of edges starts: searchsorted instead of bincount + cumsum,
+    # which works on every device torch has and for nnz = 0.
+    boundaries = torch.arange(in_features + 1, device=indices.device)
+    src_indptr = torch.searchsorted(sorted_sources, boundaries)
+    rows = csr_row_ids(indptr)[perm]
+    return BySource(src_indptr.to(torch.int32), rows.to(torch.int32), perm.to(torch.int32))
+
+
+# ---------------------------------------------------------------------------------------
+# Public entry points
+
+
+def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
+                  values: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``input @ W.T + bias`` where ``W`` is the CSR matrix ``(indptr, indices, values)``.
+
+    Args:
+        input: ``(*, in_features)``, floating point.
+        indptr: ``(out_features + 1,)`` int32 (int64 accepted), row ``r``'s edges are
+            ``indptr[r]:indptr[r + 1]``.
+        indices: ``(nnz,)`` int32 (int64 accepted), source neuron of each edge.
+        values: ``(nnz,)`` weights, the dtype of ``input``.
+        bias: ``(out_features,)`` or None.
+
+    Returns:
+        ``(*, out_features)``. Differentiable in ``input``, ``values`` and ``bias``.
+
+    The pattern is validated on every call (one small device read-back) and transposed
+    for every backward; to do both once, build a :class:`CSRPattern` and call
+    :func:`sparse_linear_pattern` (``SparseLinear`` does).
+    """
+    for name, t in (("input", input), ("indptr", indptr), ("indices", indices)):
+        V.check_tensor(OP, name, t)
+    if input.dim() == 0:
+        raise ValueError(f"{OP}: input must have at least 1 dimension (*, in_features), "
+                         "got a 0-D tensor")
+    V.check_same_device(OP, {"input": input, "indptr": indptr, "indices": indices})
+    pattern = CSRPattern(indptr, indices, input.shape[-1])
+    return sparse_linear_pattern(input, pattern, values, bias)
+
+
+def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
+                          bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """:func:`sparse_linear` with a prepared :class:`CSRPattern` (no per-call index checks)."""
+    for name, t in (("input", input), ("values", values)):
+        V.check_tensor(OP, name, t)
+        V.check_floating(OP, name, t)
+    if bias is not None:
+        V.check_tensor(OP, "bias", bias)
+        V.check_floating(OP, "bias", bias)
+    if not isinstance(pattern, CSRPattern):
+        raise TypeError(f"{OP}: pattern must be a CSRPattern, got {type(pattern).__name__}")
+    V.check_same_dtype(OP, {"input": input, "values": values, "bias": bias})
+    V.check_same_device(OP, {"input": input, "values": values, "bias": bias,
+                             "indptr": pattern.indptr})
+    V.check_length(OP, "values", values, pattern.nnz, "nnz = len(indices)")
+    if bias is not None:
+        V.check_length(OP, "bias", bias, pattern.out_features, "out_features = len(indptr) - 1")
+    x, lead = V.flat_batch(OP, "input", input, pattern.in_features)
+
+    backend = resolve_backend(OP, (input, values, bias))
+    if backend == "reference":
+        out = sparse_linear_reference(x, pattern.indptr, pattern.indices, values, bias)
+    else:
+        V.check_kernel_dtype(OP, input.dtype, backend)
+        batch = x.shape[0]
+        V.check_fits_uint32(OP, "batch * in_features", batch * pattern.in_features)
+        V.check_fits_uint32(OP, "batch * out_features", batch * pattern.out_features)
+        # contiguous(): the kernels take no strides.
+        out = _SparseLinearFunction.apply(x, values.contiguous(),
+                                          None if bias is None else bias.contiguous(),
+                                          pattern, backend)
+    return out.reshape(*lead, pattern.out_features)
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel path
+
+
+class _SparseLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, values: torch.Tensor, bias: Optional[torch.Tensor],
+                pattern: CSRPattern, backend: str) -> torch.Tensor:
+        need_input, need_values, need_bias = ctx.needs_input_grad[:3]
+        ctx.pattern = pattern
+        ctx.backend = backend  # backward runs where forward did, whatever use_backend says then
+        ctx.has_bias = bias is not None
+        # Save only what backward reads: x for grad_values, values for grad_input.
+        ctx.save_for_backward(x if need_values else None, values if need_input else None)
+        return _forward(x, pattern, values, bias, backend)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        x, values = ctx.saved_tensors
+        need_input, need_values, need_bias = ctx.needs_input_grad[:3]
+        grads = _backward(grad_out.contiguous(), x, values, ctx.pattern, ctx.backend,
+                          need_input=need_input, need_values=need_values,
+                          need_bias=need_bias and ctx.has_bias)
+        return grads + (None, None)
+
+
+def _placeholder(like: torch.Tensor) -> torch.Tensor:
+    """A buffer for a kernel parameter the flags say is never touched."""
+    return torch.empty(1, dtype=like.dtype, device=like.device)
+
+
+def _forward(x: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
+             bias: Optional[torch.Tensor], backend: str) -> torch.Tensor:
+    batch, out_features = x.shape[0], pattern.out_features
+    if batch == 0 or out_features == 0 or pattern.nnz == 0:
+        out = x.new_zeros(batch, out_features)
+        return out if bias is None else out.add_(bias)
+    out = x.new_empty(batch, out_features)
+    args = (x, pattern.indptr, pattern.indices, values,
+            bias if bias is not None else _placeholder(x), out,
+            np.uint32(batch), np.uint32(pattern.in_features), np.uint32(out_features),
+            np.uint32(bias is not None))
+    _launch.launch(SHADER, kernel_name("sparse_linear_forward", x.dtype), args,
+                   threads=batch * out_features, group_size=GROUP_SIZE, backend=backend)
+    return out
+
+
+def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optional[torch.Tensor],
+              pattern: CSRPattern, backend: str, *, need_input: bool, need_values: bool,
+              need_bias: bool) -> Tuple[Optional[torch.Tensor], ...]:
+    batch = grad_out.shape[0]
+    in_features, out_features = pattern.in_features, pattern.out_features
+    grad_input = grad_out.new_empty(batch, in_features) if need_input else None
+    grad_values = grad_out.new_zeros(pattern.nnz) if need_values else None
+    grad_bias = grad_out.new_zeros(out_features) if need_bias else None
+
+    if batch == 0 or pattern.nnz == 0:
+        # Nothing flows through edges; only grad_bias can be nonzero (a plain column sum).
+        if grad_input is not None:
+            grad_input.zero_()
+        if grad_bias is not None:
+            torch.sum(grad_out, dim=0, out=grad_bias)
+        return grad_input, grad_values, grad_bias
+
+    # nnz > 0 here, so in_features and out_features are both > 0.
+    neurons = max(in_features if (need_input or need_values) else 0,
+                  out_features if need_bias else 0)
+    V.check_fits_uint32(OP, "batch * max(in_features, out_features)", batch * neurons)
+    src = pattern.by_source()
+    placeholder = _placeholder(grad_out)
+    args = (grad_out,
+            x if need_values else placeholder,
+            values if need_input else placeholder,
+            src.indptr, src.rows, src.perm,
+            grad_input if need_input else placeholder,
+            grad_values if need_values else placeholder,
+            grad_bias if need_bias else placeholder,
+            np.uint32(batch), np.uint32(in_features), np.uint32(out_features),
+            np.uint32(neurons),
+            np.uint32(need_input), np.uint32(need_values), np.uint32(need_bias))
+    _launch.launch(SHADER, kernel_name("sparse_linear_backward", grad_out.dtype), args,
+                   threads=batch * neurons, group_size=GROUP_SIZE, backend=backend)
+    return grad_input, grad_values, grad_bias

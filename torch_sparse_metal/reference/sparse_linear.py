@@ -1,0 +1,39 @@
+"""``input @ W.T + bias`` for a CSR ``W``, from plain torch ops (autograd comes for free).
+
+Independent of the kernels on purpose: it gathers every edge's source activation, scales
+it by the edge's value and sums the products into the edge's target row with
+``index_add``. That costs ``batch x nnz`` memory, fine for an oracle and for small layers,
+and runs on any device and floating dtype torch supports.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+
+def csr_row_ids(indptr: torch.Tensor) -> torch.Tensor:
+    """The target row of every edge (int64), e.g. ``[0, 2, 2, 3] -> [0, 0, 2]``."""
+    indptr = indptr.long()
+    n_rows = indptr.shape[0] - 1
+    counts = indptr[1:] - indptr[:-1]
+    return torch.repeat_interleave(torch.arange(n_rows, device=indptr.device), counts)
+
+
+def sparse_linear_reference(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
+                            values: torch.Tensor, bias: Optional[torch.Tensor] = None
+                            ) -> torch.Tensor:
+    """``input (*, in_features) -> (*, out_features)``; ``W`` has ``len(indptr) - 1`` rows.
+
+    Expects a valid pattern (the op validates before calling it).
+    """
+    out_features = indptr.shape[0] - 1
+    in_features = input.shape[-1]
+    lead = input.shape[:-1]
+    x = input.reshape(-1, in_features) if in_features else input.reshape(lead.numel(), 0)
+    rows = csr_row_ids(indptr)
+    contributions = x.index_select(1, indices.long()) * values  # (batch, nnz)
+    out = x.new_zeros(x.shape[0], out_features).index_add(1, rows, contributions)
+    if bias is not None:
+        out = out + bias
+    return out.reshape(*lead, out_features)
