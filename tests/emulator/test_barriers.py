@@ -468,9 +468,6 @@ def test_static_threadgroup_memory_over_32k_is_a_launch_error(lib):
         call_with_timeout(lib.static_too_big, torch.zeros(32), threads=32, group_size=32)
 
 
-@pytest.mark.xfail(strict=True, reason="emulator bug: _rewrite._rewrite_threadgroup_declarations "
-                   "registers only the first declarator of `threadgroup float a[4096], b[4097];` "
-                   "for the 32 KB check, so 32772 bytes pass")
 def test_static_threadgroup_memory_over_32k_in_one_statement_is_a_launch_error(lib):
     with pytest.raises(LaunchError, match="32 KB"):
         call_with_timeout(lib.static_two_declarators_too_big, torch.zeros(32), threads=32,

@@ -11,6 +11,7 @@ cached, and what is rejected with which error.
 """
 from __future__ import annotations
 
+import struct
 import uuid
 
 import numpy as np
@@ -81,6 +82,17 @@ kernel void scalars(device float* out [[buffer(0)]],
   out[4] = float(c);
   out[5] = b ? 1.0f : 0.0f;
   out[6] = f;
+}
+
+struct Params {
+  uint n;
+  float scale;
+};
+
+kernel void struct_param(device float* out [[buffer(0)]],
+                         constant Params& p [[buffer(1)]],
+                         uint i [[thread_position_in_grid]]) {
+  out[i] = i < p.n ? p.scale * float(i) : -1.0f;
 }
 
 // Buffers without [[buffer(n)]] take the next index in order.
@@ -159,7 +171,8 @@ def lib():
 def test_kernel_names_are_the_host_names(lib):
     assert set(lib.kernel_names) == {
         "axpy_float", "axpy_half", "scale_float32", "scale_int32", "scale_uint8",
-        "scale_float64", "half_math", "scalars", "grid_2d", "implicit_indices"}
+        "scale_float64", "half_math", "scalars", "grid_2d", "implicit_indices",
+        "struct_param"}
     assert "axpy" not in lib.kernel_names and "scale" not in lib.kernel_names
 
 
@@ -227,13 +240,18 @@ def test_buffers_without_attributes_bind_in_order(lib):
     np.testing.assert_array_equal(out.numpy(), 3.0 * np.arange(5))
 
 
+def test_struct_parameter_from_bytes(lib):
+    out = torch.zeros(6)
+    lib.struct_param(out, struct.pack("<If", 4, 2.5), threads=6)
+    np.testing.assert_array_equal(out.numpy(), [0, 2.5, 5, 7.5, -1, -1])
+    with pytest.raises(LaunchError, match="8 bytes"):
+        lib.struct_param(out, torch.zeros(1), threads=6)  # 4 bytes for an 8-byte struct
+
+
 def test_library_indexing_by_name(lib):
     assert lib["axpy_float"] is lib.axpy_float
 
 
-@pytest.mark.xfail(strict=True, reason="emulator bug: _rewrite._HOST_NAME takes one string "
-                   "literal; host_name(\"fill_\" \"float32\") (MLX's \"fill_\" #tname) "
-                   "falls back to the C++ name fill<float>")
 def test_host_name_built_from_concatenated_literals():
     lib = compile_shader(CONCATENATED_HOST_NAME_SOURCE)
     assert set(lib.kernel_names) == {"fill_float32", "fill_int32"}
@@ -284,8 +302,8 @@ def test_a_new_source_does_invoke_the_compiler(monkeypatch):
         raise RuntimeError("compiler intercepted")
 
     monkeypatch.setattr(_compiler, "_run", no_compiler)
-    src = "#include <metal_stdlib>\nkernel void k_%s(device float* o [[buffer(0)]]) { o[0] = 1; }\n" \
-        % uuid.uuid4().hex
+    src = ("#include <metal_stdlib>\n"
+           "kernel void k_%s(device float* o [[buffer(0)]]) { o[0] = 1; }\n" % uuid.uuid4().hex)
     with pytest.raises(RuntimeError, match="compiler intercepted"):
         compile_shader(src)
 

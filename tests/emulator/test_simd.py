@@ -12,8 +12,6 @@ Inputs are small integers (or +-1, 2, 0.5 for products) so float results are exa
 """
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 import torch
@@ -328,6 +326,14 @@ kernel void collective_after_a_loop(device float* o [[buffer(0)]],
   o[2 * gid + 0] = k;
   o[2 * gid + 1] = after;
 }
+
+// Two collectives on one line, in the two arms of a conditional: two collectives.
+kernel void two_collectives_on_one_line(device const float* x [[buffer(0)]],
+                                        device float* o [[buffer(1)]],
+                                        uint gid [[thread_position_in_grid]],
+                                        uint lane [[thread_index_in_simdgroup]]) {
+  o[gid] = (lane & 1u) ? simd_sum(x[gid]) : simd_sum(x[gid] * 2.0f);
+}
 """
 
 # Collectives reached from divergent branches through one helper function: in Metal each
@@ -362,13 +368,6 @@ kernel void helper_after_a_branch(device float* o [[buffer(0)]],
   const float b = helper_sum(1.0f);
   o[2 * gid + 0] = a;
   o[2 * gid + 1] = b;
-}
-
-kernel void two_collectives_on_one_line(device const float* x [[buffer(0)]],
-                                        device float* o [[buffer(1)]],
-                                        uint gid [[thread_position_in_grid]],
-                                        uint lane [[thread_index_in_simdgroup]]) {
-  o[gid] = (lane & 1u) ? simd_sum(x[gid]) : simd_sum(x[gid] * 2.0f);
 }
 """
 
@@ -518,10 +517,12 @@ def test_shuffles_and_sums_of_vectors_ints_and_halves(lib):
     np.testing.assert_array_equal(o4.numpy()[:, 0], x4[base + (lane ^ 5)])
     np.testing.assert_array_equal(o4.numpy()[:, 1],
                                   np.repeat(x4.reshape(2, 32, 4).sum(axis=1), 32, axis=0))
-    np.testing.assert_array_equal(oi.numpy(), np.where(lane + 3 >= 32, xi, xi[np.minimum(base + lane + 3, n - 1)]))
+    down3 = xi[np.minimum(base + lane + 3, n - 1)]
+    np.testing.assert_array_equal(oi.numpy(), np.where(lane + 3 >= 32, xi, down3))
     np.testing.assert_array_equal(oh.numpy()[:, 0],
                                   np.repeat(xh.reshape(2, 32).astype(np.float32).sum(axis=1), 32))
-    np.testing.assert_array_equal(oh.numpy()[:, 1], np.where(lane < 2, xh, xh[np.maximum(base + lane - 2, 0)]))
+    up2 = xh[np.maximum(base + lane - 2, 0)]
+    np.testing.assert_array_equal(oh.numpy()[:, 1], np.where(lane < 2, xh, up2))
 
 
 PATTERNS = {
@@ -702,53 +703,6 @@ def test_threadgroup_reduction_through_threadgroup_memory_is_right(lib, n, group
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-4)
 
 
-# ---- known emulator problems -------------------------------------------------------------
-def _compiler_has_builtin_column():
-    from torch_sparse_metal.metal import _compiler
-    probe = "#if defined(__has_builtin) && __has_builtin(__builtin_COLUMN)\nyes\n#else\nno\n#endif\n"
-    out = subprocess.run([_compiler.compiler(), "-E", "-x", "c++", "-"], input=probe,
-                         capture_output=True, text=True).stdout
-    return "yes" in out.split()
-
-
-@pytest.mark.xfail(strict=True, reason="emulator bug: a collective is identified by its source "
-                   "line (simd.h site_of), so simd_sum reached from two divergent branches "
-                   "through one helper function is merged into one collective over both "
-                   "branches' lanes")
-def test_collectives_in_a_shared_helper_from_divergent_branches():
-    lib = compile_shader(KNOWN_BUGS_SOURCE)
-    x = np.ones(32, dtype=np.float32)
-    o = torch.zeros(32)
-    lib.helper_from_two_branches(torch.from_numpy(x), o, threads=32, group_size=32)
-    # lanes 0-15: sum of 1 over 16 lanes; lanes 16-31: sum of 2 over 16 lanes
-    np.testing.assert_array_equal(o.numpy(), [16.0] * 16 + [32.0] * 16)
-
-
-@pytest.mark.xfail(strict=True, reason="emulator bug: resolve_simd releases the collective "
-                   "whose site comes first in the source; a helper defined above the kernel "
-                   "comes first although it runs after the branch, so it is released with "
-                   "only the lanes that skipped the branch")
-def test_collective_in_a_helper_after_a_branch_sees_all_lanes():
-    lib = compile_shader(KNOWN_BUGS_SOURCE)
-    o = torch.zeros((32, 2))
-    lib.helper_after_a_branch(o, threads=32, group_size=32)
-    lane = np.arange(32)
-    np.testing.assert_array_equal(o.numpy()[:, 0], np.where(lane % 2 == 0, 16.0, 0.0))
-    np.testing.assert_array_equal(o.numpy()[:, 1], 32.0)
-
-
-@pytest.mark.xfail(condition=not _compiler_has_builtin_column(), strict=True,
-                   reason="emulator bug (GCC has no __builtin_COLUMN): two collectives on "
-                   "one source line share a site and merge into one collective")
-def test_two_collectives_on_one_line_in_divergent_branches():
-    lib = compile_shader(KNOWN_BUGS_SOURCE)
-    x = np.ones(32, dtype=np.float32)
-    o = torch.zeros(32)
-    lib.two_collectives_on_one_line(torch.from_numpy(x), o, threads=32, group_size=32)
-    # odd lanes: sum of 1 over 16 odd lanes; even lanes: sum of 2 over 16 even lanes
-    np.testing.assert_array_equal(o.numpy(), np.where(np.arange(32) % 2 == 1, 16.0, 32.0))
-
-
 # ---- quad votes and scans, shuffle_and_fill, reconvergence -------------------------------
 @pytest.mark.parametrize("n", [32, 42])
 def test_quad_votes_and_scans(lib, n):
@@ -811,3 +765,38 @@ def test_collective_after_a_loop_with_break_sees_all_lanes(lib, n):
                       for l in lane], dtype=np.float64)
         np.testing.assert_array_equal(got[g, 0], k)
         np.testing.assert_array_equal(got[g, 1], k.sum())
+
+
+def test_two_collectives_on_one_line_in_divergent_branches(lib):
+    x = np.ones(32, dtype=np.float32)
+    o = torch.zeros(32)
+    lib.two_collectives_on_one_line(torch.from_numpy(x), o, threads=32, group_size=32)
+    # odd lanes: sum of 1 over 16 odd lanes; even lanes: sum of 2 over 16 even lanes
+    np.testing.assert_array_equal(o.numpy(), np.where(np.arange(32) % 2 == 1, 16.0, 32.0))
+
+
+# ---- known emulator problems -------------------------------------------------------------
+@pytest.mark.xfail(strict=True, reason="emulator bug: a collective is identified by its call "
+                   "site in the source (runtime.h Site), so simd_sum reached from two "
+                   "divergent branches through one helper function is merged into one "
+                   "collective over both branches' lanes")
+def test_collectives_in_a_shared_helper_from_divergent_branches():
+    lib = compile_shader(KNOWN_BUGS_SOURCE)
+    x = np.ones(32, dtype=np.float32)
+    o = torch.zeros(32)
+    lib.helper_from_two_branches(torch.from_numpy(x), o, threads=32, group_size=32)
+    # lanes 0-15: sum of 1 over 16 lanes; lanes 16-31: sum of 2 over 16 lanes
+    np.testing.assert_array_equal(o.numpy(), [16.0] * 16 + [32.0] * 16)
+
+
+@pytest.mark.xfail(strict=True, reason="emulator bug: resolve_simd releases the collective "
+                   "whose site comes first in the source; a helper defined above the kernel "
+                   "comes first although it runs after the branch, so it is released with "
+                   "only the lanes that skipped the branch")
+def test_collective_in_a_helper_after_a_branch_sees_all_lanes():
+    lib = compile_shader(KNOWN_BUGS_SOURCE)
+    o = torch.zeros((32, 2))
+    lib.helper_after_a_branch(o, threads=32, group_size=32)
+    lane = np.arange(32)
+    np.testing.assert_array_equal(o.numpy()[:, 0], np.where(lane % 2 == 0, 16.0, 0.0))
+    np.testing.assert_array_equal(o.numpy()[:, 1], 32.0)

@@ -151,9 +151,11 @@ class Kernel:
                 raise LaunchError(f"{where}: the kernel reads {param.size} bytes, the tensor has {nbytes}")
             return arg.data_ptr(), nbytes, arg
         if isinstance(arg, np.ndarray):
-            arg = np.ascontiguousarray(arg)
-            buf = ctypes.create_string_buffer(arg.tobytes(), max(arg.nbytes, 1))
-            return ctypes.addressof(buf), arg.nbytes, buf
+            if not arg.flags.c_contiguous:
+                raise LaunchError(f"{where}: NumPy array must be C-contiguous (the kernel's writes "
+                                  "must land in your array, not in a copy)")
+            tensor = torch.from_numpy(arg) if arg.size else torch.empty(0)
+            return tensor.data_ptr(), arg.nbytes, (tensor, arg)
         if isinstance(arg, (bytes, bytearray)):
             buf = ctypes.create_string_buffer(bytes(arg), max(len(arg), 1))
             return ctypes.addressof(buf), len(arg), buf

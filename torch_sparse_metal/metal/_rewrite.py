@@ -17,9 +17,13 @@ as a compile error naming the line, rather than guessing.
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
+
+from .._paths import EMULATOR_INCLUDE_DIR
 
 BUILTINS = (
     "thread_position_in_grid", "thread_position_in_threadgroup", "threadgroup_position_in_grid",
@@ -60,7 +64,8 @@ class Kernel:
 
 _ATTRIBUTE = re.compile(r"\[\[(?:[^\[\]]|\[[^\[\]]*\])*?\]\]")
 _KERNEL_MARK = re.compile(r"\[\[\s*kernel\s*\]\]|\bkernel\b")
-_HOST_NAME = re.compile(r'host_name\s*\(\s*"([^"]*)"\s*\)')
+# host_name("fill_" "float32"): adjacent literals concatenate, as MLX's "fill_" #tname makes.
+_HOST_NAME = re.compile(r'host_name\s*\(\s*((?:"[^"]*"\s*)+)\)')
 _SYNC_CALL = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
 _PARAM_ATTR = re.compile(r"\[\[\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*\]\]")
@@ -156,12 +161,8 @@ def find_kernels(src: str) -> List[Kernel]:
         head_start = _head_start(masked, mark.start())
         head = src[head_start:mark.start()]
         after = masked[mark.end():]
-        host = _HOST_NAME.search(head)
-        host_name = host.group(1) if host else None
-        if not host_name:
-            host_in_tail = _HOST_NAME.match(after.lstrip())
-            if host_in_tail:
-                host_name = host_in_tail.group(1)
+        host = _HOST_NAME.search(head) or _HOST_NAME.match(src[mark.end():].lstrip())
+        host_name = "".join(re.findall(r'"([^"]*)"', host.group(1))) if host else None
         head_masked = masked[head_start:mark.start()]
         tail = _ATTRIBUTE.sub(lambda m: blank(m.group()), after)
         m_decltype = re.match(r"\s*decltype\s*\(\s*([^()]*?)\s*\)\s*([\w:]+\s*<[^;]*?>)\s*;", tail)
@@ -211,8 +212,10 @@ def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
     out, last = [], 0
     for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
         start = m.start()
-        before = masked[:start].rstrip()
-        if before and before[-1] not in ";{}":
+        i = start - 1
+        while i >= 0 and masked[i].isspace():
+            i -= 1
+        if i >= 0 and masked[i] not in ";{}":
             continue  # a parameter, a cast or a pointer declaration's qualifier mid-statement
         end = masked.find(";", start)
         if end < 0:
@@ -220,21 +223,73 @@ def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
         decl = masked[m.end():end]
         if re.search(r"[*&(=]", decl.split("[", 1)[0]):
             continue  # pointer/reference/function: only the qualifier goes (macro)
-        name = re.search(r"(\w+)\s*(?:\[|$)", decl.strip())
-        if not name:
+        names = [re.search(r"(\w+)\s*(?:\[|$)", part.strip()) for part in _split_top_level(decl)]
+        if not names or not all(names):
             continue
         out.append(src[last:start])
         out.append("static thread_local")
         out.append(src[m.end():end + 1])
-        out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name.group(1)}, "
-                   f"sizeof({name.group(1)}));")
+        for name in names:  # every declarator counts towards the 32 KB
+            out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name.group(1)}, "
+                       f"sizeof({name.group(1)}));")
         last = end + 1
     out.append(src[last:])
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=None)
+def collective_names() -> Tuple[str, ...]:
+    """The barrier and SIMD-group functions of the emulated headers: those taking a Site."""
+    names = set()
+    for header in ("sync.h", "simd.h"):
+        text = (EMULATOR_INCLUDE_DIR / "tsm_emu" / header).read_text()
+        names.update(re.findall(r"\b(\w+)\s*\([^{;()]*::tsm_emu::Site site_", text))
+        names.update(re.findall(r"^TSM_(?:SIMD_REDUCTION|SHUFFLE)\((\w+),", text, re.M))
+    names.discard("name")  # the placeholder inside the macro definitions
+    return tuple(sorted(names))
+
+
+def _source_lines(src: str) -> Tuple[List[int], List[int]]:
+    """Offsets where each text line starts, and the source line each one is (line markers)."""
+    starts, lines, line = [], [], 0
+    offset = 0
+    for text_line in src.splitlines(keepends=True):
+        starts.append(offset)
+        m = re.match(r'#\s*(\d+)\s+"', text_line)
+        if m:  # a line marker names the line that follows it
+            line = int(m.group(1)) - 1
+            lines.append(line)
+        else:
+            line += 1
+            lines.append(line)
+        offset += len(text_line)
+    return starts, lines
+
+
+def _add_collective_sites(src: str) -> str:
+    """Give every barrier and SIMD-group call its own site: line << 12 | k, the k-th such
+    call on its line, so two collectives on one line stay apart even without a column."""
+    masked = _mask_strings_and_directives(src)
+    pattern = re.compile(r"(?<![\w.>])(?:metal::)?(" + "|".join(collective_names()) + r")\s*\(")
+    starts, lines = _source_lines(src)
+    per_line = {}
+    inserts = []
+    for m in pattern.finditer(masked):
+        open_paren = m.end() - 1
+        close = _match_close(masked, open_paren, "(", ")")
+        line = lines[bisect.bisect_right(starts, m.start()) - 1]
+        per_line[line] = per_line.get(line, 0) + 1
+        site = (line << 12) | min(per_line[line], 0xFFF)
+        empty = not masked[open_paren + 1:close].strip()
+        inserts.append((close, f"{'' if empty else ', '}::tsm_emu::Site{{{site}u}}"))
+    for pos, text in sorted(inserts, reverse=True):
+        src = src[:pos] + text + src[pos:]
+    return src
+
+
 def rewrite(src: str) -> str:
     """The C++ translation of preprocessed MSL ``src`` (line structure preserved)."""
+    src = _add_collective_sites(src)
     masked = _mask_strings_and_directives(src)
     src = _rewrite_threadgroup_declarations(src, masked)
     masked = _mask_strings_and_directives(src)
@@ -260,6 +315,10 @@ def binding_table(kernels: List[Kernel]) -> str:
     """C++ that registers ``kernels`` with the runtime (appended to the rewritten source)."""
     lines = ["", "// ---- generated by torch_sparse_metal.metal: kernel binding table ----",
              "namespace tsm_emu_generated {"]
+    # Qualified, so a kernel named like a Metal library function (`divide`, `clamp`) is
+    # not ambiguous with it under `using namespace metal`.
+    kernels = [Kernel(k.host_name, k.cxx if k.cxx.startswith("::") else "::" + k.cxx, k.params)
+               for k in kernels]
     for i, k in enumerate(kernels):
         specs = ", ".join(f"{{{p.kind}, {p.index}}}" for p in k.params) or "{0, 0}"
         lines.append(f"static const ::tsm_emu::ParamSpec params_{i}[] = {{{specs}}};")

@@ -2,6 +2,8 @@
 //
 // Compiled once per machine into an object that every kernel library links. Kernel
 // libraries are loaded with RTLD_LOCAL, so each has its own copy of this state.
+#include <setjmp.h>
+#include <signal.h>
 #include <ucontext.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -47,7 +49,7 @@ struct Exchange {
 struct Fiber {
   ucontext_t context;
   State state = State::Runnable;
-  uint32_t site = 0;  // where in the kernel source the fiber waits (site_of)
+  uint32_t site = 0;  // where in the kernel source the fiber waits (tsm_emu::Site)
   unsigned char slot[32];
   const Exchange* exchange = nullptr;
   ThreadInfo info;
@@ -157,14 +159,18 @@ void fiber_entry() {
   throw KernelFault{std::move(kind), std::move(message)};
 }
 
-std::string where(const Fiber& f) {
-  return "thread " + fmt3(f.info.thread_position_in_grid) + " (index " +
-         std::to_string(f.info.thread_index_in_threadgroup) + " in threadgroup " +
-         fmt3(f.info.threadgroup_position_in_grid) + ")";
+std::string where_info(const ThreadInfo& t) {
+  return "thread " + fmt3(t.thread_position_in_grid) + " (index " +
+         std::to_string(t.thread_index_in_threadgroup) + " in threadgroup " +
+         fmt3(t.threadgroup_position_in_grid) + ")";
 }
 
+std::string where(const Fiber& f) { return where_info(f.info); }
+
 std::string site_name(uint32_t site) {
-  return "line " + std::to_string(site >> 12) + ":" + std::to_string(site & 0xFFF);
+  std::string s = "line " + std::to_string(site >> 12);
+  if (site & 0xFFF) s += " (call " + std::to_string(site & 0xFFF) + " on that line)";
+  return s;
 }
 
 // Suspend the calling fiber until the scheduler resumes it.
@@ -301,6 +307,105 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
     }
     t_plain_thread = nullptr;
   }
+}
+
+// ---- hardware faults in kernel code ---------------------------------------------------
+//
+// A wild read, a stack overflow or an integer division by zero in a kernel must not take
+// the Python process down: while a worker runs kernel code, SIGSEGV/SIGBUS/SIGFPE/SIGILL
+// jump back to its dispatch loop, which reports a "crash" fault. Faults outside kernel code
+// go to whatever handler was installed before (Python's faulthandler, say).
+
+thread_local sigjmp_buf* t_crash_jump = nullptr;
+thread_local int t_crash_signal = 0;
+thread_local void* t_crash_address = nullptr;
+thread_local ThreadInfo t_crash_thread;
+thread_local bool t_crash_thread_known = false;
+
+constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+struct sigaction g_previous[sizeof kCrashSignals / sizeof kCrashSignals[0]];
+
+void on_crash(int sig, siginfo_t* info, void* context) {
+  if (t_crash_jump) {
+    t_crash_signal = sig;
+    t_crash_address = info ? info->si_addr : nullptr;
+    Worker* w = t_worker;
+    const ThreadInfo* t = (w && w->current) ? &w->current->info : t_plain_thread;
+    t_crash_thread_known = t != nullptr;
+    if (t) std::memcpy(&t_crash_thread, t, sizeof t_crash_thread);
+    siglongjmp(*t_crash_jump, 1);
+  }
+  for (size_t i = 0; i < sizeof kCrashSignals / sizeof kCrashSignals[0]; ++i) {
+    if (kCrashSignals[i] != sig) continue;
+    const struct sigaction& old = g_previous[i];
+    if (old.sa_flags & SA_SIGINFO) {
+      old.sa_sigaction(sig, info, context);
+      return;
+    }
+    if (old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
+      old.sa_handler(sig);
+      return;
+    }
+    sigaction(sig, &old, nullptr);  // default action: re-raised when the handler returns
+    return;
+  }
+}
+
+void install_crash_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (size_t i = 0; i < sizeof kCrashSignals / sizeof kCrashSignals[0]; ++i) {
+      struct sigaction sa;
+      std::memset(&sa, 0, sizeof sa);
+      sa.sa_sigaction = on_crash;
+      sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+      sigemptyset(&sa.sa_mask);
+      sigaction(kCrashSignals[i], &sa, &g_previous[i]);
+    }
+  });
+}
+
+// For the lifetime of one worker's dispatch: an alternate signal stack (a fiber that
+// overflows its stack cannot run a handler on it) and the jump target.
+class CrashGuard {
+ public:
+  explicit CrashGuard(sigjmp_buf* jump) : altstack_(kAltStackBytes) {
+    stack_t ss;
+    ss.ss_sp = altstack_.data();
+    ss.ss_size = altstack_.size();
+    ss.ss_flags = 0;
+    sigaltstack(&ss, &previous_);
+    t_crash_jump = jump;
+  }
+  ~CrashGuard() {
+    t_crash_jump = nullptr;
+    sigaltstack(&previous_, nullptr);
+  }
+
+ private:
+  static constexpr size_t kAltStackBytes = 64 * 1024;
+  std::vector<char> altstack_;
+  stack_t previous_;
+};
+
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV (invalid memory access: out of bounds of a buffer, or a fiber stack overflow)";
+    case SIGBUS: return "SIGBUS (misaligned or invalid memory access)";
+    case SIGFPE: return "SIGFPE (integer division by zero?)";
+    case SIGILL: return "SIGILL (illegal instruction)";
+  }
+  return "signal";
+}
+
+KernelFault crash_fault() {
+  char address[32];
+  std::snprintf(address, sizeof address, "%p", t_crash_address);
+  std::string msg = std::string(signal_name(t_crash_signal)) + " at address " + address;
+  if (t_crash_thread_known) msg += " in " + where_info(t_crash_thread);
+  msg += "; the emulator stopped the dispatch instead of the process (memory the kernel "
+         "wrote before the fault may be corrupt)";
+  return KernelFault{"crash", msg};
 }
 
 }  // namespace
@@ -471,6 +576,7 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, const tsm_launch*
   unsigned workers = unsigned(std::max(1, l->num_workers));
   workers = unsigned(std::min<uint64_t>(workers, num_groups));
 
+  install_crash_handlers();
   static std::vector<std::unique_ptr<Worker>> pool;
   while (pool.size() < workers) pool.emplace_back(new Worker);
 
@@ -495,6 +601,20 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, const tsm_launch*
     uint32_t sgs = (uint32_t(group_threads) + kSimdWidth - 1) / kSimdWidth;
     if (w->exchange.size() < sgs) w->exchange.resize(sgs);
     w->args = DispatchArgs{l->buffers, l->buffer_bytes, w->dynamic_tg_ptrs.data()};
+    sigjmp_buf jump;
+    CrashGuard guard(&jump);
+    if (sigsetjmp(jump, 1) != 0) {
+      w->current = nullptr;
+      t_plain_thread = nullptr;
+      std::lock_guard<std::mutex> g(fault_lock);
+      if (!faulted) {
+        faulted = true;
+        first_fault = crash_fault();
+      }
+      stop = true;
+      t_worker = nullptr;
+      return;
+    }
     try {
       for (;;) {
         if (stop.load(std::memory_order_relaxed)) break;

@@ -98,15 +98,15 @@ struct SimdExchange {
   const unsigned char (*values)[32];     // values[lane], valid for active lanes
   uint32_t lane;                         // the calling lane
 };
-// `site` identifies the call in the kernel source (line << 12 | column): the lanes waiting
-// at one site form one collective, and threads waiting at different barrier sites diverge.
-// Source positions survive optimisation, which may duplicate or merge the calls themselves.
-#if defined(__has_builtin) && __has_builtin(__builtin_COLUMN)
-#define TSM_EMU_COLUMN __builtin_COLUMN()
-#else
-#define TSM_EMU_COLUMN 0u  // GCC: line only; two collectives on one line share a site
-#endif
-constexpr uint32_t site_of(uint32_t line, uint32_t column) { return (line << 12) | (column & 0xFFF); }
+// A collective's or barrier's call site in the kernel source: line << 12 | k, where k is
+// the call's position among the collectives on that line (from the rewriter; 0 when a call
+// was not rewritten). Lanes waiting at one site form one collective; threads waiting at
+// different barrier sites diverge. Source positions survive optimisation, which may
+// duplicate or merge the calls themselves.
+struct Site {
+  uint32_t value;
+};
+#define TSM_EMU_SITE_HERE (::tsm_emu::Site{uint32_t(__builtin_LINE()) << 12})
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site);
 void simdgroup_barrier_wait(uint32_t site);
 void threadgroup_barrier_wait(uint32_t site);

@@ -79,9 +79,8 @@ inline T prefix(const T& v, uint32_t site, bool inclusive, T identity, Op op) {
 
 #define TSM_SIMD_REDUCTION(name, op, base, width)                                \
   template <class T>                                                             \
-  inline T name(T v, unsigned line_ = __builtin_LINE(),                          \
-                 unsigned column_ = TSM_EMU_COLUMN) {                        \
-    auto x = simd_detail::exchange(v, tsm_emu::site_of(line_, column_));         \
+  inline T name(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                        \
+    auto x = simd_detail::exchange(v, site_.value);         \
     unsigned b = base;                                                           \
     return simd_detail::reduce<T>(x, b, b + width, simd_detail::op{});           \
   }
@@ -102,28 +101,27 @@ TSM_SIMD_REDUCTION(quad_xor, Xor, x.lane & ~3u, 4)
 #undef TSM_SIMD_REDUCTION
 
 template <class T>
-inline T simd_prefix_inclusive_sum(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::prefix(v, tsm_emu::site_of(line_, column_), true, T(0), simd_detail::Sum{});
+inline T simd_prefix_inclusive_sum(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::prefix(v, site_.value, true, T(0), simd_detail::Sum{});
 }
 template <class T>
-inline T simd_prefix_exclusive_sum(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::prefix(v, tsm_emu::site_of(line_, column_), false, T(0), simd_detail::Sum{});
+inline T simd_prefix_exclusive_sum(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::prefix(v, site_.value, false, T(0), simd_detail::Sum{});
 }
 template <class T>
-inline T simd_prefix_inclusive_product(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::prefix(v, tsm_emu::site_of(line_, column_), true, T(1), simd_detail::Product{});
+inline T simd_prefix_inclusive_product(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::prefix(v, site_.value, true, T(1), simd_detail::Product{});
 }
 template <class T>
-inline T simd_prefix_exclusive_product(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::prefix(v, tsm_emu::site_of(line_, column_), false, T(1), simd_detail::Product{});
+inline T simd_prefix_exclusive_product(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::prefix(v, site_.value, false, T(1), simd_detail::Product{});
 }
 
 // Shuffles: `src(lane)` names the lane to read; `keep` says the caller keeps its own value.
 #define TSM_SHUFFLE(name, width, src_expr, keep_expr)                            \
   template <class T, class I>                                                    \
-  inline T name(T v, I arg, unsigned line_ = __builtin_LINE(),                   \
-                 unsigned column_ = TSM_EMU_COLUMN) {                        \
-    auto x = simd_detail::exchange(v, tsm_emu::site_of(line_, column_));         \
+  inline T name(T v, I arg, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                        \
+    auto x = simd_detail::exchange(v, site_.value);         \
     const unsigned lane = x.lane, base = lane & ~(width - 1u), d = unsigned(arg); \
     (void)base;                                                                  \
     if (keep_expr) return v;                                                     \
@@ -146,8 +144,8 @@ TSM_SHUFFLE(quad_shuffle_xor, 4u, base + ((lane - base) ^ (d & 3u)), false)
 #undef TSM_SHUFFLE
 
 template <class T>
-inline T simd_broadcast_first(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(v, tsm_emu::site_of(line_, column_));
+inline T simd_broadcast_first(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(v, site_.value);
   return simd_detail::read<T>(x, unsigned(__builtin_ctzll(x.active)));
 }
 
@@ -163,31 +161,31 @@ struct simd_vote {
   constexpr bool any() const { return bits != 0; }
 };
 
-inline simd_vote simd_ballot(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+inline simd_vote simd_ballot(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(p, site_.value);
   unsigned long bits = 0;
   for (unsigned l = 0; l < 32; ++l)
     if (simd_detail::active(x, l) && simd_detail::lane_value<bool>(x, l)) bits |= 1ul << l;
   return simd_vote(bits);
 }
-inline simd_vote simd_active_threads_mask(unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(true, tsm_emu::site_of(line_, column_));
+inline simd_vote simd_active_threads_mask(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(true, site_.value);
   return simd_vote((unsigned long)x.active);
 }
-inline bool simd_all(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+inline bool simd_all(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(p, site_.value);
   for (unsigned l = 0; l < 32; ++l)
     if (simd_detail::active(x, l) && !simd_detail::lane_value<bool>(x, l)) return false;
   return true;
 }
-inline bool simd_any(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+inline bool simd_any(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(p, site_.value);
   for (unsigned l = 0; l < 32; ++l)
     if (simd_detail::active(x, l) && simd_detail::lane_value<bool>(x, l)) return true;
   return false;
 }
-inline bool simd_is_first(unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(true, tsm_emu::site_of(line_, column_));
+inline bool simd_is_first(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(true, site_.value);
   return unsigned(__builtin_ctzll(x.active)) == x.lane;
 }
 
@@ -220,46 +218,46 @@ inline T quad_prefix(const T& v, uint32_t site, bool inclusive, T identity, Op o
 }
 }  // namespace simd_detail
 
-inline quad_vote quad_ballot(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+inline quad_vote quad_ballot(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(p, site_.value);
   return quad_vote((unsigned short)simd_detail::quad_bits(x, true));
 }
-inline quad_vote quad_active_threads_mask(unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(true, tsm_emu::site_of(line_, column_));
+inline quad_vote quad_active_threads_mask(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(true, site_.value);
   return quad_vote((unsigned short)simd_detail::quad_bits(x, false));
 }
-inline bool quad_all(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+inline bool quad_all(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(p, site_.value);
   return simd_detail::quad_bits(x, true) == simd_detail::quad_bits(x, false);
 }
-inline bool quad_any(bool p, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(p, tsm_emu::site_of(line_, column_));
+inline bool quad_any(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(p, site_.value);
   return simd_detail::quad_bits(x, true) != 0;
 }
-inline bool quad_is_first(unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(true, tsm_emu::site_of(line_, column_));
+inline bool quad_is_first(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(true, site_.value);
   return unsigned(__builtin_ctz(simd_detail::quad_bits(x, false))) == (x.lane & 3u);
 }
 template <class T>
-inline T quad_broadcast_first(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  auto x = simd_detail::exchange(v, tsm_emu::site_of(line_, column_));
+inline T quad_broadcast_first(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto x = simd_detail::exchange(v, site_.value);
   return simd_detail::read<T>(x, (x.lane & ~3u) + unsigned(__builtin_ctz(simd_detail::quad_bits(x, false))));
 }
 template <class T>
-inline T quad_prefix_inclusive_sum(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::quad_prefix(v, tsm_emu::site_of(line_, column_), true, T(0), simd_detail::Sum{});
+inline T quad_prefix_inclusive_sum(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::quad_prefix(v, site_.value, true, T(0), simd_detail::Sum{});
 }
 template <class T>
-inline T quad_prefix_exclusive_sum(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::quad_prefix(v, tsm_emu::site_of(line_, column_), false, T(0), simd_detail::Sum{});
+inline T quad_prefix_exclusive_sum(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::quad_prefix(v, site_.value, false, T(0), simd_detail::Sum{});
 }
 template <class T>
-inline T quad_prefix_inclusive_product(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::quad_prefix(v, tsm_emu::site_of(line_, column_), true, T(1), simd_detail::Product{});
+inline T quad_prefix_inclusive_product(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::quad_prefix(v, site_.value, true, T(1), simd_detail::Product{});
 }
 template <class T>
-inline T quad_prefix_exclusive_product(T v, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::quad_prefix(v, tsm_emu::site_of(line_, column_), false, T(1), simd_detail::Product{});
+inline T quad_prefix_exclusive_product(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::quad_prefix(v, site_.value, false, T(1), simd_detail::Product{});
 }
 
 // simd_shuffle_and_fill_up/down (MSL 2.4): lanes whose source falls off the edge of the
@@ -283,20 +281,20 @@ inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bo
 }  // namespace simd_detail
 
 template <class T, class D>
-inline T simd_shuffle_and_fill_up(T data, T filling, D delta, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, true, tsm_emu::site_of(line_, column_));
+inline T simd_shuffle_and_fill_up(T data, T filling, D delta, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, true, site_.value);
 }
 template <class T, class D, class M>
-inline T simd_shuffle_and_fill_up(T data, T filling, D delta, M modulo, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), true, tsm_emu::site_of(line_, column_));
+inline T simd_shuffle_and_fill_up(T data, T filling, D delta, M modulo, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), true, site_.value);
 }
 template <class T, class D>
-inline T simd_shuffle_and_fill_down(T data, T filling, D delta, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, false, tsm_emu::site_of(line_, column_));
+inline T simd_shuffle_and_fill_down(T data, T filling, D delta, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, false, site_.value);
 }
 template <class T, class D, class M>
-inline T simd_shuffle_and_fill_down(T data, T filling, D delta, M modulo, unsigned line_ = __builtin_LINE(), unsigned column_ = TSM_EMU_COLUMN) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), false, tsm_emu::site_of(line_, column_));
+inline T simd_shuffle_and_fill_down(T data, T filling, D delta, M modulo, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), false, site_.value);
 }
 
 }  // namespace metal

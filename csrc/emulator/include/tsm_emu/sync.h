@@ -17,17 +17,21 @@ inline constexpr mem_flags operator|(mem_flags a, mem_flags b) {
   return mem_flags(unsigned(a) | unsigned(b));
 }
 
-// The defaulted line and column arguments are evaluated at the caller: they name the call
-// site (see tsm_emu::site_of).
-inline void threadgroup_barrier(mem_flags = mem_flags::mem_none, unsigned line = __builtin_LINE(),
-                                unsigned column = TSM_EMU_COLUMN) {
-  tsm_emu::threadgroup_barrier_wait(tsm_emu::site_of(line, column));
+// `site_` names the call in the kernel source: the rewriter passes each call's own site; a
+// call it did not see (from a macro in a header, say) defaults to its line.
+inline void threadgroup_barrier(mem_flags, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  tsm_emu::threadgroup_barrier_wait(site_.value);
   __asm__ volatile("" ::: "memory");
 }
-inline void simdgroup_barrier(mem_flags = mem_flags::mem_none, unsigned line = __builtin_LINE(),
-                              unsigned column = TSM_EMU_COLUMN) {
-  tsm_emu::simdgroup_barrier_wait(tsm_emu::site_of(line, column));
+inline void threadgroup_barrier(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  threadgroup_barrier(mem_flags::mem_none, site_);
+}
+inline void simdgroup_barrier(mem_flags, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  tsm_emu::simdgroup_barrier_wait(site_.value);
   __asm__ volatile("" ::: "memory");
+}
+inline void simdgroup_barrier(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  simdgroup_barrier(mem_flags::mem_none, site_);
 }
 
 }  // namespace metal
