@@ -9,13 +9,19 @@ Tensors bind to ``[[buffer(i)]]`` in argument order; Python numbers are converte
 parameter's declared type; ``threads`` is the grid in threads (dispatchThreads semantics:
 edge threadgroups are smaller); ``threadgroup_memory`` gives the byte length of each
 ``[[threadgroup(n)]]`` parameter. See the README for the semantics reproduced.
+
+``compile_shader(src, sanitize=True)`` builds a checked variant: out-of-bounds accesses,
+races and divergent barriers raise :class:`KernelFault` with ``kind`` naming the fault.
+``TSM_SANITIZE=1`` in the environment sanitizes every kernel the package itself launches
+(the test suite sets it).
 """
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from pathlib import Path
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from ._compiler import compile_file, compile_source
 from ._errors import KernelFault, LaunchError, MetalCompileError
@@ -26,22 +32,38 @@ __all__ = ["compile_shader", "load_shader_file", "record", "Launch", "Library", 
            "KernelFault", "LaunchError", "MetalCompileError"]
 
 _lock = threading.Lock()
-_libraries: Dict[Tuple[str, Tuple[str, ...]], Library] = {}
+_libraries: Dict[Tuple[str, Tuple[str, ...], bool], Library] = {}
 
 
-def compile_shader(source: str, *, include_dirs: Sequence[str] = ()) -> Library:
-    """Compile MSL ``source`` for the emulator (cached by content: no recompilation)."""
+def sanitize_by_default() -> bool:
+    """Whether ``TSM_SANITIZE`` asks for the package's kernels to run sanitized."""
+    return os.environ.get("TSM_SANITIZE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: bool = False) -> Library:
+    """Compile MSL ``source`` for the emulator (cached by content: no recompilation).
+
+    ``sanitize=True``: bounds-checked, race-checked variant (one CPU thread, slower).
+    """
     if not isinstance(source, str):
         raise TypeError(f"compile_shader expects the shader source as a str, got {type(source).__name__}")
-    key = (source, tuple(str(d) for d in include_dirs))
+    key = (source, tuple(str(d) for d in include_dirs), bool(sanitize))
     with _lock:
         if key not in _libraries:
-            _libraries[key] = Library(compile_source(source, include_dirs=[Path(d) for d in include_dirs]))
+            _libraries[key] = Library(compile_source(source, include_dirs=[Path(d) for d in include_dirs],
+                                                     sanitize=bool(sanitize)))
         return _libraries[key]
 
 
+def load_shader_file(name: str, *, sanitize: Optional[bool] = None) -> Library:
+    """The emulator library of ``shaders/<name>``, the project's own kernels.
+
+    ``sanitize`` defaults to the ``TSM_SANITIZE`` environment variable.
+    """
+    return _load_shader_file(name, sanitize_by_default() if sanitize is None else bool(sanitize))
+
+
 @functools.lru_cache(maxsize=None)
-def load_shader_file(name: str) -> Library:
-    """The emulator library of ``shaders/<name>``, the project's own kernels."""
+def _load_shader_file(name: str, sanitize: bool) -> Library:
     from .._shaders import shader_path
-    return Library(compile_file(shader_path(name)))
+    return Library(compile_file(shader_path(name), sanitize=sanitize))

@@ -39,6 +39,7 @@ class CompiledLibrary:
     kernels: List[_rewrite.Kernel]
     uses_synchronisation: bool
     origin: str
+    sanitize: bool
 
 
 def cache_dir() -> Path:
@@ -80,15 +81,18 @@ def _run(cmd: Sequence[str], what: str, source_text: Optional[str] = None,
 
 
 @functools.lru_cache(maxsize=None)
-def _runtime_object() -> Path:
-    out = cache_dir() / f"runtime-{_toolchain_fingerprint()[:16]}.o"
-    if not out.exists():
-        tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
-        _run([compiler(), CXX_STANDARD, *CXX_FLAGS, "-I", str(EMULATOR_INCLUDE_DIR), "-c",
-              str(EMULATOR_DIR / "src" / "runtime.cpp"), "-o", str(tmp)],
-             "compiling the emulator runtime")
-        os.replace(tmp, out)
-    return out
+def _runtime_objects() -> List[Path]:
+    """The emulator runtime (csrc/emulator/src/*.cpp), compiled once per toolchain."""
+    objects = []
+    for source in sorted((EMULATOR_DIR / "src").glob("*.cpp")):
+        out = cache_dir() / f"{source.stem}-{_toolchain_fingerprint()[:16]}.o"
+        if not out.exists():
+            tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
+            _run([compiler(), CXX_STANDARD, *CXX_FLAGS, "-I", str(EMULATOR_INCLUDE_DIR), "-c",
+                  str(source), "-o", str(tmp)], f"compiling the emulator runtime ({source.name})")
+            os.replace(tmp, out)
+        objects.append(out)
+    return objects
 
 
 def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str) -> str:
@@ -102,9 +106,12 @@ def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str) -> str:
     return proc.stdout
 
 
-def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None
-                 ) -> CompiledLibrary:
-    """Compile the MSL file at ``path`` (quoted includes resolve next to it and in ``include_dirs``)."""
+def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
+                 sanitize: bool = False) -> CompiledLibrary:
+    """Compile the MSL file at ``path`` (quoted includes resolve next to it and in ``include_dirs``).
+
+    ``sanitize`` builds the checked variant (see the sanitizer in the README).
+    """
     origin = origin or path.name
     include_dirs = [path.parent, *include_dirs, SHADERS_DIR]
     preprocessed = _preprocess(path, include_dirs, origin)
@@ -113,25 +120,27 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
         kernels = _rewrite.find_kernels(preprocessed)
     except _rewrite.ParseError as e:
         raise MetalCompileError.at_offset(str(e), preprocessed, e.offset, origin) from None
-    cxx = "#include <metal_stdlib>\n" + _rewrite.rewrite(preprocessed) + _rewrite.binding_table(kernels)
+    cxx = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
+           _rewrite.rewrite(preprocessed, sanitize=sanitize) + _rewrite.binding_table(kernels))
     key = hashlib.sha256((_toolchain_fingerprint() + cxx).encode()).hexdigest()[:24]
     lib = cache_dir() / f"{key}.so"
     if not lib.exists():
-        runtime = _runtime_object()
+        runtime = _runtime_objects()
         with tempfile.TemporaryDirectory(prefix="tsm-emu-") as tmp:
             src = Path(tmp) / "kernel.cpp"
             src.write_text(cxx)
             out = Path(tmp) / "kernel.so"
             _run([compiler(), CXX_STANDARD, *CXX_FLAGS, "-shared", "-I", str(EMULATOR_INCLUDE_DIR),
-                  str(src), str(runtime), "-o", str(out), "-lm", "-lpthread"],
+                  str(src), *map(str, runtime), "-o", str(out), "-lm", "-lpthread"],
                  f"compiling {origin}", source_text, origin)
             staged = lib.with_suffix(f".{os.getpid()}.tmp")
             shutil.copyfile(out, staged)
             os.replace(staged, lib)
-    return CompiledLibrary(lib, kernels, _rewrite.uses_synchronisation(preprocessed), origin)
+    return CompiledLibrary(lib, kernels, _rewrite.uses_synchronisation(preprocessed), origin, sanitize)
 
 
-def compile_source(source: str, *, include_dirs: Sequence[Path] = ()) -> CompiledLibrary:
+def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False
+                   ) -> CompiledLibrary:
     """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it)."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     src_dir = cache_dir() / "sources"
@@ -141,4 +150,4 @@ def compile_source(source: str, *, include_dirs: Sequence[Path] = ()) -> Compile
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(source)
         os.replace(tmp, path)
-    return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>")
+    return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>", sanitize=sanitize)

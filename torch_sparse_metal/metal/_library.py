@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -30,6 +31,8 @@ class _Launch(ctypes.Structure):
         ("num_threadgroup", ctypes.c_int32),
         ("use_fibers", ctypes.c_int32),
         ("num_workers", ctypes.c_int32),
+        ("sanitize", ctypes.c_int32),
+        ("buffer_names", ctypes.c_char_p * MAX_BUFFERS),
     ]
 
 
@@ -57,6 +60,12 @@ class ParamInfo:
     def describe(self) -> str:
         return f"`{self.text}`"
 
+    @property
+    def name(self) -> str:
+        """The parameter's name in the kernel source."""
+        found = re.findall(r"(\w+)\s*(?:\[\[.*)?$", self.text)
+        return found[0] if found else ""
+
 
 def _num_workers() -> int:
     env = os.environ.get("TSM_EMU_WORKERS")
@@ -74,6 +83,8 @@ class Kernel:
         self._buffers = {p.index: p for p in params if p.kind == _rewrite.P_BUFFER}
         self._threadgroup = {p.index: p for p in params if p.kind == _rewrite.P_THREADGROUP}
         self.num_buffer_args = max(self._buffers) + 1 if self._buffers else 0
+        self._buffer_names = [self._buffers[i].name.encode() if i in self._buffers else b""
+                              for i in range(self.num_buffer_args)]
         self.num_threadgroup_args = max(self._threadgroup) + 1 if self._threadgroup else 0
 
     def __repr__(self) -> str:
@@ -123,6 +134,9 @@ class Kernel:
         launch.group[:] = group
         launch.use_fibers = int(self._library.uses_synchronisation)
         launch.num_workers = _num_workers()
+        launch.sanitize = int(self._library.sanitize)
+        for i, name in enumerate(self._buffer_names):
+            launch.buffer_names[i] = name
         record_launch(self.name, grid, group, "emulator")
         if 0 in grid:
             return
@@ -201,6 +215,7 @@ class Library:
         self.origin = compiled.origin
         self.path = compiled.path
         self.uses_synchronisation = compiled.uses_synchronisation
+        self.sanitize = compiled.sanitize
         self._dll = ctypes.CDLL(str(compiled.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
         self._dll.tsm_num_kernels.restype = ctypes.c_int
         self._dll.tsm_kernel_name.restype = ctypes.c_char_p
@@ -242,4 +257,5 @@ class Library:
         return list(super().__dir__()) + list(self._kernels)
 
     def __repr__(self) -> str:
-        return f"<emulated Metal library {self.origin}: {', '.join(self._kernels)}>"
+        checked = " (sanitized)" if self.sanitize else ""
+        return f"<emulated Metal library {self.origin}{checked}: {', '.join(self._kernels)}>"

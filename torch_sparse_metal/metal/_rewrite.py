@@ -207,8 +207,40 @@ def uses_synchronisation(src: str) -> bool:
     return _SYNC_CALL.search(_mask_strings_and_directives(src)) is not None
 
 
-def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
-    """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup."""
+_TYPE = (r"(?:unsigned\s+\w+|[A-Za-z_][\w:]*(?:\s*<[^<>;{}()]*(?:<[^<>;{}()]*>[^<>;{}()]*)*>)?)")
+_ADDRESS_SPACE_POINTER = re.compile(
+    r"(?<![\w:])((?:(?:const|volatile)\s+)*)(?:device|constant|threadgroup)\s+"
+    r"((?:(?:const|volatile)\s+)*)(" + _TYPE + r")\s*((?:(?:const|volatile)\b\s*)*)\*")
+
+
+def _checked_pointers(src: str) -> str:
+    """``device const T*`` (and constant, threadgroup) -> ``::tsm_emu::ptr<const T>``."""
+    masked = _mask_strings_and_directives(src)
+    out, last = [], 0
+    for m in _ADDRESS_SPACE_POINTER.finditer(masked):
+        quals = " ".join((m.group(1) + " " + m.group(2) + " " + m.group(4)).split())
+        pointee = " ".join(src[m.start(3):m.end(3)].split())
+        checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}>"
+        start, end = m.start(), m.end()
+        # reinterpret_cast<device T*>(p) cannot name a class type: use ptr_cast<T>(p).
+        cast = re.search(r"\b(?:reinterpret|static|const)_cast\s*<\s*$", masked[max(0, start - 40):start])
+        close = re.match(r"\s*>", masked[end:])
+        if cast and close and last <= start - len(cast.group()):
+            start -= len(cast.group())
+            end += close.end()
+            checked = f"::tsm_emu::ptr_cast<{quals + ' ' if quals else ''}{pointee}>"
+        out.append(src[last:start])
+        out.append(checked)
+        last = end
+    out.append(src[last:])
+    return "".join(out)
+
+
+def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = False) -> str:
+    """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup.
+
+    Sanitized, each array becomes a ``tsm_emu::tg_var``, whose accesses are checked.
+    """
     out, last = [], 0
     for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
         start = m.start()
@@ -223,15 +255,26 @@ def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
         decl = masked[m.end():end]
         if re.search(r"[*&(=]", decl.split("[", 1)[0]):
             continue  # pointer/reference/function: only the qualifier goes (macro)
-        names = [re.search(r"(\w+)\s*(?:\[|$)", part.strip()) for part in _split_top_level(decl)]
+        parts = _split_top_level(decl)
+        names = [re.search(r"(\w+)\s*(?:\[|$)", part.strip()) for part in parts]
         if not names or not all(names):
             continue
         out.append(src[last:start])
-        out.append("static thread_local")
-        out.append(src[m.end():end + 1])
+        if sanitize:
+            # `float a[4], b[8]` -> one checked array per declarator.
+            type_text = parts[0].strip()[:names[0].start(1)].strip()
+            for part, name in zip(parts, names):
+                dims = part.strip()[name.end(1):].strip()
+                if dims:
+                    out.append(f"static thread_local ::tsm_emu::tg_var<{type_text}{dims}> {name.group(1)};")
+                else:
+                    out.append(f"static thread_local {type_text} {name.group(1)};")
+        else:
+            out.append("static thread_local")
+            out.append(src[m.end():end + 1])
         for name in names:  # every declarator counts towards the 32 KB
             out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name.group(1)}, "
-                       f"sizeof({name.group(1)}));")
+                       f"sizeof({name.group(1)}), \"{name.group(1)}\");")
         last = end + 1
     out.append(src[last:])
     return "".join(out)
@@ -287,11 +330,16 @@ def _add_collective_sites(src: str) -> str:
     return src
 
 
-def rewrite(src: str) -> str:
-    """The C++ translation of preprocessed MSL ``src`` (line structure preserved)."""
+def rewrite(src: str, *, sanitize: bool = False) -> str:
+    """The C++ translation of preprocessed MSL ``src`` (line structure preserved).
+
+    ``sanitize``: address-space pointers and threadgroup arrays become checked types.
+    """
     src = _add_collective_sites(src)
+    if sanitize:
+        src = _checked_pointers(src)
     masked = _mask_strings_and_directives(src)
-    src = _rewrite_threadgroup_declarations(src, masked)
+    src = _rewrite_threadgroup_declarations(src, masked, sanitize)
     masked = _mask_strings_and_directives(src)
     pieces, last = [], 0
     for m in _ATTRIBUTE.finditer(masked):

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "sanitizer.h"
 #include "tsm_emu/runtime.h"
 
 extern "C" {
@@ -52,8 +53,10 @@ struct Fiber {
   uint32_t site = 0;  // where in the kernel source the fiber waits (tsm_emu::Site)
   unsigned char slot[32];
   const Exchange* exchange = nullptr;
+  bool at_simdgroup_barrier = false;  // AtSimd for a simdgroup_barrier, not a collective
+  unsigned barrier_flags = 0;         // mem_flags of the barrier it waits at
   ThreadInfo info;
-  char* stack = nullptr;
+  std::vector<Touch> touches;         // sanitized dispatches: accesses since it last stopped
 };
 
 // One worker's state: it runs whole threadgroups one after the other.
@@ -68,10 +71,12 @@ struct Worker {
   std::vector<std::unique_ptr<Exchange>> exchange;
   std::vector<std::vector<unsigned char>> dynamic_tg;                 // per [[threadgroup(n)]]
   std::vector<void*> dynamic_tg_ptrs;
+  std::vector<uint64_t> dynamic_tg_bytes;  // as requested (the blocks carry 16 bytes of slack)
   std::vector<const void*> static_tg;  // static threadgroup arrays seen in this group
   size_t dynamic_tg_total = 0;
   size_t static_tg_total = 0;
   Fiber* current = nullptr;
+  std::vector<Touch> plain_touches;  // sanitized plain-loop dispatches
   DispatchArgs args;
   bool fault_raised = false;
   KernelFault fault;
@@ -83,6 +88,35 @@ struct Worker {
 
 thread_local Worker* t_worker = nullptr;
 thread_local const ThreadInfo* t_plain_thread = nullptr;  // plain-loop mode
+thread_local Sanitizer* t_sanitizer = nullptr;            // sanitized dispatches only
+
+ThreadId thread_id(const ThreadInfo& t) {
+  const u3 g = t.threadgroup_position_in_grid, n = t.threadgroups_per_grid;
+  return {g.x + n.x * (g.y + n.y * g.z), t.thread_index_in_threadgroup,
+          t.simdgroup_index_in_threadgroup};
+}
+
+// The running Metal thread and its access log, for the sanitizer.
+bool current_accesses(const ThreadInfo** info, std::vector<Touch>** touches) {
+  Worker* w = t_worker;
+  if (w && w->current) {
+    *info = &w->current->info;
+    *touches = &w->current->touches;
+    return true;
+  }
+  if (w && t_plain_thread) {
+    *info = t_plain_thread;
+    *touches = &w->plain_touches;
+    return true;
+  }
+  return false;
+}
+
+void end_segment() {
+  const ThreadInfo* info;
+  std::vector<Touch>* touches;
+  if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->end_segment(thread_id(*info), *touches);
+}
 
 size_t stack_size() {
   static size_t bytes = [] {
@@ -110,6 +144,8 @@ std::string fmt3(u3 v) {
   return "(" + std::to_string(v.x) + ", " + std::to_string(v.y) + ", " + std::to_string(v.z) + ")";
 }
 
+}  // namespace
+
 // Describe thread i of threadgroup `group` (position), given the dispatch geometry.
 ThreadInfo thread_info(u3 grid, u3 group_size, u3 groups, u3 group, uint32_t i) {
   ThreadInfo t;
@@ -135,11 +171,14 @@ ThreadInfo thread_info(u3 grid, u3 group_size, u3 groups, u3 group, uint32_t i) 
   return t;
 }
 
+namespace {
+
 void fiber_entry() {
   Worker* w = t_worker;
   Fiber* f = w->current;
   try {
     w->kernel->invoke(w->args, f->info);
+    end_segment();
   } catch (KernelFault& e) {
     if (!w->fault_raised) {
       w->fault_raised = true;
@@ -159,11 +198,15 @@ void fiber_entry() {
   throw KernelFault{std::move(kind), std::move(message)};
 }
 
+}  // namespace
+
 std::string where_info(const ThreadInfo& t) {
   return "thread " + fmt3(t.thread_position_in_grid) + " (index " +
          std::to_string(t.thread_index_in_threadgroup) + " in threadgroup " +
          fmt3(t.threadgroup_position_in_grid) + ")";
 }
+
+namespace {
 
 std::string where(const Fiber& f) { return where_info(f.info); }
 
@@ -176,6 +219,7 @@ std::string site_name(uint32_t site) {
 // Suspend the calling fiber until the scheduler resumes it.
 void suspend(Worker* w) {
   Fiber* f = w->current;
+  end_segment();
   swapcontext(&f->context, &w->scheduler);
   if (w->fault_raised) raise("aborted", "");  // another thread faulted: unwind quietly
 }
@@ -204,6 +248,7 @@ bool resolve_simd(Worker* w, uint32_t n) {
     if (!w->exchange[sg]) w->exchange[sg].reset(new Exchange);
     Exchange* ex = w->exchange[sg].get();
     ex->active = 0;
+    unsigned flags = 0;
     for (uint32_t lane = 0; lane < lanes; ++lane) {
       Fiber& f = w->fibers[first + lane];
       if (f.state != State::AtSimd || f.site != site) continue;
@@ -211,7 +256,9 @@ bool resolve_simd(Worker* w, uint32_t n) {
       std::memcpy(ex->values[lane], f.slot, sizeof f.slot);
       f.exchange = ex;
       f.state = State::Runnable;
+      flags |= f.at_simdgroup_barrier ? f.barrier_flags : 0u;
     }
+    if (t_sanitizer && flags) t_sanitizer->simdgroup_barrier(sg, flags);
     released = true;
   }
   return released;
@@ -245,8 +292,13 @@ void resolve_threadgroup_barrier(Worker* w, uint32_t n) {
                                     " waits at (undefined in Metal: it hangs "
                                     "on some GPUs; set TSM_EMU_EXITED_THREADS_ARRIVE=1 to count "
                                     "exited threads as arrived)");
+  unsigned flags = 0;
   for (uint32_t i = 0; i < n; ++i)
-    if (w->fibers[i].state == State::AtThreadgroupBarrier) w->fibers[i].state = State::Runnable;
+    if (w->fibers[i].state == State::AtThreadgroupBarrier) {
+      flags |= w->fibers[i].barrier_flags;
+      w->fibers[i].state = State::Runnable;
+    }
+  if (t_sanitizer) t_sanitizer->threadgroup_barrier(flags);
 }
 
 void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, uint32_t n) {
@@ -258,6 +310,7 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
     f.state = State::Runnable;
     f.exchange = nullptr;
     f.site = 0;
+    f.touches.clear();
     f.info = thread_info(grid, group_size, groups, group, i);
     getcontext(&f.context);
     f.context.uc_stack.ss_sp = w->stacks[i] + guard;
@@ -292,6 +345,13 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
   uint32_t n = actual.x * actual.y * actual.z;
   w->static_tg.clear();
   w->static_tg_total = 0;
+  if (t_sanitizer) {
+    const uint32_t linear = group.x + groups.x * (group.y + groups.y * group.z);
+    std::vector<uint64_t> bytes(w->dynamic_tg.size());
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = w->dynamic_tg_bytes[i];
+    t_sanitizer->begin_group(linear, (n + kSimdWidth - 1) / kSimdWidth, w->dynamic_tg_ptrs.data(),
+                             bytes.data(), int(bytes.size()));
+  }
   if (fibers) {
     run_group_fibers(w, grid, group_size, groups, group, n);
     return;
@@ -301,6 +361,7 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
     t_plain_thread = &info;
     try {
       w->kernel->invoke(w->args, info);
+      end_segment();
     } catch (...) {
       t_plain_thread = nullptr;
       throw;
@@ -445,34 +506,79 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
   return out;
 }
 
-void simdgroup_barrier_wait(uint32_t site) {
+void simdgroup_barrier_wait(uint32_t site, unsigned flags) {
   Worker* w = fiber_worker("simdgroup_barrier");
   Fiber* f = w->current;
   f->site = site;
   f->exchange = nullptr;
+  f->at_simdgroup_barrier = true;
+  f->barrier_flags = flags;
   f->state = State::AtSimd;
   suspend(w);
+  f->at_simdgroup_barrier = false;
 }
 
-void threadgroup_barrier_wait(uint32_t site) {
+void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
   Worker* w = fiber_worker("threadgroup_barrier");
   Fiber* f = w->current;
   f->site = site;
+  f->barrier_flags = flags;
   f->state = State::AtThreadgroupBarrier;
   suspend(w);
 }
 
-void register_static_threadgroup_memory(const void* address, size_t bytes) {
+void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name) {
   Worker* w = t_worker;
   if (!w) return;
   for (const void* seen : w->static_tg)
     if (seen == address) return;
   w->static_tg.push_back(address);
+  if (t_sanitizer) t_sanitizer->static_variable(address, bytes, name);
   w->static_tg_total += bytes;
   if (w->static_tg_total + w->dynamic_tg_total > kMaxThreadgroupMemory)
     raise("launch", "threadgroup memory exceeds 32 KB: " + std::to_string(w->static_tg_total) +
                         " bytes declared in the kernel + " + std::to_string(w->dynamic_tg_total) +
                         " bytes of [[threadgroup(n)]] arguments");
+}
+
+const Region* region_of(const void* address) {
+  return t_sanitizer ? t_sanitizer->find(address) : nullptr;
+}
+
+void check_access(const Region* region, const void* address, size_t bytes, bool atomic) {
+  const ThreadInfo* info;
+  std::vector<Touch>* touches;
+  if (!t_sanitizer || !current_accesses(&info, &touches)) return;
+  t_sanitizer->access(region, address, bytes, atomic, thread_id(*info), *touches);
+}
+
+void note_atomic(const void* address, size_t bytes) {
+  const ThreadInfo* info;
+  std::vector<Touch>* touches;
+  if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->note_atomic(address, bytes, *touches);
+}
+
+void inactive_lane_read(uint32_t lane) {
+  const ThreadInfo* info;
+  std::vector<Touch>* touches;
+  if (!t_sanitizer || !current_accesses(&info, &touches)) return;
+  raise("inactive_lane", where_info(*info) + " read lane " + std::to_string(lane) +
+                             " of its SIMD-group through a shuffle, but that lane is not active "
+                             "at this call (it does not exist, returned, or is in another branch): "
+                             "Metal leaves the value undefined");
+}
+
+bool inject_spurious_cas_failure() {
+  const ThreadInfo* info;
+  std::vector<Touch>* touches;
+  if (!t_sanitizer || !current_accesses(&info, &touches)) return false;
+  return t_sanitizer->spurious_cas_failure();
+}
+
+const Region* buffer_region(int index) { return t_sanitizer ? t_sanitizer->buffer(index) : nullptr; }
+
+const Region* threadgroup_region(int index) {
+  return t_sanitizer ? t_sanitizer->threadgroup_arg(index) : nullptr;
 }
 
 u3 builtin_value(int which, const ThreadInfo& t) {
@@ -520,6 +626,8 @@ struct tsm_launch {
   int32_t num_threadgroup;
   int32_t use_fibers;
   int32_t num_workers;
+  int32_t sanitize;
+  const char* buffer_names[31];
 };
 
 extern "C" {
@@ -573,7 +681,12 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, const tsm_launch*
 
   u3 groups = ceil_div(grid, group);
   uint64_t num_groups = uint64_t(groups.x) * groups.y * groups.z;
-  unsigned workers = unsigned(std::max(1, l->num_workers));
+  // A sanitized dispatch runs one Metal thread at a time: its bookkeeping needs no locks
+  // and a thread's writes are told apart from reads by comparing bytes when it stops.
+  std::unique_ptr<Sanitizer> sanitizer;
+  if (l->sanitize)
+    sanitizer.reset(new Sanitizer(grid, group, l->buffers, l->buffer_bytes, l->buffer_names, l->num_buffers));
+  unsigned workers = l->sanitize ? 1u : unsigned(std::max(1, l->num_workers));
   workers = unsigned(std::min<uint64_t>(workers, num_groups));
 
   install_crash_handlers();
@@ -588,12 +701,14 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, const tsm_launch*
 
   auto work = [&](Worker* w) {
     t_worker = w;
+    t_sanitizer = sanitizer.get();
     w->kernel = &tsm_kernel_table[k];
     w->fault_raised = false;
     w->stack_bytes = w->stacks.empty() ? stack_size() : w->stack_bytes;
     w->dynamic_tg.resize(size_t(l->num_threadgroup));
     w->dynamic_tg_ptrs.assign(31, nullptr);
     w->dynamic_tg_total = dynamic_total;
+    w->dynamic_tg_bytes.assign(l->threadgroup_bytes, l->threadgroup_bytes + l->num_threadgroup);
     for (int i = 0; i < l->num_threadgroup; ++i) {
       w->dynamic_tg[i].assign(size_t(l->threadgroup_bytes[i]) + 16, 0);
       w->dynamic_tg_ptrs[i] = w->dynamic_tg[i].data();
@@ -613,6 +728,7 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, const tsm_launch*
       }
       stop = true;
       t_worker = nullptr;
+      t_sanitizer = nullptr;
       return;
     }
     try {
@@ -640,6 +756,7 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, const tsm_launch*
       stop = true;
     }
     t_worker = nullptr;
+    t_sanitizer = nullptr;
   };
 
   if (workers == 1) {

@@ -4,6 +4,8 @@
 
 #include <type_traits>
 
+#include "tsm_emu/sanitize.h"
+
 namespace metal {
 
 enum memory_order {
@@ -32,11 +34,10 @@ template <class T>
 using plain = std::remove_cv_t<T>;
 
 template <class T>
-inline T* raw(volatile atomic<T>* a) {
-  return const_cast<T*>(&a->value_);
-}
-template <class T>
 inline T* raw(const volatile atomic<T>* a) {
+#ifdef __TSM_SANITIZE__
+  tsm_emu::note_atomic(const_cast<const atomic<T>*>(a), sizeof(T));
+#endif
   return const_cast<T*>(&a->value_);
 }
 
@@ -54,6 +55,14 @@ inline T rmw(T* p, F f) {
   return expected;
 }
 }  // namespace atomic_detail
+
+// Through a checked pointer (sanitized builds): bounds-checked, recorded as atomic.
+#define TSM_ATOMIC_THROUGH_CHECKED_PTR(name)                                             \
+  template <class A, class... Rest>                                                     \
+  inline auto name(const tsm_emu::ptr<A>& p, Rest... rest) {                            \
+    tsm_emu::check_access(p.region(), p.get(), sizeof(A), true);                        \
+    return name(p.get(), rest...);                                                      \
+  }
 
 template <class T, class U>
 inline void atomic_store_explicit(volatile atomic<T>* a, U v, memory_order) {
@@ -75,6 +84,14 @@ inline T atomic_exchange_explicit(volatile atomic<T>* a, U v, memory_order) {
 template <class T, class U>
 inline bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* a, T* expected, U desired,
                                                   memory_order, memory_order) {
+#ifdef __TSM_SANITIZE__
+  // The weak form may fail even when the value matches; a correct CAS loop retries. The
+  // sanitizer makes that happen, so a loop that does not retry is caught.
+  if (tsm_emu::inject_spurious_cas_failure()) {
+    __atomic_load(atomic_detail::raw(a), expected, __ATOMIC_RELAXED);
+    return false;
+  }
+#endif
   T d = T(desired);
   return __atomic_compare_exchange(atomic_detail::raw(a), expected, &d, true, __ATOMIC_RELAXED,
                                    __ATOMIC_RELAXED);
@@ -117,5 +134,19 @@ inline T atomic_fetch_max_explicit(volatile atomic<T>* a, U v, memory_order) {
   return atomic_detail::rmw(atomic_detail::raw(a),
                             [&](T current) -> T { return operand > current ? operand : current; });
 }
+
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_store_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_load_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_exchange_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_compare_exchange_weak_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_compare_exchange_strong_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_fetch_add_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_fetch_sub_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_fetch_and_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_fetch_or_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_fetch_xor_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_fetch_min_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_fetch_max_explicit)
+#undef TSM_ATOMIC_THROUGH_CHECKED_PTR
 
 }  // namespace metal

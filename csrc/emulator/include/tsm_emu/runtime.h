@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "tsm_emu/sanitize.h"
+
 namespace tsm_emu {
 
 struct u3 {
@@ -108,9 +110,22 @@ struct Site {
 };
 #define TSM_EMU_SITE_HERE (::tsm_emu::Site{uint32_t(__builtin_LINE()) << 12})
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site);
-void simdgroup_barrier_wait(uint32_t site);
-void threadgroup_barrier_wait(uint32_t site);
-void register_static_threadgroup_memory(const void* address, size_t bytes);
+// `flags` are the barrier's mem_flags: in a sanitized dispatch, mem_threadgroup orders
+// threadgroup memory and mem_device orders device memory between the threads it joins.
+void simdgroup_barrier_wait(uint32_t site, unsigned flags);
+void threadgroup_barrier_wait(uint32_t site, unsigned flags);
+// A threadgroup array declared in a kernel body: counted towards the 32 KB, and in a
+// sanitized dispatch a region of its own, named for reports.
+void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name = "");
+// The regions of the current dispatch's [[buffer(i)]] and [[threadgroup(i)]] arguments
+// (nullptr unless the dispatch is sanitized).
+const Region* buffer_region(int index);
+const Region* threadgroup_region(int index);
+
+// Sanitized dispatches only (no-ops otherwise): a shuffle read a lane that is not active;
+// whether a weak compare-and-swap should fail spuriously now, to exercise retry loops.
+void inactive_lane_read(uint32_t lane);
+bool inject_spurious_cas_failure();
 
 // ---- argument binding ---------------------------------------------------------------
 template <class T>
@@ -134,12 +149,22 @@ struct builtin_traits {
 };
 
 template <class A>
+struct pointee {  // what a pointer parameter points to (raw, or checked in sanitized builds)
+  using type = std::remove_pointer_t<A>;
+};
+template <class T>
+struct pointee<ptr<T>> {
+  using type = T;
+};
+
+template <class A>
 constexpr TypeInfo type_info() {
-  using NoRef = std::remove_reference_t<A>;
-  using Pointee = std::conditional_t<std::is_pointer<NoRef>::value, std::remove_pointer_t<NoRef>, NoRef>;
+  using NoRef = std::remove_cv_t<std::remove_reference_t<A>>;
+  constexpr bool is_pointer = std::is_pointer<NoRef>::value || is_checked_ptr<NoRef>::value;
+  using Pointee = std::conditional_t<is_pointer, typename pointee<NoRef>::type, std::remove_reference_t<A>>;
   using Bare = std::remove_cv_t<Pointee>;
-  return TypeInfo{std::is_pointer<A>::value ? 0 : (std::is_reference<A>::value ? 1 : 2),
-                  int(sizeof(Bare)), scalar_code<Bare>::value, int(std::is_const<Pointee>::value)};
+  return TypeInfo{is_pointer ? 0 : (std::is_reference<A>::value ? 1 : 2), int(sizeof(Bare)),
+                  scalar_code<Bare>::value, int(std::is_const<Pointee>::value)};
 }
 
 u3 builtin_value(int which, const ThreadInfo& t);
@@ -149,6 +174,11 @@ inline A make_arg(const ParamSpec& p, const DispatchArgs& d, const ThreadInfo& t
   if constexpr (std::is_pointer<A>::value) {
     void* base = p.kind == P_THREADGROUP ? d.threadgroup[p.index] : d.buffers[p.index];
     return static_cast<A>(base);
+  } else if constexpr (is_checked_ptr<std::remove_cv_t<A>>::value) {
+    using E = typename std::remove_cv_t<A>::element_type;
+    if (p.kind == P_THREADGROUP)
+      return std::remove_cv_t<A>(static_cast<E*>(d.threadgroup[p.index]), threadgroup_region(p.index));
+    return std::remove_cv_t<A>(static_cast<E*>(d.buffers[p.index]), buffer_region(p.index));
   } else if constexpr (std::is_reference<A>::value) {
     void* base = p.kind == P_THREADGROUP ? d.threadgroup[p.index] : d.buffers[p.index];
     return *static_cast<std::remove_reference_t<A>*>(base);

@@ -3,7 +3,8 @@
 // Each call is a collective: the lane deposits its value and suspends until every live
 // lane of its SIMD-group is waiting somewhere; the lanes waiting at this call site are the
 // active lanes (a lane in another branch, or one that returned, is inactive). Reading an
-// inactive lane through a shuffle is unspecified in Metal; it yields a poison value here.
+// inactive lane through a shuffle is unspecified in Metal; it yields a poison value here,
+// and a KernelFault of kind inactive_lane in a sanitized dispatch.
 #pragma once
 
 #include <type_traits>
@@ -36,7 +37,9 @@ inline T poison() {
 // functions, 4 for quad functions) that starts at the caller's window base.
 template <class T>
 inline T read(const tsm_emu::SimdExchange& x, unsigned lane) {
-  return active(x, lane) ? lane_value<T>(x, lane) : poison<T>();
+  if (active(x, lane)) return lane_value<T>(x, lane);
+  tsm_emu::inactive_lane_read(lane);  // a fault in sanitized dispatches
+  return poison<T>();
 }
 
 template <class T, class Op>
@@ -274,7 +277,10 @@ inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bo
   const unsigned w = modulo ? modulo : 32u, base = x.lane - x.lane % w, i = x.lane % w;
   const bool inside = up ? i >= delta : i + delta < w;
   const unsigned src = base + (up ? (i + w - delta) % w : (i + delta) % w);
-  if (!active(x, src)) return poison<T>();
+  if (!active(x, src)) {
+    tsm_emu::inactive_lane_read(src);
+    return poison<T>();
+  }
   const auto pair = lane_value<DataAndFill<T>>(x, src);
   return inside ? pair.data : pair.fill;
 }

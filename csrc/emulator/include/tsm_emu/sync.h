@@ -19,15 +19,15 @@ inline constexpr mem_flags operator|(mem_flags a, mem_flags b) {
 
 // `site_` names the call in the kernel source: the rewriter passes each call's own site; a
 // call it did not see (from a macro in a header, say) defaults to its line.
-inline void threadgroup_barrier(mem_flags, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  tsm_emu::threadgroup_barrier_wait(site_.value);
+inline void threadgroup_barrier(mem_flags flags, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  tsm_emu::threadgroup_barrier_wait(site_.value, unsigned(flags));
   __asm__ volatile("" ::: "memory");
 }
 inline void threadgroup_barrier(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
   threadgroup_barrier(mem_flags::mem_none, site_);
 }
-inline void simdgroup_barrier(mem_flags, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  tsm_emu::simdgroup_barrier_wait(site_.value);
+inline void simdgroup_barrier(mem_flags flags, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  tsm_emu::simdgroup_barrier_wait(site_.value, unsigned(flags));
   __asm__ volatile("" ::: "memory");
 }
 inline void simdgroup_barrier(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {

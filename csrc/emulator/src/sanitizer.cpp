@@ -1,0 +1,221 @@
+// The sanitizer: bounds checks and race detection for sanitized dispatches (sanitizer.h).
+#include "sanitizer.h"
+
+#include <cstring>
+
+namespace tsm_emu {
+
+namespace {
+constexpr unsigned kMemDevice = 1, kMemThreadgroup = 2;  // metal::mem_flags
+constexpr unsigned char kPoison = 0xA5;
+
+u3 ceil_div3(u3 a, u3 b) {
+  return {(a.x + b.x - 1) / b.x, (a.y + b.y - 1) / b.y, (a.z + b.z - 1) / b.z};
+}
+
+std::unique_ptr<Region> make_region(void* base, size_t bytes, RegionKind kind, int index,
+                                    std::string name) {
+  std::unique_ptr<Region> r(new Region);
+  r->base = static_cast<char*>(base);
+  r->bytes = bytes;
+  r->kind = kind;
+  r->index = index;
+  r->name = std::move(name);
+  return r;
+}
+}  // namespace
+
+Sanitizer::Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
+                     const char* const* names, int num_buffers)
+    : grid_(grid), group_size_(group_size), groups_(ceil_div3(grid, group_size)) {
+  for (int i = 0; i < num_buffers; ++i)
+    buffers_.push_back(make_region(buffers[i], size_t(bytes[i]), R_BUFFER, i,
+                                   names && names[i] ? names[i] : ""));
+}
+
+const Region* Sanitizer::buffer(int index) const {
+  return index >= 0 && size_t(index) < buffers_.size() ? buffers_[size_t(index)].get() : nullptr;
+}
+
+const Region* Sanitizer::threadgroup_arg(int index) const {
+  return index >= 0 && size_t(index) < threadgroup_args_.size() ? threadgroup_args_[size_t(index)].get()
+                                                                 : nullptr;
+}
+
+const Region* Sanitizer::find(const void* address) const {
+  const char* a = static_cast<const char*>(address);
+  for (const auto* list : {&buffers_, &threadgroup_args_, &threadgroup_vars_})
+    for (const auto& r : *list)
+      if (a >= r->base && a < r->base + r->bytes) return r.get();
+  return nullptr;
+}
+
+void Sanitizer::begin_group(uint32_t group, uint32_t simdgroups, void* const* args,
+                            const uint64_t* bytes, int num_args) {
+  (void)group;
+  tg_epoch_ = dev_epoch_ = 0;
+  sg_tg_epoch_.assign(simdgroups, 0);
+  sg_dev_epoch_.assign(simdgroups, 0);
+  // A new threadgroup's memory is a new instance: nothing of the last group's carries over.
+  threadgroup_args_.clear();
+  for (int i = 0; i < num_args; ++i) {
+    threadgroup_args_.push_back(make_region(args[i], size_t(bytes[i]), R_THREADGROUP_ARG, i, ""));
+    std::memset(args[i], kPoison, size_t(bytes[i]));
+  }
+  seen_vars_.clear();
+}
+
+void Sanitizer::static_variable(const void* address, size_t bytes, const char* name) {
+  // Called when a thread reaches the declaration, before it touches the variable: the
+  // first call in each threadgroup starts the variable afresh.
+  for (const void* seen : seen_vars_)
+    if (seen == address) return;
+  seen_vars_.push_back(address);
+  Region* region = nullptr;
+  for (auto& r : threadgroup_vars_)
+    if (r->base == address) region = r.get();
+  if (!region) {
+    threadgroup_vars_.push_back(make_region(const_cast<void*>(address), bytes, R_THREADGROUP_VAR,
+                                            int(threadgroup_vars_.size()), name ? name : ""));
+    region = threadgroup_vars_.back().get();
+  }
+  region->shadow.clear();
+  std::memset(region->base, kPoison, region->bytes);
+}
+
+std::string Sanitizer::describe(const Region& r) const {
+  switch (r.kind) {
+    case R_BUFFER:
+      return "[[buffer(" + std::to_string(r.index) + ")]]" + (r.name.empty() ? "" : " `" + r.name + "`");
+    case R_THREADGROUP_ARG:
+      return "[[threadgroup(" + std::to_string(r.index) + ")]] memory";
+    case R_THREADGROUP_VAR:
+      return "threadgroup variable `" + r.name + "`";
+  }
+  return "memory";
+}
+
+std::string Sanitizer::thread_name(uint32_t group, uint32_t thread) const {
+  u3 pos{group % groups_.x, (group / groups_.x) % groups_.y, group / (groups_.x * groups_.y)};
+  return where_info(thread_info(grid_, group_size_, groups_, pos, thread));
+}
+
+void Sanitizer::access(const Region* region, const void* address, size_t bytes, bool atomic,
+                       const ThreadId& who, std::vector<Touch>& touches) {
+  const char* a = static_cast<const char*>(address);
+  if (!region) {
+    std::string msg = thread_name(who.group, who.thread) +
+                      " accesses memory through a pointer that points into no buffer or "
+                      "threadgroup variable of this dispatch";
+    fault("out_of_bounds", msg.c_str());
+  }
+  if (a < region->base || a + bytes > region->base + region->bytes) {
+    long long offset = (long long)(a - region->base);
+    long long element = offset >= 0 ? offset / (long long)bytes : -((-offset + (long long)bytes - 1) / (long long)bytes);
+    std::string msg = thread_name(who.group, who.thread) + " accesses " + describe(*region) +
+                      " at element " + std::to_string(element) + " (byte offset " +
+                      std::to_string(offset) + ", " + std::to_string(bytes) + " bytes) but it holds " +
+                      std::to_string(region->bytes / bytes) + " elements (" +
+                      std::to_string(region->bytes) + " bytes)";
+    fault("out_of_bounds", msg.c_str());
+  }
+  Touch t{const_cast<char*>(a), bytes, const_cast<Region*>(region), atomic, {}};
+  if (!atomic) t.before.assign(a, a + bytes);
+  touches.push_back(std::move(t));
+}
+
+void Sanitizer::note_atomic(const void* address, size_t bytes, std::vector<Touch>& touches) {
+  const char* a = static_cast<const char*>(address);
+  for (Touch& t : touches)
+    if (t.address < a + bytes && a < t.address + t.bytes) t.atomic = true;
+}
+
+bool Sanitizer::ordered(const Region& r, const Access& a, const Access& b) const {
+  if (a.group == b.group && a.thread == b.thread) return true;
+  if (r.kind == R_BUFFER && a.group != b.group) return false;
+  if (a.epoch != b.epoch) return true;
+  return a.simdgroup == b.simdgroup && a.sg_epoch != b.sg_epoch;
+}
+
+void Sanitizer::race(const Region& r, size_t offset, size_t element_bytes, const Access& earlier,
+                     const Access& now) {
+  const bool device = r.kind == R_BUFFER;
+  std::string msg = describe(r) + " element " + std::to_string(offset / element_bytes) + " (byte offset " +
+                    std::to_string(offset) + "): " + thread_name(earlier.group, earlier.thread) +
+                    (earlier.write ? " wrote it" : " read it") + " and " +
+                    thread_name(now.group, now.thread) + (now.write ? " wrote it" : " read it");
+  if (device && earlier.group != now.group)
+    msg += "; threads of different threadgroups are never ordered within a dispatch (use atomics, "
+           "or split the work into two dispatches)";
+  else
+    msg += std::string(" with no ") + (device ? "threadgroup_barrier(mem_flags::mem_device)"
+                                              : "threadgroup_barrier(mem_flags::mem_threadgroup)") +
+           " between them (a simdgroup_barrier orders the lanes of one SIMD-group only)";
+  fault(device ? "device_race" : "threadgroup_race", msg.c_str());
+}
+
+void Sanitizer::record(Region& r, size_t offset, size_t bytes, const Access& base, bool write) {
+  for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
+    uint8_t mask = 0;
+    for (size_t b = 0; b < 4; ++b) {
+      size_t byte = word * 4 + b;
+      if (byte >= offset && byte < offset + bytes) mask |= uint8_t(1u << b);
+    }
+    Access now = base;
+    now.mask = mask;
+    now.write = write;
+    Cell& c = r.shadow[word];
+    if (r.kind != R_BUFFER) {
+      if (write) {
+        c.written |= mask;
+      } else if (mask & ~c.written) {
+        std::string msg = thread_name(now.group, now.thread) + " reads " + describe(r) + " element " +
+                          std::to_string(offset / bytes) + " (byte offset " + std::to_string(offset) +
+                          ") before any thread of its threadgroup wrote it (threadgroup memory "
+                          "starts undefined)";
+        fault("uninitialized_read", msg.c_str());
+      }
+    }
+    if (c.has_write && (c.last_write.mask & mask) && !ordered(r, c.last_write, now))
+      race(r, offset, bytes, c.last_write, now);
+    if (write)
+      for (uint8_t i = 0; i < c.n_reads; ++i)
+        if ((c.reads[i].mask & mask) && !ordered(r, c.reads[i], now)) race(r, offset, bytes, c.reads[i], now);
+    if (write) {
+      c.has_write = true;
+      c.last_write = now;
+      c.n_reads = 0;
+      continue;
+    }
+    uint8_t slot = c.n_reads;
+    for (uint8_t i = 0; i < c.n_reads; ++i)
+      if (c.reads[i].group == now.group && c.reads[i].thread == now.thread) slot = i;
+    if (slot == 2) slot = 1;  // keep the first reader and the latest other one
+    c.reads[slot] = now;
+    if (slot == c.n_reads) ++c.n_reads;
+  }
+}
+
+void Sanitizer::end_segment(const ThreadId& who, std::vector<Touch>& touches) {
+  for (const Touch& t : touches) {
+    if (t.atomic) continue;
+    const bool device = t.region->kind == R_BUFFER;
+    Access base{who.group, who.thread, who.simdgroup, device ? dev_epoch_ : tg_epoch_,
+                device ? sg_dev_epoch_[who.simdgroup] : sg_tg_epoch_[who.simdgroup], 0, false};
+    const bool write = std::memcmp(t.before.data(), t.address, t.bytes) != 0;
+    record(*t.region, size_t(t.address - t.region->base), t.bytes, base, write);
+  }
+  touches.clear();
+}
+
+void Sanitizer::threadgroup_barrier(unsigned flags) {
+  if (flags & kMemThreadgroup) ++tg_epoch_;
+  if (flags & kMemDevice) ++dev_epoch_;
+}
+
+void Sanitizer::simdgroup_barrier(uint32_t simdgroup, unsigned flags) {
+  if (flags & kMemThreadgroup) ++sg_tg_epoch_[simdgroup];
+  if (flags & kMemDevice) ++sg_dev_epoch_[simdgroup];
+}
+
+}  // namespace tsm_emu

@@ -1,0 +1,74 @@
+"""The sanitized build accepts the pointer syntax MSL kernels use, and still checks it."""
+import numpy as np
+import pytest
+import torch
+
+from torch_sparse_metal.metal import KernelFault, compile_shader
+from torch_sparse_metal.metal._rewrite import _checked_pointers
+
+
+@pytest.mark.parametrize("msl, cxx", [
+    ("device float* p", "::tsm_emu::ptr<float> p"),
+    ("device const float* p", "::tsm_emu::ptr<const float> p"),
+    ("const device float* p", "::tsm_emu::ptr<const float> p"),
+    ("device float4 const* p", "::tsm_emu::ptr<const float4> p"),
+    ("volatile device atomic_uint* p", "::tsm_emu::ptr<volatile atomic_uint> p"),
+    ("device atomic<T>* p", "::tsm_emu::ptr<atomic<T>> p"),
+    ("device vec<float, 4>* p", "::tsm_emu::ptr<vec<float, 4>> p"),
+    ("threadgroup unsigned int* p", "::tsm_emu::ptr<unsigned int> p"),
+    ("constant metal::float2* p", "::tsm_emu::ptr<metal::float2> p"),
+    ("(device uint*)(x)", "(::tsm_emu::ptr<uint>)(x)"),
+    ("reinterpret_cast<device const uint*>(x)", "::tsm_emu::ptr_cast<const uint>(x)"),
+    ("constant Params& p", "constant Params& p"),  # references stay: checked when bound
+    ("thread float* p", "thread float* p"),        # private memory is not checked
+])
+def test_pointer_rewrite(msl, cxx):
+    assert _checked_pointers(msl) == cxx
+
+
+SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+struct Pair { float a; float b; };
+
+inline float first(device const float* p, uint i) { return p[i]; }
+
+kernel void forms(device const float* x [[buffer(0)]], device float4* v [[buffer(1)]],
+                  device Pair* pairs [[buffer(2)]], device float* out [[buffer(3)]],
+                  constant uint& n [[buffer(4)]], uint i [[thread_position_in_grid]]) {
+  device const uint* bits = reinterpret_cast<device const uint*>(x);
+  device const float* shifted = x + 1;
+  v[i].xy = float2(x[i], first(x, i));                 // swizzle write through the checked ref
+  device Pair* p = pairs + i;
+  p->b = p->a + 1.0f;                                  // -> on a checked pointer
+  out[i] = (i + 1 < n ? shifted[i] : 0.0f) + float(bits[i] == as_type<uint>(x[i]));
+}
+
+kernel void via_address(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  device float* q = &out[0];                           // a raw address gets its region back
+  q[i + 1] = 1.0f;                                     // one past the end for the last thread
+}
+"""
+
+
+def test_forms_run_clean_and_right():
+    lib = compile_shader(SOURCE, sanitize=True)
+    n = 40
+    x = torch.randn(n)
+    v = torch.zeros(n, 4)
+    pairs = torch.stack([torch.arange(n, dtype=torch.float32), torch.zeros(n)], dim=1).contiguous()
+    out = torch.zeros(n)
+    lib.forms(x, v, pairs, out, n, threads=n, group_size=16)
+    np.testing.assert_array_equal(v[:, 0].numpy(), x.numpy())
+    np.testing.assert_array_equal(v[:, 1].numpy(), x.numpy())
+    np.testing.assert_array_equal(pairs[:, 1].numpy(), np.arange(n) + 1.0)
+    expected = np.append(x.numpy()[1:], 0.0) + 1.0
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+
+
+def test_pointer_from_an_address_keeps_its_bounds():
+    lib = compile_shader(SOURCE, sanitize=True)
+    with pytest.raises(KernelFault) as info:
+        lib.via_address(torch.zeros(8), threads=8, group_size=8)
+    assert info.value.kind == "out_of_bounds"
+    assert "element 8" in str(info.value) and "`out`" in str(info.value)
