@@ -17,6 +17,7 @@ races and divergent barriers raise :class:`KernelFault` with ``kind`` naming the
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -28,16 +29,33 @@ from ._errors import KernelFault, LaunchError, MetalCompileError
 from ._library import Kernel, Library
 from ._record import Launch, record
 
-__all__ = ["compile_shader", "load_shader_file", "record", "Launch", "Library", "Kernel",
-           "KernelFault", "LaunchError", "MetalCompileError"]
+__all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "Launch", "Library",
+           "Kernel", "KernelFault", "LaunchError", "MetalCompileError"]
 
 _lock = threading.Lock()
 _libraries: Dict[Tuple[str, Tuple[str, ...], bool], Library] = {}
 
 
+_instrumented_depth = [0]
+
+
 def sanitize_by_default() -> bool:
-    """Whether ``TSM_SANITIZE`` asks for the package's kernels to run sanitized."""
-    return os.environ.get("TSM_SANITIZE", "").strip().lower() in ("1", "true", "yes", "on")
+    """Whether the package's kernels run sanitized: ``TSM_SANITIZE=1``, or inside instrumented()."""
+    return _instrumented_depth[0] > 0 or \
+        os.environ.get("TSM_SANITIZE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@contextlib.contextmanager
+def instrumented():
+    """Inside the block the package's kernels run in their instrumented (sanitized) build,
+    so the launches ``record()`` collects carry ``counters`` (for the benchmarks)."""
+    with _lock:
+        _instrumented_depth[0] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _instrumented_depth[0] -= 1
 
 
 def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: bool = False) -> Library:

@@ -13,7 +13,7 @@ import torch
 from . import _rewrite
 from ._compiler import CompiledLibrary
 from ._errors import FAULT_KINDS, KernelFault, LaunchError
-from ._record import as_dim3, record_launch
+from ._record import COUNTERS, as_dim3, record_launch
 
 MAX_BUFFERS = 31
 MAX_THREADS_PER_THREADGROUP = 1024
@@ -33,6 +33,7 @@ class _Launch(ctypes.Structure):
         ("num_workers", ctypes.c_int32),
         ("sanitize", ctypes.c_int32),
         ("buffer_names", ctypes.c_char_p * MAX_BUFFERS),
+        ("counters", ctypes.c_uint64 * len(COUNTERS)),
     ]
 
 
@@ -137,12 +138,14 @@ class Kernel:
         launch.sanitize = int(self._library.sanitize)
         for i, name in enumerate(self._buffer_names):
             launch.buffer_names[i] = name
-        record_launch(self.name, grid, group, "emulator")
         if 0 in grid:
+            record_launch(self.name, grid, group, "emulator")
             return
         err = ctypes.create_string_buffer(4096)
         rc = self._library._dispatch(self._index, ctypes.byref(launch), err, len(err))
         del keepalive
+        counters = dict(zip(COUNTERS, launch.counters)) if self._library.sanitize and rc == 0 else None
+        record_launch(self.name, grid, group, "emulator", counters)
         if rc != 0:
             kind, _, message = err.value.decode(errors="replace").partition("\t")
             if kind == "launch":

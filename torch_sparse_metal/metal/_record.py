@@ -4,18 +4,31 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 Dim3 = Tuple[int, int, int]
 
 
+COUNTERS = ("device_bytes_read", "device_bytes_written", "threadgroup_accesses",
+            "bank_conflicts", "barriers", "fmas", "atomics")
+
+
 @dataclass(frozen=True)
 class Launch:
-    """One kernel dispatch: ``threads`` is the grid in threads, ``group_size`` the threadgroup."""
+    """One kernel dispatch: ``threads`` is the grid in threads, ``group_size`` the threadgroup.
+
+    ``counters`` (emulator, sanitized libraries only; None otherwise), summed over the
+    dispatch: ``device_bytes_read`` / ``device_bytes_written`` (what the kernel asked for, no
+    cache model; an access that changed memory counts as written), ``threadgroup_accesses``,
+    ``bank_conflicts`` (extra cycles: per SIMD-group instruction, a bank serving n distinct
+    4-byte words of 32 banks costs n - 1), ``barriers`` (threadgroup barriers completed),
+    ``fmas`` (explicit fma/mad calls and simdgroup_matrix products), ``atomics``.
+    """
     kernel: str
     threads: Dim3
     group_size: Dim3
     backend: str  # "emulator" or "metal"
+    counters: Optional[Dict[str, int]] = None
 
 
 _lock = threading.Lock()
@@ -35,10 +48,11 @@ def record() -> Iterator[List[Launch]]:
             _active.remove(launches)
 
 
-def record_launch(kernel: str, threads: Dim3, group_size: Dim3, backend: str) -> None:
+def record_launch(kernel: str, threads: Dim3, group_size: Dim3, backend: str,
+                  counters: Optional[Dict[str, int]] = None) -> None:
     if not _active:
         return
-    launch = Launch(kernel, tuple(threads), tuple(group_size), backend)
+    launch = Launch(kernel, tuple(threads), tuple(group_size), backend, counters)
     with _lock:
         for launches in _active:
             launches.append(launch)

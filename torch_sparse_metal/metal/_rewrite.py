@@ -66,7 +66,7 @@ _ATTRIBUTE = re.compile(r"\[\[(?:[^\[\]]|\[[^\[\]]*\])*?\]\]")
 _KERNEL_MARK = re.compile(r"\[\[\s*kernel\s*\]\]|\bkernel\b")
 # host_name("fill_" "float32"): adjacent literals concatenate, as MLX's "fill_" #tname makes.
 _HOST_NAME = re.compile(r'host_name\s*\(\s*((?:"[^"]*"\s*)+)\)')
-_SYNC_CALL = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simd_\w+|quad_\w+)\s*\(")
+_SYNC_CALL = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simdgroup_multiply\w*|simd_\w+|quad_\w+)\s*\(")
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
 _PARAM_ATTR = re.compile(r"\[\[\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*\]\]")
 
@@ -284,7 +284,7 @@ def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = Fa
 def collective_names() -> Tuple[str, ...]:
     """The barrier and SIMD-group functions of the emulated headers: those taking a Site."""
     names = set()
-    for header in ("sync.h", "simd.h"):
+    for header in ("sync.h", "simd.h", "simdgroup_matrix.h"):
         text = (EMULATOR_INCLUDE_DIR / "tsm_emu" / header).read_text()
         names.update(re.findall(r"\b(\w+)\s*\([^{;()]*::tsm_emu::Site site_", text))
         names.update(re.findall(r"^TSM_(?:SIMD_REDUCTION|SHUFFLE)\((\w+),", text, re.M))

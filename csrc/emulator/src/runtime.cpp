@@ -331,6 +331,7 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
       }
       live |= f.state != State::Done;
     }
+    if (t_sanitizer && (!ran || !live)) t_sanitizer->flush_bank_log();  // every thread is stopped
     if (!live) return;
     if (ran) continue;
     if (resolve_simd(w, n)) continue;
@@ -367,6 +368,7 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
       throw;
     }
     t_plain_thread = nullptr;
+    if (t_sanitizer && (i % kSimdWidth == kSimdWidth - 1 || i + 1 == n)) t_sanitizer->flush_bank_log();
   }
 }
 
@@ -568,6 +570,10 @@ void inactive_lane_read(uint32_t lane) {
                              "Metal leaves the value undefined");
 }
 
+void count_fmas(unsigned n) {
+  if (t_sanitizer) t_sanitizer->count_fmas(n);
+}
+
 bool inject_spurious_cas_failure() {
   const ThreadInfo* info;
   std::vector<Touch>* touches;
@@ -628,6 +634,9 @@ struct tsm_launch {
   int32_t num_workers;
   int32_t sanitize;
   const char* buffer_names[31];
+  // Out, sanitized dispatches: device bytes read, written, threadgroup accesses, bank
+  // conflicts, barriers, FMAs, atomics (see Counters in sanitizer.h).
+  uint64_t counters[7];
 };
 
 extern "C" {
@@ -655,7 +664,7 @@ __attribute__((visibility("default"))) void tsm_kernel_param(int k, int i, int32
 }
 
 // Returns 0, or writes "kind\tmessage" into `error` and returns 1.
-__attribute__((visibility("default"))) int tsm_dispatch(int k, const tsm_launch* l, char* error,
+__attribute__((visibility("default"))) int tsm_dispatch(int k, tsm_launch* l, char* error,
                                                         int error_len) {
   using namespace tsm_emu;
   static std::mutex one_dispatch_at_a_time;  // workers' stacks are reused between dispatches
@@ -768,6 +777,12 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, const tsm_launch*
     for (auto& t : threads) t.join();
   }
   if (faulted) return fail(first_fault.kind, first_fault.message);
+  if (sanitizer) {
+    const Counters& c = sanitizer->counters();
+    const uint64_t values[7] = {c.device_bytes_read, c.device_bytes_written, c.threadgroup_accesses,
+                                c.bank_conflicts, c.barriers, c.fmas, c.atomics};
+    std::memcpy(l->counters, values, sizeof values);
+  }
   return 0;
 }
 

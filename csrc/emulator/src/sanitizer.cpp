@@ -1,6 +1,7 @@
 // The sanitizer: bounds checks and race detection for sanitized dispatches (sanitizer.h).
 #include "sanitizer.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace tsm_emu {
@@ -56,6 +57,7 @@ void Sanitizer::begin_group(uint32_t group, uint32_t simdgroups, void* const* ar
   tg_epoch_ = dev_epoch_ = 0;
   sg_tg_epoch_.assign(simdgroups, 0);
   sg_dev_epoch_.assign(simdgroups, 0);
+  bank_log_.assign(simdgroups, std::vector<std::vector<std::pair<uintptr_t, uint32_t>>>(32));
   // A new threadgroup's memory is a new instance: nothing of the last group's carries over.
   threadgroup_args_.clear();
   for (int i = 0; i < num_args; ++i) {
@@ -119,14 +121,16 @@ void Sanitizer::access(const Region* region, const void* address, size_t bytes, 
                       std::to_string(region->bytes) + " bytes)";
     fault("out_of_bounds", msg.c_str());
   }
-  Touch t{const_cast<char*>(a), bytes, const_cast<Region*>(region), atomic, {}};
-  if (!atomic) t.before.assign(a, a + bytes);
+  if (atomic) return;  // bounds only: the operation itself is counted by note_atomic
+  Touch t{const_cast<char*>(a), bytes, const_cast<Region*>(region), false, {}};
+  t.before.assign(a, a + bytes);
   touches.push_back(std::move(t));
 }
 
 void Sanitizer::note_atomic(const void* address, size_t bytes, std::vector<Touch>& touches) {
   const char* a = static_cast<const char*>(address);
-  for (Touch& t : touches)
+  ++counters_.atomics;
+  for (Touch& t : touches)  // the p[i] in atomic_...(&p[i], ...) was this atomic access
     if (t.address < a + bytes && a < t.address + t.bytes) t.atomic = true;
 }
 
@@ -203,12 +207,44 @@ void Sanitizer::end_segment(const ThreadId& who, std::vector<Touch>& touches) {
     Access base{who.group, who.thread, who.simdgroup, device ? dev_epoch_ : tg_epoch_,
                 device ? sg_dev_epoch_[who.simdgroup] : sg_tg_epoch_[who.simdgroup], 0, false};
     const bool write = std::memcmp(t.before.data(), t.address, t.bytes) != 0;
+    if (device) {
+      (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes;
+    } else {
+      ++counters_.threadgroup_accesses;
+      const uintptr_t first = uintptr_t(t.address) / 4, last = (uintptr_t(t.address) + t.bytes - 1) / 4;
+      bank_log_[who.simdgroup][who.thread % 32].emplace_back(first, uint32_t(last - first + 1));
+    }
     record(*t.region, size_t(t.address - t.region->base), t.bytes, base, write);
   }
   touches.clear();
 }
 
+void Sanitizer::flush_bank_log() {
+  constexpr unsigned kBanks = 32;
+  for (auto& lanes : bank_log_) {
+    size_t steps = 0;
+    for (const auto& log : lanes) steps = std::max(steps, log.size());
+    for (size_t k = 0; k < steps; ++k) {
+      // Distinct words per bank among the lanes' k-th accesses: same word = broadcast.
+      std::vector<uintptr_t> words[kBanks];
+      for (const auto& log : lanes) {
+        if (k >= log.size()) continue;
+        for (uint32_t w = 0; w < log[k].second; ++w) {
+          const uintptr_t word = log[k].first + w;
+          auto& bank = words[word % kBanks];
+          if (std::find(bank.begin(), bank.end(), word) == bank.end()) bank.push_back(word);
+        }
+      }
+      size_t worst = 1;
+      for (const auto& bank : words) worst = std::max(worst, bank.size());
+      counters_.bank_conflicts += worst - 1;
+    }
+    for (auto& log : lanes) log.clear();
+  }
+}
+
 void Sanitizer::threadgroup_barrier(unsigned flags) {
+  ++counters_.barriers;
   if (flags & kMemThreadgroup) ++tg_epoch_;
   if (flags & kMemDevice) ++dev_epoch_;
 }

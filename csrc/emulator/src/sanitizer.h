@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -69,6 +70,17 @@ struct ThreadId {
   uint32_t simdgroup;
 };
 
+// What an instrumented dispatch did, summed over all its threads. Bytes are what the
+// kernel asked for (no cache model); an access that changed memory counts as written, one
+// that did not as read. Bank conflicts: for each SIMD-group, the k-th threadgroup access of
+// every lane between two stops is taken as one instruction; its lanes' 4-byte words map to
+// 32 banks, and each bank serving n distinct words costs n - 1 extra cycles.
+struct Counters {
+  uint64_t device_bytes_read = 0, device_bytes_written = 0;
+  uint64_t threadgroup_accesses = 0, bank_conflicts = 0;
+  uint64_t barriers = 0, fmas = 0, atomics = 0;
+};
+
 class Sanitizer {
  public:
   Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
@@ -93,6 +105,12 @@ class Sanitizer {
   // Every third weak compare-and-swap fails spuriously (deterministic, so reproducible).
   bool spurious_cas_failure() { return ++cas_calls_ % 3 == 0; }
 
+  void count_fmas(uint32_t n) { counters_.fmas += n; }
+  // Turn the threadgroup accesses logged since the SIMD-groups last stopped into bank
+  // conflicts; call when every live thread of the threadgroup is stopped.
+  void flush_bank_log();
+  const Counters& counters() const { return counters_; }
+
  private:
   [[noreturn]] void race(const Region& r, size_t element_offset, size_t element_bytes,
                          const Access& earlier, const Access& now);
@@ -107,6 +125,10 @@ class Sanitizer {
   uint32_t tg_epoch_ = 0, dev_epoch_ = 0;
   std::vector<uint32_t> sg_tg_epoch_, sg_dev_epoch_;
   uint64_t cas_calls_ = 0;
+  Counters counters_;
+  // Per SIMD-group, per lane: the first 4-byte word and word count of each threadgroup
+  // access, in program order, since the last flush.
+  std::vector<std::vector<std::vector<std::pair<uintptr_t, uint32_t>>>> bank_log_;
 };
 
 // From runtime.cpp.

@@ -405,8 +405,23 @@ TSM_FP2(fmax, h_fmax(x, y), h_fmax(x, y))
 TSM_FP2(divide, x / y, x / y)
 TSM_FP2(step, y < x ? 0.0f : 1.0f, y < x ? 0.0 : 1.0)  // step(edge, x)
 
-TSM_FP3(fma, __builtin_fmaf(x, y, z), __builtin_fma(x, y, z))
-TSM_FP3(mad, __builtin_fmaf(x, y, z), __builtin_fma(x, y, z))
+// Instrumented builds count explicit multiply-adds for the benchmarks' FMA counter.
+#ifdef __TSM_SANITIZE__
+}  // namespace metal
+namespace tsm_emu {
+void count_fmas(unsigned n);
+}
+namespace metal {
+#define TSM_COUNT_FMA() ::tsm_emu::count_fmas(1)
+#else
+#define TSM_COUNT_FMA() ((void)0)
+#endif
+namespace tsm_detail {
+inline float counted_fma(float x, float y, float z) { return TSM_COUNT_FMA(), __builtin_fmaf(x, y, z); }
+inline double counted_fma(double x, double y, double z) { return TSM_COUNT_FMA(), __builtin_fma(x, y, z); }
+}  // namespace tsm_detail
+TSM_FP3(fma, counted_fma(x, y, z), counted_fma(x, y, z))
+TSM_FP3(mad, counted_fma(x, y, z), counted_fma(x, y, z))
 TSM_FP3(mix, x + (y - x) * z, x + (y - x) * z)
 TSM_FP3(smoothstep, h_smoothstep(x, y, z), h_smoothstep(x, y, z))
 TSM_FP3(fmin3, h_fmin(h_fmin(x, y), z), h_fmin(h_fmin(x, y), z))

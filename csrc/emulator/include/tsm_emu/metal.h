@@ -13,6 +13,7 @@
 #include "tsm_emu/sync.h"
 #include "tsm_emu/simd.h"
 #include "tsm_emu/atomic.h"
+#include "tsm_emu/simdgroup_matrix.h"
 
 #define METAL_FUNC inline __attribute__((always_inline))
 

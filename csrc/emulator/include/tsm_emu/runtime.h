@@ -126,6 +126,9 @@ const Region* threadgroup_region(int index);
 // whether a weak compare-and-swap should fail spuriously now, to exercise retry loops.
 void inactive_lane_read(uint32_t lane);
 bool inject_spurious_cas_failure();
+// Instrumented (sanitized) dispatches count explicit fused multiply-adds: fma(), mad() and
+// simdgroup_matrix products.
+void count_fmas(unsigned n);
 
 // ---- argument binding ---------------------------------------------------------------
 template <class T>

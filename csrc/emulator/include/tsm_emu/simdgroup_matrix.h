@@ -1,0 +1,155 @@
+// simdgroup_matrix<T, 8, 8> (Apple7+): an 8x8 matrix spread over the 32 lanes of a
+// SIMD-group, two elements per lane, in the layout Apple's GPUs use (as MLX hard-codes it
+// through thread_elements()): lane l holds row (q & 4) + (l / 2) % 4, columns
+// (q & 2) * 2 + (l % 2) * 2 and the next one, where q = l / 4.
+//
+// Each lane keeps only its own two elements, as on the GPU: loads and stores touch only
+// those (so the sanitizer and the traffic counters see the real accesses), and a multiply
+// is a SIMD-group collective that gathers the operands from all 32 lanes, which must all be
+// active (Metal requires uniform control flow for these operations).
+#pragma once
+
+#include <type_traits>
+
+#include "tsm_emu/runtime.h"
+#include "tsm_emu/types.h"
+
+namespace metal {
+
+namespace simdgroup_detail {
+struct Place {
+  unsigned row, col;  // of the lane's first element; the second is (row, col + 1)
+};
+inline Place place(unsigned lane) {
+  const unsigned q = lane / 4;
+  return {(q & 4u) + (lane / 2) % 4, (q & 2u) * 2 + (lane % 2) * 2};
+}
+inline unsigned lane() { return tsm_emu::current_thread().thread_index_in_simdgroup; }
+
+template <class O>
+inline void origin_of(const O& o, unsigned long& x, unsigned long& y) {
+  if constexpr (std::is_arithmetic<O>::value) {
+    x = y = (unsigned long)o;
+  } else {
+    x = (unsigned long)o.x;
+    y = (unsigned long)o.y;
+  }
+}
+}  // namespace simdgroup_detail
+
+template <class T, int Cols, int Rows>
+struct simdgroup_matrix {
+  static_assert(Cols == 8 && Rows == 8, "the emulator, like Apple's GPUs, has 8x8 simdgroup matrices");
+
+  simdgroup_matrix() = default;
+  // Metal: a diagonal matrix with `dval` on the diagonal.
+  explicit simdgroup_matrix(T dval) {
+    const auto p = simdgroup_detail::place(simdgroup_detail::lane());
+    elements_[0] = p.row == p.col ? dval : T(0);
+    elements_[1] = p.row == p.col + 1 ? dval : T(0);
+  }
+
+  vec<T, 2>& thread_elements() { return elements_; }
+  const vec<T, 2>& thread_elements() const { return elements_; }
+
+  vec<T, 2> elements_;
+};
+
+using simdgroup_float8x8 = simdgroup_matrix<float, 8, 8>;
+using simdgroup_half8x8 = simdgroup_matrix<half, 8, 8>;
+using simdgroup_bfloat8x8 = simdgroup_matrix<bfloat, 8, 8>;
+
+template <class T, int C, int R>
+inline simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T value) {
+  simdgroup_matrix<T, C, R> m;
+  m.elements_ = vec<T, 2>(value);
+  return m;
+}
+
+// `src` is a device or threadgroup pointer (checked in sanitized builds); element (r, c) of
+// the matrix is src[(origin.y + r) * elements_per_row + origin.x + c], or the transpose.
+template <class T, int C, int R, class P, class O = unsigned long>
+inline void simdgroup_load(simdgroup_matrix<T, C, R>& d, P src, unsigned long elements_per_row = C,
+                           O matrix_origin = 0, bool transpose_matrix = false) {
+  unsigned long ox, oy;
+  simdgroup_detail::origin_of(matrix_origin, ox, oy);
+  const auto p = simdgroup_detail::place(simdgroup_detail::lane());
+  for (unsigned i = 0; i < 2; ++i) {
+    const unsigned long r = p.row, c = p.col + i;
+    const unsigned long at = transpose_matrix ? (oy + c) * elements_per_row + ox + r
+                                              : (oy + r) * elements_per_row + ox + c;
+    d.elements_[i] = T(src[at]);
+  }
+}
+
+template <class T, int C, int R, class P, class O = unsigned long>
+inline void simdgroup_store(const simdgroup_matrix<T, C, R>& m, P dst, unsigned long elements_per_row = C,
+                            O matrix_origin = 0, bool transpose_matrix = false) {
+  unsigned long ox, oy;
+  simdgroup_detail::origin_of(matrix_origin, ox, oy);
+  const auto p = simdgroup_detail::place(simdgroup_detail::lane());
+  for (unsigned i = 0; i < 2; ++i) {
+    const unsigned long r = p.row, c = p.col + i;
+    const unsigned long at = transpose_matrix ? (oy + c) * elements_per_row + ox + r
+                                              : (oy + r) * elements_per_row + ox + c;
+    dst[at] = m.elements_[i];
+  }
+}
+
+namespace simdgroup_detail {
+template <class T>
+struct Operands {
+  vec<T, 2> a, b, c;
+};
+
+// d = a * b + c for the calling lane's two elements of d, gathering a, b and c from the
+// whole SIMD-group. Products accumulate in float (double for double matrices).
+template <class T>
+inline vec<T, 2> multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const vec<T, 2>& c,
+                                     uint32_t site) {
+  static_assert(sizeof(Operands<T>) <= 32, "simdgroup matrix element type too wide");
+  const Operands<T> mine{a, b, c};
+  const auto x = tsm_emu::simd_exchange(&mine, sizeof mine, site);
+  if (x.active != 0xFFFFFFFFull)
+    tsm_emu::fault("launch", "a simdgroup_matrix multiply needs all 32 lanes of the SIMD-group "
+                             "active (uniform control flow, threadgroup size a multiple of 32)");
+  T A[8][8], B[8][8], Cm[8][8];
+  for (unsigned l = 0; l < 32; ++l) {
+    Operands<T> o;
+    __builtin_memcpy(static_cast<void*>(&o), x.values[l], sizeof o);
+    const Place p = place(l);
+    for (unsigned i = 0; i < 2; ++i) {
+      A[p.row][p.col + i] = o.a[i];
+      B[p.row][p.col + i] = o.b[i];
+      Cm[p.row][p.col + i] = o.c[i];
+    }
+  }
+  using Acc = std::conditional_t<std::is_same<T, double>::value, double, float>;
+  const Place p = place(x.lane);
+  vec<T, 2> d;
+  for (unsigned i = 0; i < 2; ++i) {
+    Acc acc = Acc(Cm[p.row][p.col + i]);
+    for (unsigned k = 0; k < 8; ++k)
+      acc = __builtin_fma(Acc(A[p.row][k]), Acc(B[k][p.col + i]), acc);
+    d[i] = T(acc);
+  }
+  tsm_emu::count_fmas(16);  // this lane's share of the 512 of an 8x8x8 product
+  return d;
+}
+}  // namespace simdgroup_detail
+
+template <class T, int C, int R>
+inline void simdgroup_multiply_accumulate(simdgroup_matrix<T, C, R>& d, const simdgroup_matrix<T, C, R>& a,
+                                          const simdgroup_matrix<T, C, R>& b,
+                                          const simdgroup_matrix<T, C, R>& c,
+                                          ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  d.elements_ = simdgroup_detail::multiply_accumulate(a.elements_, b.elements_, c.elements_, site_.value);
+}
+
+template <class T, int C, int R>
+inline void simdgroup_multiply(simdgroup_matrix<T, C, R>& d, const simdgroup_matrix<T, C, R>& a,
+                               const simdgroup_matrix<T, C, R>& b, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  d.elements_ = simdgroup_detail::multiply_accumulate(a.elements_, b.elements_, vec<T, 2>(T(0)), site_.value);
+}
+
+}  // namespace metal

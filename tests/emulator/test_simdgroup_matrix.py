@@ -1,0 +1,120 @@
+"""simdgroup_matrix<T, 8, 8>: Apple's lane layout, loads/stores (strided, offset,
+transposed), multiply(-accumulate) against numpy, diagonal constructor, uniformity rule."""
+import numpy as np
+import pytest
+import torch
+
+from torch_sparse_metal.metal import LaunchError, compile_shader, record
+
+SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+// Which element each lane owns, via thread_elements(): lane l writes l into its two slots.
+kernel void layout(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  simdgroup_float8x8 m = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  m.thread_elements()[0] = float(lane);
+  m.thread_elements()[1] = float(lane) + 0.5f;
+  simdgroup_store(m, out, 8);
+}
+
+// C (M x N) = A (M x K) @ B (K x N) [+ C]; one SIMD-group per 8x8 tile of C.
+kernel void matmul(device const float* A [[buffer(0)]], device const float* B [[buffer(1)]],
+                   device float* C [[buffer(2)]], constant uint& N [[buffer(3)]],
+                   constant uint& K [[buffer(4)]], constant uint& accumulate [[buffer(5)]],
+                   constant uint& b_transposed [[buffer(6)]],
+                   uint2 tile [[threadgroup_position_in_grid]]) {
+  simdgroup_float8x8 acc;
+  if (accumulate) simdgroup_load(acc, C, N, ulong2(tile.x * 8, tile.y * 8));
+  else acc = simdgroup_float8x8(0.0f);
+  for (uint k = 0; k < K; k += 8) {
+    simdgroup_float8x8 a, b;
+    simdgroup_load(a, A, K, ulong2(k, tile.y * 8));
+    if (b_transposed) simdgroup_load(b, B, K, ulong2(k, tile.x * 8), true);
+    else simdgroup_load(b, B + k * N + tile.x * 8, N);
+    simdgroup_multiply_accumulate(acc, a, b, acc);
+  }
+  simdgroup_store(acc, C, N, ulong2(tile.x * 8, tile.y * 8));
+}
+
+kernel void diagonal_times(device const float* B [[buffer(0)]], device float* C [[buffer(1)]]) {
+  simdgroup_float8x8 d = simdgroup_float8x8(3.0f), b, c;
+  simdgroup_load(b, B, 8);
+  simdgroup_multiply(c, d, b);
+  simdgroup_store(c, C, 8);
+}
+
+kernel void half_matrix(device const half* A [[buffer(0)]], device const half* B [[buffer(1)]],
+                        device float* C [[buffer(2)]]) {
+  simdgroup_half8x8 a, b;
+  simdgroup_float8x8 c;
+  simdgroup_load(a, A, 8);
+  simdgroup_load(b, B, 8);
+  simdgroup_half8x8 p;
+  simdgroup_multiply(p, a, b);
+  for (uint i = 0; i < 2; ++i) c.thread_elements()[i] = float(p.thread_elements()[i]);
+  simdgroup_store(c, C, 8);
+}
+"""
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "sanitized"])
+def lib(request):
+    return compile_shader(SOURCE, sanitize=request.param)
+
+
+def test_lane_layout_is_apples(lib):
+    out = torch.full((8, 8), -1.0)
+    lib.layout(out, threads=32, group_size=32)
+    expected = np.full((8, 8), -1.0)
+    for lane in range(32):
+        q = lane // 4
+        row, col = (q & 4) + (lane // 2) % 4, (q & 2) * 2 + (lane % 2) * 2
+        expected[row, col], expected[row, col + 1] = lane, lane + 0.5
+    np.testing.assert_array_equal(out.numpy(), expected)  # every element owned exactly once
+
+
+@pytest.mark.parametrize("M, N, K", [(8, 8, 8), (16, 24, 32), (24, 8, 40)])
+@pytest.mark.parametrize("accumulate", [0, 1])
+@pytest.mark.parametrize("b_transposed", [0, 1])
+def test_matmul_against_numpy(lib, M, N, K, accumulate, b_transposed):
+    g = torch.Generator().manual_seed(M * N * K)
+    A, B, C0 = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g), torch.randn(M, N, generator=g)
+    C = C0.clone()
+    b_arg = B.t().contiguous() if b_transposed else B
+    lib.matmul(A, b_arg, C, N, K, accumulate, b_transposed, threads=(N // 8 * 32, M // 8), group_size=(32, 1))
+    expected = A.double().numpy() @ B.double().numpy() + (C0.double().numpy() if accumulate else 0)
+    np.testing.assert_allclose(C.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_diagonal_constructor(lib):
+    B = torch.randn(8, 8)
+    C = torch.zeros(8, 8)
+    lib.diagonal_times(B, C, threads=32, group_size=32)
+    np.testing.assert_allclose(C.numpy(), 3 * B.numpy(), rtol=1e-6)
+
+
+def test_half_matrices_round_to_half(lib):
+    A, B = torch.randn(8, 8).half(), torch.randn(8, 8).half()
+    C = torch.zeros(8, 8)
+    lib.half_matrix(A, B, C, threads=32, group_size=32)
+    expected = (A.float() @ B.float()).half().float()  # float accumulation, one rounding to half
+    torch.testing.assert_close(C, expected, rtol=2e-3, atol=2e-3)
+
+
+def test_partial_simdgroup_is_refused(lib):
+    with pytest.raises(LaunchError, match="all 32 lanes"):
+        lib.diagonal_times(torch.randn(8, 8), torch.zeros(8, 8), threads=16, group_size=16)
+
+
+def test_counters_of_one_product():
+    lib = compile_shader(SOURCE, sanitize=True)
+    M, N, K = 16, 24, 32
+    with record() as launches:
+        lib.matmul(torch.randn(M, K), torch.randn(K, N), torch.zeros(M, N), N, K, 0, 0,
+                   threads=(N // 8 * 32, M // 8), group_size=(32, 1))
+    c = launches[0].counters
+    assert c["fmas"] == M * N * K
+    tiles, steps = (M // 8) * (N // 8), K // 8
+    assert c["device_bytes_read"] == tiles * steps * 2 * 64 * 4  # one 8x8 of A and of B per step
+    assert c["device_bytes_written"] == M * N * 4
