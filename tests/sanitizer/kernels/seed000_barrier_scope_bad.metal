@@ -1,0 +1,30 @@
+#include <metal_stdlib>
+using namespace metal;
+
+// Two layers of a small network, one sample per threadgroup, one hidden unit per thread:
+// each thread writes its hidden activation to a device-memory scratch buffer, then reads
+// every other thread's. Seed 000's pitfall (../shared/seeds/000_4effc5d2f06d999b.txt): the
+// barrier between the two has threadgroup scope, which orders threadgroup memory only;
+// device memory needs mem_device. Nothing checks it on the GPU: layer 2 reads stale values.
+kernel void seed000_barrier_scope(device const float* x [[buffer(0)]],    // B x D
+                                  device const float* w1 [[buffer(1)]],   // H x D
+                                  device const float* w2 [[buffer(2)]],   // H x H
+                                  device float* hidden [[buffer(3)]],     // B x H scratch
+                                  device float* y [[buffer(4)]],          // B x H
+                                  constant uint& D [[buffer(5)]],
+                                  uint b [[threadgroup_position_in_grid]],
+                                  uint j [[thread_position_in_threadgroup]],
+                                  uint H [[threads_per_threadgroup]])
+{
+    float h = 0.0f;
+    for (uint k = 0; k < D; ++k) {
+        h += w1[j * D + k] * x[b * D + k];
+    }
+    hidden[b * H + j] = max(h, 0.0f);
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // BUG: wrong scope for device memory
+    float o = 0.0f;
+    for (uint k = 0; k < H; ++k) {
+        o += w2[j * H + k] * hidden[b * H + k];
+    }
+    y[b * H + j] = o;
+}
