@@ -124,10 +124,9 @@ def test_unpadded_grid_loses_elements_of_the_smaller_edge_threadgroup(lib, n, gr
     assert got < n
 
 
-@pytest.mark.skip(reason="needs the emulator's out-of-bounds sanitizer (a later issue); "
-                  "today the read past the end is silent (or crashes the process)")
 def test_seed002_original_kernel_reads_input_out_of_bounds():
-    lib = compile_shader(ORIGINAL_SOURCE)
+    """Unsanitized, the read past the end is silent; the sanitizer reports it."""
+    lib = compile_shader(ORIGINAL_SOURCE, sanitize=True)
     n, group = 1024, 256
     x = torch.ones(n, dtype=torch.int32)
     out = torch.zeros(1, dtype=torch.int32)

@@ -6,7 +6,7 @@
   mem_device and only within a threadgroup (threads of different threadgroups are never
   ordered within a dispatch); mem_none orders nothing;
 * a simdgroup_barrier orders the lanes of one SIMD-group, never two SIMD-groups;
-* atomics never race;
+* two atomic accesses never race; an atomic and a plain write of the same bytes do;
 * threads that return before a barrier the others reach are barrier_divergence, unless
   TSM_EMU_EXITED_THREADS_ARRIVE=1 (read once per loaded library, hence a source of its own);
 * bounds are element-precise in both directions, for device buffers (whatever the element
@@ -605,11 +605,6 @@ def test_the_same_counter_without_atomics_is_a_device_race(lib):
     assert fault.kind == "device_race", str(fault)
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="sanitizer bug: a plain store racing atomic adds of other threads (and "
-                   "threadgroups) is not reported: accesses are dropped from race checking "
-                   "as soon as either side is atomic, but the issue's rule is 'at least one "
-                   "writing, non-atomically'; on the GPU the adds before the store are lost")
 def test_a_plain_store_racing_atomic_adds_is_a_device_race(lib):
     fault = fault_of(lib.plain_init_then_atomic_adds, torch.ones(128), torch.full((1,), 7.0),
                      threads=128, group_size=64)
@@ -709,10 +704,6 @@ def test_one_past_either_end_is_out_of_bounds(lib, mode, index):
     assert "holds 40 elements (160 bytes)" in message
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="sanitizer message: reports on [[buffer(i)]] give the parameter's "
-                   "name (`x`), reports on a [[threadgroup(i)]] parameter do not (`ta`): "
-                   "'[[threadgroup(0)]] memory'")
 def test_reports_on_a_threadgroup_argument_name_the_parameter(lib):
     with pytest.raises(KernelFault) as info:
         touch(lib, 2, 40)
@@ -783,10 +774,6 @@ def test_a_strided_view_must_be_made_contiguous_first(lib):
 
 
 # ---- sanitizer bugs -----------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="sanitizer bug: a threadgroup scalar (`threadgroup float m;`) "
-                   "is not rewritten into a checked variable, so races on it are never seen "
-                   "(the same kernel with `threadgroup float m[1];` is reported)")
 def test_race_on_a_threadgroup_scalar_is_reported(lib):
     x, y = torch.randn(64), torch.zeros(64)
     fault = fault_of(lib.tg_scalar_no_barrier, x, y, threads=64, group_size=64)
@@ -800,21 +787,12 @@ def test_race_on_a_one_element_threadgroup_array_is_reported(lib):
     assert "threadgroup variable `m` element 0" in str(fault)
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="sanitizer bug: a buffer bound by reference "
-                   "(`device float& total [[buffer(1)]]`) is not a checked pointer, so "
-                   "non-atomic += from every thread is never reported as a device_race")
 def test_race_through_a_device_reference_parameter_is_reported(lib):
     fault = fault_of(lib.dev_reference_sum, torch.ones(128), torch.zeros(1), threads=128,
                      group_size=64)
     assert fault.kind == "device_race"
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="sanitizer bug: the shadow keeps one last write per "
-                   "4-byte word; thread 1's write of h[1] replaces thread 0's write of h[0] "
-                   "(same word, other bytes), so thread 2's unordered read of h[0] is missed "
-                   "for half/short/char elements")
 def test_race_on_two_byte_elements_sharing_a_word_is_reported(lib):
     x, y = torch.randn(64).half(), torch.zeros(64).half()
     fault = fault_of(lib.tg_half_neighbours, x, y, threads=64, group_size=64)
@@ -828,32 +806,24 @@ def test_race_on_a_two_byte_element_with_one_writer_is_reported(lib):
     assert f"{thread(0, 0, 0)} wrote it and {thread(2, 2, 0)} read it" in str(fault)
 
 
-@pytest.mark.xfail(strict=True, raises=KernelFault,
-                   reason="sanitizer bug (false positive): an access to one "
-                   "component of a float4 (t[i][c]) is recorded as an access to the whole "
-                   "float4, and a write to all its words if any byte changed, so threads "
-                   "writing different components race")
-def test_threads_writing_different_components_of_a_float4_do_not_race(lib):
+def test_threads_writing_different_components_of_a_float4_race(lib):
+    """Metal treats a write of one component as a write of the whole vector (the project's
+    notes on Metal semantics), so two threads writing t[i].x and t[i].y race."""
     x, y = torch.randn(64), torch.zeros(64)
-    run(lib.tg_vector_components, x, y, threads=64, group_size=64)
-    np.testing.assert_array_equal(y.numpy(), x.numpy()[::-1])
+    fault = fault_of(lib.tg_vector_components, x, y, threads=64, group_size=64)
+    assert fault.kind == "threadgroup_race"
 
 
 @pytest.mark.xfail(strict=True, raises=KernelFault,
-                   reason="sanitizer bug (false positive): p[i].a and p[i].b "
-                   "written by two threads are reported as a device_race on p[i], because the "
-                   "access is recorded for the whole struct")
+                   reason="known limitation (conservative, documented in the README): "
+                   "p[i].a and p[i].b written by two threads are reported as a device_race on "
+                   "p[i], because an access through p[i] counts for the whole element")
 def test_threads_writing_different_fields_of_a_struct_do_not_race(lib):
     p = torch.zeros(64)
     run(lib.dev_struct_fields, p, threads=64, group_size=64)
     np.testing.assert_array_equal(p.numpy(), np.arange(64) + 1.0)
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="sanitizer bug: a simdgroup_barrier reached by some "
-                   "lanes of a SIMD-group only is released for those lanes (no "
-                   "barrier_divergence), and the lanes that skipped it are then treated as "
-                   "ordered by it: lane 1's read of t[0] after lane 0's write is not reported")
 def test_simdgroup_barrier_in_a_branch_is_reported(lib):
     fault = fault_of(lib.simd_barrier_in_branch, torch.zeros(32), threads=32, group_size=32)
     assert fault.kind in ("barrier_divergence", "threadgroup_race")
@@ -876,11 +846,6 @@ def test_read_then_write_by_other_threads_after_a_simd_stop_is_a_race(lib):
     assert f"{thread(1, 1, 0)} read it and {thread(2, 2, 0)} wrote it" in str(fault)
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="sanitizer bug: each shadow word keeps two readers, "
-                   "'the first and the latest other'; the first (thread 0, an earlier barrier "
-                   "epoch) is kept forever and thread 2's own read replaces thread 1's, so "
-                   "thread 2's write no longer meets thread 1's unordered read")
 def test_the_same_race_is_reported_when_an_older_epoch_read_the_element_first(lib):
     x = torch.arange(64, dtype=torch.float32)
     fault = fault_of(lib.read_then_write_after_stop, torch.zeros(64), x, 1, threads=64,

@@ -33,6 +33,7 @@ class _Launch(ctypes.Structure):
         ("num_workers", ctypes.c_int32),
         ("sanitize", ctypes.c_int32),
         ("buffer_names", ctypes.c_char_p * MAX_BUFFERS),
+        ("threadgroup_names", ctypes.c_char_p * MAX_BUFFERS),
         ("counters", ctypes.c_uint64 * len(COUNTERS)),
     ]
 
@@ -87,6 +88,8 @@ class Kernel:
         self._buffer_names = [self._buffers[i].name.encode() if i in self._buffers else b""
                               for i in range(self.num_buffer_args)]
         self.num_threadgroup_args = max(self._threadgroup) + 1 if self._threadgroup else 0
+        self._threadgroup_names = [self._threadgroup[i].name.encode() if i in self._threadgroup else b""
+                                   for i in range(self.num_threadgroup_args)]
 
     def __repr__(self) -> str:
         return f"<emulated Metal kernel {self.name} of {self._library.origin}>"
@@ -138,6 +141,8 @@ class Kernel:
         launch.sanitize = int(self._library.sanitize)
         for i, name in enumerate(self._buffer_names):
             launch.buffer_names[i] = name
+        for i, name in enumerate(self._threadgroup_names):
+            launch.threadgroup_names[i] = name
         if 0 in grid:
             record_launch(self.name, grid, group, "emulator")
             return

@@ -236,6 +236,88 @@ def _checked_pointers(src: str) -> str:
     return "".join(out)
 
 
+def _block_end(masked: str, pos: int) -> int:
+    """Offset of the ``}`` closing the block that contains ``pos``."""
+    depth = 0
+    for i in range(pos, len(masked)):
+        c = masked[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            if depth == 0:
+                return i
+            depth -= 1
+    return len(masked)
+
+
+def _uses(masked: str, name: str, start: int, end: int) -> List[int]:
+    """Offsets of the uses of identifier ``name`` in [start, end), members excluded."""
+    return [m.start() for m in re.finditer(r"(?<![\w.>:])" + re.escape(name) + r"\b(?!\s*::)",
+                                           masked[:end]) if m.start() >= start]
+
+
+def _apply(src: str, edits: List[Tuple[int, int, str]]) -> str:
+    """Replace [start, end) spans of ``src`` (non-overlapping) with new text."""
+    for start, end, text in sorted(edits, reverse=True):
+        src = src[:start] + text + src[end:]
+    return src
+
+
+_REFERENCE_PARAM = re.compile(
+    r"(?<![\w:])((?:const\s+)?)(?:device|threadgroup)\s+((?:const\s+)?)(" + _TYPE + r")\s*&\s*(\w+)")
+
+
+def _checked_reference_parameters(src: str) -> str:
+    """``device T& x`` parameters -> ``ptr<T> x``, and ``x`` in the body -> ``(*x)``, so
+    accesses through a buffer bound by reference are checked too."""
+    masked = _mask_strings_and_directives(src)
+    edits = []
+    for m in _REFERENCE_PARAM.finditer(masked):
+        depth, close = 0, None
+        for i in range(m.end(), len(masked)):  # the end of the parameter list
+            if masked[i] in "([":
+                depth += 1
+            elif masked[i] in ")]":
+                if depth == 0:
+                    close = i
+                    break
+                depth -= 1
+        if close is None or masked[close] != ")":
+            continue  # a local reference, not a parameter: it binds to a checked access
+        body = re.match(r"[\s]*\{", masked[close + 1:])
+        quals = " ".join((m.group(1) + " " + m.group(2)).split())
+        pointee = " ".join(src[m.start(3):m.end(3)].split())
+        edits.append((m.start(), m.end(), f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}> {m.group(4)}"))
+        if body:
+            open_brace = close + 1 + body.end() - 1
+            for use in _uses(masked, m.group(4), open_brace, _match_close(masked, open_brace, "{", "}")):
+                edits.append((use, use + len(m.group(4)), f"(*{m.group(4)})"))
+    return _apply(src, edits)
+
+
+def _checked_threadgroup_scalars(src: str) -> str:
+    """Uses of a threadgroup scalar (``threadgroup float m;``) -> ``m.ref()``, which checks
+    them; the declaration itself becomes a ``tg_scalar`` in the declaration rewrite."""
+    masked = _mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
+        i = m.start() - 1
+        while i >= 0 and masked[i].isspace():
+            i -= 1
+        if i >= 0 and masked[i] not in ";{}":
+            continue
+        end = masked.find(";", m.start())
+        decl = masked[m.end():end]
+        if end < 0 or re.search(r"[*&(=\[]", decl):
+            continue  # arrays and pointers are handled elsewhere
+        for part in _split_top_level(decl):
+            name = re.search(r"(\w+)\s*$", part.strip())
+            if name:
+                for use in _uses(masked, name.group(1), end, _block_end(masked, end)):
+                    edits.append((use, use + len(name.group(1)), f"{name.group(1)}.ref()"))
+    return _apply(src, edits)
+
+
 def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = False) -> str:
     """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup.
 
@@ -268,7 +350,7 @@ def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = Fa
                 if dims:
                     out.append(f"static thread_local ::tsm_emu::tg_var<{type_text}{dims}> {name.group(1)};")
                 else:
-                    out.append(f"static thread_local {type_text} {name.group(1)};")
+                    out.append(f"static thread_local ::tsm_emu::tg_scalar<{type_text}> {name.group(1)};")
         else:
             out.append("static thread_local")
             out.append(src[m.end():end + 1])
@@ -337,6 +419,8 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     """
     src = _add_collective_sites(src)
     if sanitize:
+        src = _checked_threadgroup_scalars(src)
+        src = _checked_reference_parameters(src)
         src = _checked_pointers(src)
     masked = _mask_strings_and_directives(src)
     src = _rewrite_threadgroup_declarations(src, masked, sanitize)

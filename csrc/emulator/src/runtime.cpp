@@ -72,6 +72,7 @@ struct Worker {
   std::vector<std::vector<unsigned char>> dynamic_tg;                 // per [[threadgroup(n)]]
   std::vector<void*> dynamic_tg_ptrs;
   std::vector<uint64_t> dynamic_tg_bytes;  // as requested (the blocks carry 16 bytes of slack)
+  const char* const* threadgroup_names = nullptr;  // parameter names, for sanitizer reports
   std::vector<const void*> static_tg;  // static threadgroup arrays seen in this group
   size_t dynamic_tg_total = 0;
   size_t static_tg_total = 0;
@@ -232,6 +233,36 @@ void suspend(Worker* w) {
 // comes first in the source is released: lanes still inside a branch or a loop run on
 // until they reach the lanes that skipped ahead, so a collective after the branch sees all
 // of them again (reconvergence, as the GPU's lockstep execution gives).
+// Lenient mode (TSM_EMU_EXITED_THREADS_ARRIVE=1): threads that returned count as having
+// arrived at every later barrier, as some GPUs behave. Read once per loaded library.
+bool exited_threads_arrive() {
+  static const bool arrive = [] {
+    const char* env = getenv("TSM_EMU_EXITED_THREADS_ARRIVE");
+    return env && env[0] == '1';
+  }();
+  return arrive;
+}
+
+// A simdgroup_barrier must be reached by every lane of its SIMD-group, like a threadgroup
+// barrier by every thread of the threadgroup.
+void check_simdgroup_barrier(Worker* w, uint32_t first, uint32_t lanes, uint32_t site) {
+  const Fiber* waiting = nullptr;
+  for (uint32_t lane = 0; lane < lanes; ++lane) {
+    const Fiber& f = w->fibers[first + lane];
+    if (f.state == State::AtSimd && f.site == site) waiting = &f;
+  }
+  for (uint32_t lane = 0; lane < lanes; ++lane) {
+    const Fiber& f = w->fibers[first + lane];
+    if (f.state == State::AtSimd && f.site == site) continue;
+    if (f.state == State::Done && exited_threads_arrive()) continue;
+    raise("barrier_divergence",
+          where(*waiting) + " waits at the simdgroup_barrier at " + site_name(site) + " but " + where(f) +
+              (f.state == State::Done ? " of its SIMD-group returned before it"
+                                      : " of its SIMD-group waits at " + site_name(f.site) +
+                                            " instead (a simdgroup_barrier needs every lane)"));
+  }
+}
+
 bool resolve_simd(Worker* w, uint32_t n) {
   bool released = false;
   for (uint32_t first = 0, sg = 0; first < n; first += kSimdWidth, ++sg) {
@@ -245,6 +276,13 @@ bool resolve_simd(Worker* w, uint32_t n) {
       any = true;
     }
     if (!any) continue;
+    for (uint32_t lane = 0; lane < lanes; ++lane) {
+      const Fiber& f = w->fibers[first + lane];
+      if (f.state == State::AtSimd && f.site == site && f.at_simdgroup_barrier) {
+        check_simdgroup_barrier(w, first, lanes, site);
+        break;
+      }
+    }
     if (!w->exchange[sg]) w->exchange[sg].reset(new Exchange);
     Exchange* ex = w->exchange[sg].get();
     ex->active = 0;
@@ -282,11 +320,7 @@ void resolve_threadgroup_barrier(Worker* w, uint32_t n) {
     }
   }
   if (!waiting) return;
-  static const bool exited_arrive = [] {
-    const char* env = getenv("TSM_EMU_EXITED_THREADS_ARRIVE");
-    return env && env[0] == '1';
-  }();
-  if (exited && !exited_arrive)
+  if (exited && !exited_threads_arrive())
     raise("barrier_divergence", where(*exited) + " returned before the threadgroup_barrier at " +
                                     site_name(waiting->site) + " that " + where(*waiting) +
                                     " waits at (undefined in Metal: it hangs "
@@ -351,7 +385,7 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
     std::vector<uint64_t> bytes(w->dynamic_tg.size());
     for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = w->dynamic_tg_bytes[i];
     t_sanitizer->begin_group(linear, (n + kSimdWidth - 1) / kSimdWidth, w->dynamic_tg_ptrs.data(),
-                             bytes.data(), int(bytes.size()));
+                             bytes.data(), int(bytes.size()), w->threadgroup_names);
   }
   if (fibers) {
     run_group_fibers(w, grid, group_size, groups, group, n);
@@ -634,6 +668,7 @@ struct tsm_launch {
   int32_t num_workers;
   int32_t sanitize;
   const char* buffer_names[31];
+  const char* threadgroup_names[31];
   // Out, sanitized dispatches: device bytes read, written, threadgroup accesses, bank
   // conflicts, barriers, FMAs, atomics (see Counters in sanitizer.h).
   uint64_t counters[7];
@@ -718,6 +753,7 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, tsm_launch* l, ch
     w->dynamic_tg_ptrs.assign(31, nullptr);
     w->dynamic_tg_total = dynamic_total;
     w->dynamic_tg_bytes.assign(l->threadgroup_bytes, l->threadgroup_bytes + l->num_threadgroup);
+    w->threadgroup_names = l->threadgroup_names;
     for (int i = 0; i < l->num_threadgroup; ++i) {
       w->dynamic_tg[i].assign(size_t(l->threadgroup_bytes[i]) + 16, 0);
       w->dynamic_tg_ptrs[i] = w->dynamic_tg[i].data();

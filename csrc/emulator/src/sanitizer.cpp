@@ -52,7 +52,7 @@ const Region* Sanitizer::find(const void* address) const {
 }
 
 void Sanitizer::begin_group(uint32_t group, uint32_t simdgroups, void* const* args,
-                            const uint64_t* bytes, int num_args) {
+                            const uint64_t* bytes, int num_args, const char* const* names) {
   (void)group;
   tg_epoch_ = dev_epoch_ = 0;
   sg_tg_epoch_.assign(simdgroups, 0);
@@ -61,7 +61,8 @@ void Sanitizer::begin_group(uint32_t group, uint32_t simdgroups, void* const* ar
   // A new threadgroup's memory is a new instance: nothing of the last group's carries over.
   threadgroup_args_.clear();
   for (int i = 0; i < num_args; ++i) {
-    threadgroup_args_.push_back(make_region(args[i], size_t(bytes[i]), R_THREADGROUP_ARG, i, ""));
+    threadgroup_args_.push_back(make_region(args[i], size_t(bytes[i]), R_THREADGROUP_ARG, i,
+                                            names && names[i] ? names[i] : ""));
     std::memset(args[i], kPoison, size_t(bytes[i]));
   }
   seen_vars_.clear();
@@ -90,7 +91,7 @@ std::string Sanitizer::describe(const Region& r) const {
     case R_BUFFER:
       return "[[buffer(" + std::to_string(r.index) + ")]]" + (r.name.empty() ? "" : " `" + r.name + "`");
     case R_THREADGROUP_ARG:
-      return "[[threadgroup(" + std::to_string(r.index) + ")]] memory";
+      return "[[threadgroup(" + std::to_string(r.index) + ")]]" + (r.name.empty() ? " memory" : " `" + r.name + "`");
     case R_THREADGROUP_VAR:
       return "threadgroup variable `" + r.name + "`";
   }
@@ -121,17 +122,24 @@ void Sanitizer::access(const Region* region, const void* address, size_t bytes, 
                       std::to_string(region->bytes) + " bytes)";
     fault("out_of_bounds", msg.c_str());
   }
-  if (atomic) return;  // bounds only: the operation itself is counted by note_atomic
-  Touch t{const_cast<char*>(a), bytes, const_cast<Region*>(region), false, {}};
-  t.before.assign(a, a + bytes);
+  // An atomic through a checked pointer: recorded (it races plain accesses), counted by
+  // note_atomic when the operation runs.
+  Touch t{const_cast<char*>(a), bytes, const_cast<Region*>(region), atomic, {}};
+  if (!atomic) t.before.assign(a, a + bytes);
   touches.push_back(std::move(t));
 }
 
 void Sanitizer::note_atomic(const void* address, size_t bytes, std::vector<Touch>& touches) {
   const char* a = static_cast<const char*>(address);
   ++counters_.atomics;
-  for (Touch& t : touches)  // the p[i] in atomic_...(&p[i], ...) was this atomic access
-    if (t.address < a + bytes && a < t.address + t.bytes) t.atomic = true;
+  // The latest access to these bytes made the pointer this operation uses (the p[i] in
+  // atomic_...(&p[i], ...)): it was the atomic access, not a plain one. Earlier plain
+  // accesses to the same bytes stay plain.
+  for (auto t = touches.rbegin(); t != touches.rend(); ++t)
+    if (t->address < a + bytes && a < t->address + t->bytes) {
+      t->atomic = true;
+      break;
+    }
 }
 
 bool Sanitizer::ordered(const Region& r, const Access& a, const Access& b) const {
@@ -141,13 +149,19 @@ bool Sanitizer::ordered(const Region& r, const Access& a, const Access& b) const
   return a.simdgroup == b.simdgroup && a.sg_epoch != b.sg_epoch;
 }
 
+bool Sanitizer::conflict(const Region& r, const Access& a, const Access& b) const {
+  return (a.write || b.write) && !(a.atomic && b.atomic) && !ordered(r, a, b);
+}
+
 void Sanitizer::race(const Region& r, size_t offset, size_t element_bytes, const Access& earlier,
                      const Access& now) {
   const bool device = r.kind == R_BUFFER;
+  auto how = [](const Access& a) {
+    return a.atomic ? " updated it atomically" : (a.write ? " wrote it" : " read it");
+  };
   std::string msg = describe(r) + " element " + std::to_string(offset / element_bytes) + " (byte offset " +
                     std::to_string(offset) + "): " + thread_name(earlier.group, earlier.thread) +
-                    (earlier.write ? " wrote it" : " read it") + " and " +
-                    thread_name(now.group, now.thread) + (now.write ? " wrote it" : " read it");
+                    how(earlier) + " and " + thread_name(now.group, now.thread) + how(now);
   if (device && earlier.group != now.group)
     msg += "; threads of different threadgroups are never ordered within a dispatch (use atomics, "
            "or split the work into two dispatches)";
@@ -169,7 +183,7 @@ void Sanitizer::record(Region& r, size_t offset, size_t bytes, const Access& bas
     now.mask = mask;
     now.write = write;
     Cell& c = r.shadow[word];
-    if (r.kind != R_BUFFER) {
+    if (r.kind != R_BUFFER && !now.atomic) {
       if (write) {
         c.written |= mask;
       } else if (mask & ~c.written) {
@@ -180,21 +194,34 @@ void Sanitizer::record(Region& r, size_t offset, size_t bytes, const Access& bas
         fault("uninitialized_read", msg.c_str());
       }
     }
-    if (c.has_write && (c.last_write.mask & mask) && !ordered(r, c.last_write, now))
-      race(r, offset, bytes, c.last_write, now);
-    if (write)
-      for (uint8_t i = 0; i < c.n_reads; ++i)
-        if ((c.reads[i].mask & mask) && !ordered(r, c.reads[i], now)) race(r, offset, bytes, c.reads[i], now);
+    for (unsigned b = 0; b < 4; ++b)
+      if ((mask & c.write_mask) >> b & 1 && conflict(r, c.writes[b], now)) race(r, offset, bytes, c.writes[b], now);
+    for (uint8_t i = 0; i < c.n_reads; ++i)
+      if ((c.reads[i].mask & mask) && conflict(r, c.reads[i], now)) race(r, offset, bytes, c.reads[i], now);
     if (write) {
-      c.has_write = true;
-      c.last_write = now;
-      c.n_reads = 0;
-      continue;
+      for (unsigned b = 0; b < 4; ++b) {
+        if (!(mask >> b & 1)) continue;
+        const Access& last = c.writes[b];
+        // A thread's plain write followed by its own atomic one in the same epoch: the plain
+        // write is what other threads' atomics race with, so it stays the one remembered.
+        const bool keep_plain = (c.write_mask >> b & 1) && now.atomic && !last.atomic &&
+                                last.group == now.group && last.thread == now.thread &&
+                                last.epoch == now.epoch && last.sg_epoch == now.sg_epoch;
+        if (!keep_plain) c.writes[b] = now;
+      }
+      c.write_mask |= mask;
     }
+    // Reads ordered before this access are ordered before every later one too (epochs only
+    // grow, and a later access of another threadgroup conflicts with this one as well).
+    uint8_t kept = 0;
+    for (uint8_t i = 0; i < c.n_reads; ++i)
+      if (!ordered(r, c.reads[i], now)) c.reads[kept++] = c.reads[i];
+    c.n_reads = kept;
+    if (write) continue;
     uint8_t slot = c.n_reads;
     for (uint8_t i = 0; i < c.n_reads; ++i)
       if (c.reads[i].group == now.group && c.reads[i].thread == now.thread) slot = i;
-    if (slot == 2) slot = 1;  // keep the first reader and the latest other one
+    if (slot == 2) slot = 1;  // two unordered readers already: keep the first and the latest
     c.reads[slot] = now;
     if (slot == c.n_reads) ++c.n_reads;
   }
@@ -202,10 +229,14 @@ void Sanitizer::record(Region& r, size_t offset, size_t bytes, const Access& bas
 
 void Sanitizer::end_segment(const ThreadId& who, std::vector<Touch>& touches) {
   for (const Touch& t : touches) {
-    if (t.atomic) continue;
     const bool device = t.region->kind == R_BUFFER;
-    Access base{who.group, who.thread, who.simdgroup, device ? dev_epoch_ : tg_epoch_,
-                device ? sg_dev_epoch_[who.simdgroup] : sg_tg_epoch_[who.simdgroup], 0, false};
+    Access base{who.group, device ? dev_epoch_ : tg_epoch_,
+                device ? sg_dev_epoch_[who.simdgroup] : sg_tg_epoch_[who.simdgroup],
+                uint16_t(who.thread), uint8_t(who.simdgroup), 0, false, t.atomic};
+    if (t.atomic) {  // a read-modify-write, whatever it stored
+      record(*t.region, size_t(t.address - t.region->base), t.bytes, base, true);
+      continue;
+    }
     const bool write = std::memcmp(t.before.data(), t.address, t.bytes) != 0;
     if (device) {
       (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes;

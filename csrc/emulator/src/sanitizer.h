@@ -10,7 +10,9 @@
 //                       SIMD-group, a simdgroup_barrier with mem_threadgroup;
 //   device memory:      likewise with mem_device, and only within one threadgroup: threads
 //                       of different threadgroups are never ordered within a dispatch.
-// Atomic accesses never race. A write that stores the value already there is not seen.
+// Two atomic accesses never race; an atomic and a plain access do. A write that stores the
+// value already there is not seen. An access to a vector or struct element counts for the
+// whole element (a write of one component of a float4 is a write of the float4).
 // Threadgroup memory starts each threadgroup filled with a poison byte pattern (0xA5), and
 // a read of bytes no thread of the threadgroup has written is reported (uninitialized_read).
 #pragma once
@@ -31,20 +33,21 @@ enum RegionKind { R_BUFFER, R_THREADGROUP_ARG, R_THREADGROUP_VAR };
 // Who accessed, and the ordering epochs in force for that memory when it did.
 struct Access {
   uint32_t group;      // linear threadgroup index in the grid
-  uint32_t thread;     // thread_index_in_threadgroup
-  uint32_t simdgroup;
   uint32_t epoch;      // threadgroup barriers (with the region's memory flag) passed
   uint32_t sg_epoch;   // simdgroup barriers passed by its SIMD-group
+  uint16_t thread;     // thread_index_in_threadgroup
+  uint8_t simdgroup;
   uint8_t mask;        // bytes of the 4-byte word touched
   bool write;
+  bool atomic;
 };
 
 struct Cell {  // one 4-byte word of a region
-  uint8_t written = 0;  // threadgroup memory: bytes written since the threadgroup began
-  bool has_write = false;
-  Access last_write;
+  uint8_t written = 0;     // threadgroup memory: bytes written since the threadgroup began
+  uint8_t write_mask = 0;  // which bytes have a last write below
   uint8_t n_reads = 0;
-  Access reads[2];  // reads since the last write, by distinct threads (at most two kept)
+  Access writes[4];        // the last write of each byte
+  Access reads[2];         // reads not yet ordered before later accesses, distinct threads
 };
 
 struct Region {
@@ -91,7 +94,7 @@ class Sanitizer {
   const Region* find(const void* address) const;
 
   void begin_group(uint32_t group, uint32_t simdgroups, void* const* args, const uint64_t* bytes,
-                   int num_args);
+                   int num_args, const char* const* names);
   void static_variable(const void* address, size_t bytes, const char* name);
 
   void access(const Region* region, const void* address, size_t bytes, bool atomic,
@@ -117,6 +120,7 @@ class Sanitizer {
   std::string describe(const Region& r) const;
   std::string thread_name(uint32_t group, uint32_t thread) const;
   bool ordered(const Region& r, const Access& a, const Access& b) const;
+  bool conflict(const Region& r, const Access& a, const Access& b) const;
   void record(Region& r, size_t offset, size_t bytes, const Access& base, bool write);
 
   u3 grid_, group_size_, groups_;

@@ -120,6 +120,19 @@ ptr<T> ptr_cast(const ptr<U>& p) {
   return ptr<T>(p);
 }
 
+// A threadgroup scalar, `threadgroup float m;`: the rewriter turns each use into m.ref().
+template <class T>
+class tg_scalar {
+ public:
+  T& ref() {
+    check_access(region_of(&value_), &value_, sizeof(T), false);
+    return value_;
+  }
+
+ private:
+  T value_;
+};
+
 template <class T>
 struct is_checked_ptr : std::false_type {};
 template <class T>
