@@ -338,7 +338,7 @@ kernel void two_collectives_on_one_line(device const float* x [[buffer(0)]],
 
 # Collectives reached from divergent branches through one helper function: in Metal each
 # branch executes its own simd_sum over its own active lanes.
-KNOWN_BUGS_SOURCE = HEADER + r"""
+HELPER_FUNCTION_SOURCE = HEADER + r"""
 inline float helper_sum(float v) {
   return simd_sum(v);
 }
@@ -775,13 +775,9 @@ def test_two_collectives_on_one_line_in_divergent_branches(lib):
     np.testing.assert_array_equal(o.numpy(), np.where(np.arange(32) % 2 == 1, 16.0, 32.0))
 
 
-# ---- known emulator problems -------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="emulator bug: a collective is identified by its call "
-                   "site in the source (runtime.h Site), so simd_sum reached from two "
-                   "divergent branches through one helper function is merged into one "
-                   "collective over both branches' lanes")
+# ---- collectives inside helper functions --------------------------------------------------
 def test_collectives_in_a_shared_helper_from_divergent_branches():
-    lib = compile_shader(KNOWN_BUGS_SOURCE)
+    lib = compile_shader(HELPER_FUNCTION_SOURCE)
     x = np.ones(32, dtype=np.float32)
     o = torch.zeros(32)
     lib.helper_from_two_branches(torch.from_numpy(x), o, threads=32, group_size=32)
@@ -789,12 +785,8 @@ def test_collectives_in_a_shared_helper_from_divergent_branches():
     np.testing.assert_array_equal(o.numpy(), [16.0] * 16 + [32.0] * 16)
 
 
-@pytest.mark.xfail(strict=True, reason="emulator bug: resolve_simd releases the collective "
-                   "whose site comes first in the source; a helper defined above the kernel "
-                   "comes first although it runs after the branch, so it is released with "
-                   "only the lanes that skipped the branch")
 def test_collective_in_a_helper_after_a_branch_sees_all_lanes():
-    lib = compile_shader(KNOWN_BUGS_SOURCE)
+    lib = compile_shader(HELPER_FUNCTION_SOURCE)
     o = torch.zeros((32, 2))
     lib.helper_after_a_branch(o, threads=32, group_size=32)
     lane = np.arange(32)

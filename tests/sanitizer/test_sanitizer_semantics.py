@@ -829,10 +829,6 @@ def test_simdgroup_barrier_in_a_branch_is_reported(lib):
     assert fault.kind in ("barrier_divergence", "threadgroup_race")
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="sanitizer bug: a barrier's site is where "
-                   "threadgroup_barrier is written, so one helper called from both sides of a "
-                   "divergent if/else is one site and the divergence is not reported")
 def test_barrier_helper_called_from_both_branches_is_divergence(lib):
     fault = fault_of(lib.helper_barrier_in_if_else, torch.zeros(64), threads=64, group_size=64)
     assert fault.kind == "barrier_divergence"

@@ -391,25 +391,104 @@ def _source_lines(src: str) -> Tuple[List[int], List[int]]:
     return starts, lines
 
 
+_NOT_FUNCTIONS = {"if", "for", "while", "switch", "catch", "return", "sizeof", "decltype",
+                  "alignof", "static_assert"}
+
+
+@dataclass
+class _Definition:
+    name: str
+    open_paren: int
+    close_paren: int
+    body_open: int
+    body_close: int
+    is_kernel: bool
+
+
+def _function_definitions(masked: str) -> List[_Definition]:
+    """Function definitions outside other function bodies: a ``{`` right after ``)``."""
+    defs, i = [], 0
+    while i < len(masked):
+        if masked[i] != "{":
+            i += 1
+            continue
+        j = i - 1
+        while j >= 0 and masked[j].isspace():
+            j -= 1
+        if j < 0 or masked[j] != ")":
+            i += 1
+            continue
+        depth, k = 0, j
+        while k >= 0:  # back to the matching "("
+            if masked[k] == ")":
+                depth += 1
+            elif masked[k] == "(":
+                depth -= 1
+                if depth == 0:
+                    break
+            k -= 1
+        name = re.search(r"(\w+)\s*(?:<[^<>;{}()]*>)?\s*$", masked[max(0, k - 200):k])
+        if k < 0 or not name or name.group(1) in _NOT_FUNCTIONS:
+            i += 1
+            continue
+        head = masked[_head_start(masked, k):k]
+        body_close = _match_close(masked, i, "{", "}")
+        defs.append(_Definition(name.group(1), k, j, i, body_close, _KERNEL_MARK.search(head) is not None))
+        i = body_close + 1
+    return defs
+
+
+def _call_pattern(names) -> "re.Pattern[str]":
+    return re.compile(r"(?<![\w.>])(?:metal::)?(" + "|".join(sorted(names)) +
+                      r")\s*(?:<[^<>;{}()]*>)?\s*\(")
+
+
 def _add_collective_sites(src: str) -> str:
     """Give every barrier and SIMD-group call its own site: line << 12 | k, the k-th such
-    call on its line, so two collectives on one line stay apart even without a column."""
+    call on its line, so two collectives on one line stay apart even without a column.
+
+    Helper functions that reach a collective get a trailing ``tsm_emu::Site`` parameter and
+    a ``tsm_emu::CallFrame`` at the top of their body, and every call to them a site of its
+    own: a collective reached through two different calls is then two different sites.
+    """
     masked = _mask_strings_and_directives(src)
-    pattern = re.compile(r"(?<![\w.>])(?:metal::)?(" + "|".join(collective_names()) + r")\s*\(")
+    defs = _function_definitions(masked)
+    helpers = [d for d in defs if not d.is_kernel]
+    reaching = set()
+    while True:  # helpers that reach a collective, directly or through other helpers
+        pattern = _call_pattern(set(collective_names()) | reaching)
+        grown = {d.name for d in helpers
+                 if pattern.search(masked[d.body_open:d.body_close])} | reaching
+        if grown == reaching:
+            break
+        reaching = grown
     starts, lines = _source_lines(src)
     per_line = {}
     inserts = []
-    for m in pattern.finditer(masked):
+    definitions = {d.open_paren for d in defs}
+    bodies = [(d.body_open, d.body_close) for d in defs]
+    for m in _call_pattern(set(collective_names()) | reaching).finditer(masked):
         open_paren = m.end() - 1
+        if open_paren in definitions or not any(a < m.start() < b for a, b in bodies):
+            continue  # a definition or a declaration, not a call
         close = _match_close(masked, open_paren, "(", ")")
         line = lines[bisect.bisect_right(starts, m.start()) - 1]
         per_line[line] = per_line.get(line, 0) + 1
         site = (line << 12) | min(per_line[line], 0xFFF)
         empty = not masked[open_paren + 1:close].strip()
-        inserts.append((close, f"{'' if empty else ', '}::tsm_emu::Site{{{site}u}}"))
-    for pos, text in sorted(inserts, reverse=True):
-        src = src[:pos] + text + src[pos:]
-    return src
+        inserts.append((close, close, f"{'' if empty else ', '}::tsm_emu::Site{{{site}u}}"))
+    param = "::tsm_emu::Site caller_site_ = TSM_EMU_SITE_HERE"
+    for d in helpers:
+        if d.name not in reaching:
+            continue
+        params = masked[d.open_paren + 1:d.close_paren]
+        if not params.strip() or params.strip() == "void":
+            inserts.append((d.open_paren + 1, d.close_paren, param))
+        else:
+            inserts.append((d.close_paren, d.close_paren, ", " + param))
+        inserts.append((d.body_open + 1, d.body_open + 1,
+                        " ::tsm_emu::CallFrame tsm_emu_call_frame_(caller_site_);"))
+    return _apply(src, inserts)
 
 
 def rewrite(src: str, *, sanitize: bool = False) -> str:

@@ -50,7 +50,10 @@ struct Exchange {
 struct Fiber {
   ucontext_t context;
   State state = State::Runnable;
-  uint32_t site = 0;  // where in the kernel source the fiber waits (tsm_emu::Site)
+  // Where in the kernel source the fiber waits: the call sites of the helper functions it
+  // is inside (outermost first), then the barrier's or collective's own (tsm_emu::Site).
+  std::vector<uint32_t> site;
+  std::vector<uint32_t> calls;  // call sites of the helper functions it is in now
   unsigned char slot[32];
   const Exchange* exchange = nullptr;
   bool at_simdgroup_barrier = false;  // AtSimd for a simdgroup_barrier, not a collective
@@ -211,9 +214,16 @@ namespace {
 
 std::string where(const Fiber& f) { return where_info(f.info); }
 
-std::string site_name(uint32_t site) {
+std::string line_name(uint32_t site) {
   std::string s = "line " + std::to_string(site >> 12);
   if (site & 0xFFF) s += " (call " + std::to_string(site & 0xFFF) + " on that line)";
+  return s;
+}
+
+std::string site_name(const std::vector<uint32_t>& path) {
+  if (path.empty()) return "an unknown site";
+  std::string s = line_name(path.back());
+  for (size_t i = path.size() - 1; i-- > 0;) s += ", called from " + line_name(path[i]);
   return s;
 }
 
@@ -245,7 +255,7 @@ bool exited_threads_arrive() {
 
 // A simdgroup_barrier must be reached by every lane of its SIMD-group, like a threadgroup
 // barrier by every thread of the threadgroup.
-void check_simdgroup_barrier(Worker* w, uint32_t first, uint32_t lanes, uint32_t site) {
+void check_simdgroup_barrier(Worker* w, uint32_t first, uint32_t lanes, const std::vector<uint32_t>& site) {
   const Fiber* waiting = nullptr;
   for (uint32_t lane = 0; lane < lanes; ++lane) {
     const Fiber& f = w->fibers[first + lane];
@@ -267,15 +277,14 @@ bool resolve_simd(Worker* w, uint32_t n) {
   bool released = false;
   for (uint32_t first = 0, sg = 0; first < n; first += kSimdWidth, ++sg) {
     uint32_t lanes = std::min(n - first, kSimdWidth);
-    bool any = false;
-    uint32_t site = 0;
+    const std::vector<uint32_t>* first_site = nullptr;
     for (uint32_t lane = 0; lane < lanes; ++lane) {
       const Fiber& f = w->fibers[first + lane];
       if (f.state != State::AtSimd) continue;
-      site = any ? std::min(site, f.site) : f.site;
-      any = true;
+      if (!first_site || f.site < *first_site) first_site = &f.site;
     }
-    if (!any) continue;
+    if (!first_site) continue;
+    const std::vector<uint32_t> site = *first_site;
     for (uint32_t lane = 0; lane < lanes; ++lane) {
       const Fiber& f = w->fibers[first + lane];
       if (f.state == State::AtSimd && f.site == site && f.at_simdgroup_barrier) {
@@ -343,7 +352,8 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
     Fiber& f = w->fibers[i];
     f.state = State::Runnable;
     f.exchange = nullptr;
-    f.site = 0;
+    f.site.clear();
+    f.calls.clear();
     f.touches.clear();
     f.info = thread_info(grid, group_size, groups, group, i);
     getcontext(&f.context);
@@ -531,7 +541,8 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
   Fiber* f = w->current;
   if (size > sizeof f->slot) raise("launch", "SIMD-group function on a value wider than 32 bytes");
   std::memcpy(f->slot, value, size);
-  f->site = site;
+  f->site = f->calls;
+  f->site.push_back(site);
   f->exchange = nullptr;
   f->state = State::AtSimd;
   suspend(w);
@@ -545,7 +556,8 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
 void simdgroup_barrier_wait(uint32_t site, unsigned flags) {
   Worker* w = fiber_worker("simdgroup_barrier");
   Fiber* f = w->current;
-  f->site = site;
+  f->site = f->calls;
+  f->site.push_back(site);
   f->exchange = nullptr;
   f->at_simdgroup_barrier = true;
   f->barrier_flags = flags;
@@ -557,7 +569,8 @@ void simdgroup_barrier_wait(uint32_t site, unsigned flags) {
 void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
   Worker* w = fiber_worker("threadgroup_barrier");
   Fiber* f = w->current;
-  f->site = site;
+  f->site = f->calls;
+  f->site.push_back(site);
   f->barrier_flags = flags;
   f->state = State::AtThreadgroupBarrier;
   suspend(w);
@@ -602,6 +615,16 @@ void inactive_lane_read(uint32_t lane) {
                              " of its SIMD-group through a shuffle, but that lane is not active "
                              "at this call (it does not exist, returned, or is in another branch): "
                              "Metal leaves the value undefined");
+}
+
+void enter_call(uint32_t caller_site) {
+  Worker* w = t_worker;
+  if (w && w->current) w->current->calls.push_back(caller_site);
+}
+
+void leave_call() {
+  Worker* w = t_worker;
+  if (w && w->current && !w->current->calls.empty()) w->current->calls.pop_back();
 }
 
 void count_fmas(unsigned n) {

@@ -109,6 +109,19 @@ struct Site {
   uint32_t value;
 };
 #define TSM_EMU_SITE_HERE (::tsm_emu::Site{uint32_t(__builtin_LINE()) << 12})
+
+// The rewriter opens a CallFrame at the top of every helper function that (directly or
+// not) reaches a barrier or a SIMD-group function, with the site it was called from: the
+// same collective reached through two different calls is two different sites, and sites
+// order by where the kernel made the call.
+void enter_call(uint32_t caller_site);
+void leave_call();
+struct CallFrame {
+  explicit CallFrame(Site caller) { enter_call(caller.value); }
+  ~CallFrame() { leave_call(); }
+  CallFrame(const CallFrame&) = delete;
+  CallFrame& operator=(const CallFrame&) = delete;
+};
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site);
 // `flags` are the barrier's mem_flags: in a sanitized dispatch, mem_threadgroup orders
 // threadgroup memory and mem_device orders device memory between the threads it joins.
