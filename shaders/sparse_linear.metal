@@ -7,6 +7,62 @@
 #include "tsm_common.h"
 using namespace metal;
 
+// Activations fused into the layer (host: ACTIVATIONS in ops/sparse_linear.py). The code is
+// a uniform kernel argument, so the switch never diverges within a dispatch.
+enum TsmActivation : uint {
+  TSM_ACT_NONE = 0,
+  TSM_ACT_RELU = 1,
+  TSM_ACT_GELU_TANH = 2,  // GELU, tanh approximation
+  TSM_ACT_TANH = 3,
+};
+
+// GELU is the tanh approximation (torch's gelu(approximate="tanh")), not the erf form:
+// MSL has tanh but no erf, and the approximation keeps every term a library function, so
+// float64 results match torch's to round-off. Constants and operation order follow
+// ATen's GeluKernel so float32 agrees to rounding as well.
+template <typename T>
+inline T tsm_gelu_tanh(T x) {
+  const T k_beta = T(0.7978845608028654);   // sqrt(2 / pi)
+  const T k_kappa = T(0.044715);
+  const T inner = k_beta * (x + k_kappa * (x * x * x));
+  return T(0.5) * x * (T(1) + tanh(inner));
+}
+
+template <typename T>
+inline T tsm_gelu_tanh_grad(T x) {
+  const T k_beta = T(0.7978845608028654);
+  const T k_kappa = T(0.044715);
+  const T x_sq = x * x;
+  const T tanh_inner = tanh(k_beta * (x + k_kappa * (x_sq * x)));
+  const T left_derivative = T(0.5) * (T(1) + tanh_inner);
+  const T right_derivative = (T(0.5) * x) * (T(1) - tanh_inner * tanh_inner) *
+                             (k_beta * (T(1) + T(3) * k_kappa * x_sq));
+  return left_derivative + right_derivative;
+}
+
+template <typename T>
+inline T tsm_activate(T z, uint activation) {
+  switch (activation) {
+    case TSM_ACT_RELU: return z > T(0) ? z : T(0);
+    case TSM_ACT_GELU_TANH: return tsm_gelu_tanh(z);
+    case TSM_ACT_TANH: return tanh(z);
+    default: return z;
+  }
+}
+
+// d activation / d z from what the forward saved: the output y for relu (y > 0 iff z > 0)
+// and tanh (1 - y^2), which costs no extra memory; the pre-activation z for GELU, whose
+// output does not determine its input.
+template <typename T>
+inline T tsm_activation_grad(T saved, uint activation) {
+  switch (activation) {
+    case TSM_ACT_RELU: return saved > T(0) ? T(1) : T(0);
+    case TSM_ACT_GELU_TANH: return tsm_gelu_tanh_grad(saved);
+    case TSM_ACT_TANH: return T(1) - saved * saved;
+    default: return T(1);
+  }
+}
+
 // One thread per (target neuron, batch element), flattened as gid = b * out_features + row
 // (the seed engine's 1D layout). Neighbouring threads then write neighbouring outputs and
 // gather from the same input row, which stays in cache. A 2D grid would give the same
@@ -26,6 +82,9 @@ template <typename T>
     constant uint& in_features     [[buffer(7)]],
     constant uint& out_features    [[buffer(8)]],
     constant uint& has_bias        [[buffer(9)]],
+    device T* preact               [[buffer(10)]],  // (batch, out_features), if save_preact
+    constant uint& activation      [[buffer(11)]],  // TSM_ACT_*
+    constant uint& save_preact     [[buffer(12)]],  // GELU under autograd: backward needs z
     uint gid                       [[thread_position_in_grid]]) {
   // The grid may be rounded up to whole threadgroups by the launcher.
   if (gid >= batch * out_features) {
@@ -41,7 +100,10 @@ template <typename T>
   for (int e = indptr[row]; e < end; ++e) {
     acc = fma(values[e], x[indices[e]], acc);
   }
-  output[gid] = acc;
+  if (save_preact != 0) {
+    preact[gid] = acc;
+  }
+  output[gid] = tsm_activate(acc, activation);
 }
 
 // The whole backward in one dispatch, as the seed engine found two dispatches slower than
@@ -61,6 +123,12 @@ template <typename T>
 // atomics of one SIMD-group over different edges (the edges of different sources) instead
 // of piling `batch` of them onto one address, which is where Apple GPUs slow down.
 // The host zero-fills grad_values and grad_bias.
+//
+// With an activation, grad_output is d loss / d y and the kernel works with
+// d loss / d z = grad_output * act'(saved), recomputed wherever it is read (once per edge
+// and batch element) instead of stored: a stored copy would need a pass over
+// (batch, out_features) before this one, i.e. a second dispatch. act' is a few flops
+// (a tanh for GELU) next to the edge's memory traffic.
 //
 // The need_* flags let autograd's needs_input_grad skip whole gradients; they are uniform
 // over the dispatch, so the branches never diverge. Buffers of gradients not needed (and
@@ -83,6 +151,8 @@ template <typename T>
     constant uint& need_grad_input   [[buffer(13)]],
     constant uint& need_grad_values  [[buffer(14)]],
     constant uint& need_grad_bias    [[buffer(15)]],
+    device const T* act_saved        [[buffer(16)]],  // (batch, out_features): y or z, if activation
+    constant uint& activation        [[buffer(17)]],  // TSM_ACT_*
     uint gid                         [[thread_position_in_grid]]) {
   if (gid >= batch * neurons) {
     return;
@@ -90,13 +160,16 @@ template <typename T>
   const uint i = gid % neurons;
   const uint b = gid / neurons;
   device const T* g = grad_output + b * out_features;
+  device const T* saved = act_saved + b * out_features;
 
   if (i < in_features && (need_grad_input != 0 || need_grad_values != 0)) {
     const T x_bi = need_grad_values != 0 ? input[b * in_features + i] : T(0);
     T acc = T(0);
     const int end = src_indptr[i + 1];
     for (int p = src_indptr[i]; p < end; ++p) {
-      const T g_row = g[src_rows[p]];
+      const int row = src_rows[p];
+      const T g_row = activation == TSM_ACT_NONE
+                          ? g[row] : g[row] * tsm_activation_grad(saved[row], activation);
       const int edge = src_perm[p];
       if (need_grad_input != 0) {
         acc = fma(g_row, values[edge], acc);
@@ -111,7 +184,8 @@ template <typename T>
   }
 
   if (need_grad_bias != 0 && i < out_features) {
-    atomic_fetch_add_explicit(&grad_bias[i], g[i], memory_order_relaxed);
+    const T g_i = activation == TSM_ACT_NONE ? g[i] : g[i] * tsm_activation_grad(saved[i], activation);
+    atomic_fetch_add_explicit(&grad_bias[i], g_i, memory_order_relaxed);
   }
 }
 

@@ -6,7 +6,11 @@ through the package's Metal emulator for CPU tensors (see :mod:`torch_sparse_met
 from . import metal
 from ._backend import get_backend, use_backend
 from .ops.sparse_linear import sparse_linear
+from .ops.matmul import addmm, mm
 from . import nn
+from .cluster import KMeans
+from . import optim
 
-__all__ = ["metal", "use_backend", "get_backend", "sparse_linear", "nn"]
+__all__ = ["metal", "use_backend", "get_backend", "sparse_linear", "nn", "optim", "KMeans"]
+__all__ += ["mm", "addmm"]
 __version__ = "0.1.0"

@@ -45,15 +45,22 @@
 
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
+// Declarations only, for the MPSMatrixMultiplication benchmark baseline (mps_matmul below):
+// its classes are looked up at run time, so the extension links no extra framework.
+#import <MetalPerformanceShaders/MetalPerformanceShaders.h>
+
+#include <dlfcn.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -592,6 +599,186 @@ py::dict py_device_info() {
   return d;
 }
 
+
+// ---------------------------------------------------------------------------------------
+// Benchmark baseline: Apple's MPSMatrixMultiplication on the same MPS tensors.
+//
+// mps_matmul(left, right, result, transpose_left, transpose_right, alpha, beta) encodes
+//   result = alpha * op(left) @ op(right) + beta * result
+// on torch's current MPS stream. Each matrix is passed as stored: 2-D, row-major (last
+// stride 1) with any row stride (rowBytes), at its storage offset; op() transposes when
+// asked. MPS kernels encode into a command buffer, not into a compute encoder, so inside
+// the stream's queue the shared compute encoder is first closed with torch's own
+// endKernelCoalescing() (as torch's MPS linear-algebra ops do before their MPS kernels);
+// the command buffer is stream->commandBuffer(), and, as for our kernels, nothing here
+// submits it: torch does when it synchronises.
+//
+// The classes are looked up with NSClassFromString: torch's MPS backend already loads
+// MetalPerformanceShaders.framework; if it has not, it is dlopen'ed once.
+// ---------------------------------------------------------------------------------------
+
+Class mps_class(const char* name) {
+  NSString* ns_name = [NSString stringWithUTF8String:name];
+  Class cls = NSClassFromString(ns_name);
+  if (cls == nil) {
+    static void* handle = dlopen(
+        "/System/Library/Frameworks/MetalPerformanceShaders.framework/MetalPerformanceShaders",
+        RTLD_LAZY | RTLD_GLOBAL);
+    (void)handle;
+    cls = NSClassFromString(ns_name);
+  }
+  if (cls == nil) {
+    throw std::runtime_error(std::string("_metal_launcher.mps_matmul: class ") + name +
+                             " not found (MetalPerformanceShaders.framework unavailable)");
+  }
+  return cls;
+}
+
+struct StoredMatrix {
+  id<MTLBuffer> buffer = nil;
+  NSUInteger offset = 0;
+  NSUInteger rows = 0, columns = 0, row_bytes = 0;
+};
+
+StoredMatrix stored_matrix(const at::Tensor& t, const char* what) {
+  if (!t.defined() || !t.is_mps()) {
+    throw py::value_error(std::string("_metal_launcher.mps_matmul: ") + what +
+                          " must be a tensor on 'mps'");
+  }
+  if (t.dim() != 2 || (t.size(1) > 1 && t.stride(1) != 1) ||
+      (t.size(0) > 1 && t.stride(0) < t.size(1))) {
+    throw py::value_error(std::string("_metal_launcher.mps_matmul: ") + what +
+                          " must be a row-major 2-D tensor (last stride 1); pass a transposed "
+                          "view's base with transpose_* set instead");
+  }
+  StoredMatrix m;
+  m.buffer = __builtin_bit_cast(id<MTLBuffer>, t.storage().data());
+  m.offset = static_cast<NSUInteger>(t.storage_offset()) * static_cast<NSUInteger>(t.element_size());
+  m.rows = static_cast<NSUInteger>(t.size(0));
+  m.columns = static_cast<NSUInteger>(t.size(1));
+  const int64_t row_stride = t.size(0) > 1 ? t.stride(0) : t.size(1);
+  m.row_bytes = static_cast<NSUInteger>(row_stride) * static_cast<NSUInteger>(t.element_size());
+  return m;
+}
+
+using MpsKey = std::tuple<NSUInteger, NSUInteger, NSUInteger, bool, bool, double, double>;
+
+void py_mps_matmul(const at::Tensor& left, const at::Tensor& right, const at::Tensor& result,
+                   bool transpose_left, bool transpose_right, double alpha, double beta) {
+  if (left.scalar_type() != right.scalar_type() || left.scalar_type() != result.scalar_type()) {
+    throw py::value_error("_metal_launcher.mps_matmul: left, right and result must share a dtype");
+  }
+  MPSDataType data_type;
+  if (left.scalar_type() == at::kFloat) {
+    data_type = MPSDataTypeFloat32;
+  } else if (left.scalar_type() == at::kHalf) {
+    data_type = MPSDataTypeFloat16;
+  } else {
+    throw py::value_error("_metal_launcher.mps_matmul: float32 or float16 tensors only");
+  }
+  const StoredMatrix a = stored_matrix(left, "left");
+  const StoredMatrix b = stored_matrix(right, "right");
+  const StoredMatrix c = stored_matrix(result, "result");
+  // op(A) is M x K, op(B) is K x N, C is M x N.
+  const NSUInteger m = transpose_left ? a.columns : a.rows;
+  const NSUInteger k = transpose_left ? a.rows : a.columns;
+  const NSUInteger k_b = transpose_right ? b.columns : b.rows;
+  const NSUInteger n = transpose_right ? b.rows : b.columns;
+  if (k != k_b || c.rows != m || c.columns != n) {
+    throw py::value_error("_metal_launcher.mps_matmul: shapes do not match: op(left) is " +
+                          std::to_string(m) + "x" + std::to_string(k) + ", op(right) is " +
+                          std::to_string(k_b) + "x" + std::to_string(n) + ", result is " +
+                          std::to_string(c.rows) + "x" + std::to_string(c.columns));
+  }
+  if (m == 0 || n == 0) {
+    return;
+  }
+  id<MTLDevice> device = metal_device();
+
+  // Kernels are cached per shape, transposes and scalars (they are baked in at init).
+  static std::mutex kernels_mutex;
+  static std::map<MpsKey, MPSMatrixMultiplication*>* kernels =
+      new std::map<MpsKey, MPSMatrixMultiplication*>();  // never destroyed, like the caches
+  MPSMatrixMultiplication* kernel = nil;
+  {
+    std::lock_guard<std::mutex> lock(kernels_mutex);
+    const MpsKey key{m, n, k, transpose_left, transpose_right, alpha, beta};
+    auto found = kernels->find(key);
+    if (found != kernels->end()) {
+      kernel = found->second;
+    } else {
+      Class kernel_class = mps_class("MPSMatrixMultiplication");  // may throw: outside the pool
+      @autoreleasepool {
+        kernel = [(MPSMatrixMultiplication*)[kernel_class alloc] initWithDevice:device
+                                                                  transposeLeft:transpose_left
+                                                                 transposeRight:transpose_right
+                                                                     resultRows:m
+                                                                  resultColumns:n
+                                                                interiorColumns:k
+                                                                          alpha:alpha
+                                                                           beta:beta];
+      }
+      if (kernel == nil) {
+        throw std::runtime_error("_metal_launcher.mps_matmul: MPSMatrixMultiplication init failed");
+      }
+      kernels->emplace(key, kernel);
+    }
+  }
+
+  if (@available(macOS 10.15, *)) {
+  } else {
+    throw std::runtime_error("_metal_launcher.mps_matmul: needs macOS 10.15 (MPSMatrix "
+                             "initWithBuffer:offset:descriptor:)");
+  }
+  Class descriptor_class = mps_class("MPSMatrixDescriptor");
+  Class matrix_class = mps_class("MPSMatrix");
+  // Blocks cannot capture arrays: one pointer per operand. `left`, `right` and `result`
+  // keep the storages alive until dispatch_sync returns.
+  const StoredMatrix* pa = &a;
+  const StoredMatrix* pb = &b;
+  const StoredMatrix* pc = &c;
+  std::exception_ptr failure;
+  std::exception_ptr* failure_out = &failure;
+  at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+  {
+    py::gil_scoped_release no_gil;
+    dispatch_sync(stream->queue(), ^{
+      @autoreleasepool {
+        try {
+          const StoredMatrix* operands[3] = {pa, pb, pc};
+          MPSMatrix* matrices[3];
+          for (int i = 0; i < 3; ++i) {
+            const StoredMatrix* s = operands[i];
+            MPSMatrixDescriptor* d = [descriptor_class matrixDescriptorWithRows:s->rows
+                                                                        columns:s->columns
+                                                                       rowBytes:s->row_bytes
+                                                                       dataType:data_type];
+            if (@available(macOS 10.15, *)) {
+              matrices[i] = [(MPSMatrix*)[matrix_class alloc] initWithBuffer:s->buffer
+                                                                      offset:s->offset
+                                                                  descriptor:d];
+            }
+            if (d == nil || matrices[i] == nil) {
+              throw std::runtime_error("_metal_launcher.mps_matmul: could not describe an "
+                                       "operand as an MPSMatrix");
+            }
+          }
+          stream->endKernelCoalescing();
+          [kernel encodeToCommandBuffer:stream->commandBuffer()
+                             leftMatrix:matrices[0]
+                            rightMatrix:matrices[1]
+                           resultMatrix:matrices[2]];
+        } catch (...) {
+          *failure_out = std::current_exception();
+        }
+      }
+    });
+  }
+  if (failure) {
+    std::rethrow_exception(failure);
+  }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -604,6 +791,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "current MPS stream. args[i] binds [[buffer(i)]]: an mps tensor (at its storage "
         "offset) or bytes (setBytes). threadgroup_memory[n] is the byte length of "
         "[[threadgroup(n)]]. Does not commit.");
+  m.def("mps_matmul", &py_mps_matmul, py::arg("left"), py::arg("right"), py::arg("result"),
+        py::arg("transpose_left") = false, py::arg("transpose_right") = false,
+        py::arg("alpha") = 1.0, py::arg("beta") = 0.0,
+        "mps_matmul(left, right, result, transpose_left=False, transpose_right=False, "
+        "alpha=1.0, beta=0.0): the benchmark baseline. Encodes Apple's "
+        "MPSMatrixMultiplication, result = alpha * op(left) @ op(right) + beta * result, on "
+        "the current MPS stream (float32 or float16, row-major tensors at their storage "
+        "offsets). Does not submit the command buffer.");
   m.def("device_info", &py_device_info,
         "The Metal device's name, supports_apple7 (simdgroup_matrix), supports_metal3 "
         "(atomic_float), max_threads_per_threadgroup, max_threadgroup_memory, "

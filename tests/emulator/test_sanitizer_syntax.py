@@ -72,3 +72,66 @@ def test_pointer_from_an_address_keeps_its_bounds():
         lib.via_address(torch.zeros(8), threads=8, group_size=8)
     assert info.value.kind == "out_of_bounds"
     assert "element 8" in str(info.value) and "`out`" in str(info.value)
+
+
+DEDUCTION_SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+// `const T*` parameters deduce T from non-const pointers, as in MSL: in the sanitized build
+// ptr<float> converts to ptr<const T> through its base class.
+template <typename T>
+T block_sum(threadgroup const T* p, uint n) { T s = 0; for (uint i = 0; i < n; ++i) s += p[i]; return s; }
+template <typename T>
+T device_sum(device const T* p, uint n) { T s = 0; for (uint i = 0; i < n; ++i) s += p[i]; return s; }
+
+kernel void sums(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                 uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[32];
+  t[lid] = x[lid];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lid == 0) {
+    out[0] = block_sum(t + 0, 32u);
+    out[1] = device_sum(x, 32u);
+    out[2] = device_sum(out, 2u);
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_const_pointer_parameters_deduce_from_non_const_arguments(sanitize):
+    lib = compile_shader(DEDUCTION_SOURCE, sanitize=sanitize)
+    out = torch.zeros(3)
+    lib.sums(torch.arange(32, dtype=torch.float32), out, threads=32, group_size=32)
+    np.testing.assert_array_equal(out.numpy(), [496.0, 496.0, 992.0])
+
+
+ARRAY_DECAY_SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+template <typename T>
+T first_plus_last(threadgroup T* p, uint n) { return p[0] + p[n - 1]; }
+template <typename T>
+T row_sum(threadgroup T* row) { return row[0] + row[3]; }
+
+kernel void decay(device const double* x [[buffer(0)]], device double* out [[buffer(1)]],
+                  uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup double t[8];
+  threadgroup double m[2][4];
+  t[lid] = x[lid];
+  m[lid / 4][lid % 4] = x[lid];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lid == 0) {
+    out[0] = first_plus_last(t, 8u);   // array-to-pointer decay deduces T
+    out[1] = row_sum(m[1]);            // a row of a 2-D array decays too
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_threadgroup_arrays_decay_into_template_parameters(sanitize):
+    lib = compile_shader(ARRAY_DECAY_SOURCE, sanitize=sanitize)
+    out = torch.zeros(2, dtype=torch.float64)
+    lib.decay(torch.arange(8, dtype=torch.float64), out, threads=8, group_size=8)
+    np.testing.assert_array_equal(out.numpy(), [0.0 + 7.0, 4.0 + 7.0])

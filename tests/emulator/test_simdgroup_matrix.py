@@ -118,3 +118,26 @@ def test_counters_of_one_product():
     tiles, steps = (M // 8) * (N // 8), K // 8
     assert c["device_bytes_read"] == tiles * steps * 2 * 64 * 4  # one 8x8 of A and of B per step
     assert c["device_bytes_written"] == M * N * 4
+
+
+DOUBLE_SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+// Emulator only (Metal has no double): lets float64 gradcheck run through simdgroup kernels.
+kernel void double_product(device const double* A [[buffer(0)]], device const double* B [[buffer(1)]],
+                           device double* C [[buffer(2)]]) {
+  simdgroup_matrix<double, 8, 8> a, b, c;
+  simdgroup_load(a, A, 8);
+  simdgroup_load(b, B, 8);
+  simdgroup_multiply(c, a, b);
+  simdgroup_store(c, C, 8);
+}
+"""
+
+
+def test_double_matrices_on_the_emulator():
+    lib = compile_shader(DOUBLE_SOURCE)
+    A, B = torch.randn(8, 8, dtype=torch.float64), torch.randn(8, 8, dtype=torch.float64)
+    C = torch.zeros(8, 8, dtype=torch.float64)
+    lib.double_product(A, B, C, threads=32, group_size=32)
+    np.testing.assert_allclose(C.numpy(), A.numpy() @ B.numpy(), rtol=1e-14, atol=1e-14)

@@ -15,12 +15,58 @@ def main(argv=None) -> int:
                      help="matrix sizes n (the reduction uses n*n elements)")
     san.add_argument("--repeats", type=int, default=3)
     san.add_argument("--json", action="store_true", help="print the rows as JSON")
+    train = sub.add_parser("train", help="a sparse MLP training step split by phase, with "
+                                         "dispatch counts (emulator) or ms (MPS)")
+    train.add_argument("--widths", type=int, nargs="+", default=[784, 256, 128, 10])
+    train.add_argument("--density", type=float, default=0.1)
+    train.add_argument("--batch", type=int, default=128)
+    train.add_argument("--steps", type=int, default=5)
+    train.add_argument("--backend", choices=["auto", "metal", "emulator"], default="auto",
+                       help="auto: MPS when available, else the emulator")
+    train.add_argument("--json", action="store_true", help="print the result as JSON")
+    km = sub.add_parser("kmeans", help="k-means: ms per Lloyd iteration and points/s vs "
+                                       "scikit-learn; emulator dispatch counts and counters")
+    km.add_argument("--n", type=int, default=20000, help="points")
+    km.add_argument("--d", type=int, default=32, help="features")
+    km.add_argument("--k", type=int, default=16, help="clusters")
+    km.add_argument("--iters", type=int, default=10, help="Lloyd iterations per fit")
+    km.add_argument("--json", action="store_true", help="print the result as JSON")
+    mat = sub.add_parser("matmul", help="the matmul ladder: counters on the emulator, "
+                                        "TFLOP/s vs torch.mm and MPSMatrixMultiplication on MPS")
+    mat.add_argument("--device", choices=["emulator", "mps"], default=None,
+                     help="default: mps on a Mac with MPS and the extension, else emulator")
+    mat.add_argument("--sizes", nargs="+", default=None, metavar="S|MxNxK",
+                     help="shapes (default: 256-4096 square + transformer shapes on MPS, "
+                          "small shapes on the emulator)")
+    mat.add_argument("--kernels", nargs="+", default=None,
+                     choices=["naive", "tiled", "register", "simdgroup", "shuffle"])
+    mat.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    mat.add_argument("--warmup", type=int, default=3)
+    mat.add_argument("--repeats", type=int, default=10)
+    mat.add_argument("--peak-tflops", type=float, default=None,
+                     help="the chip's FP32 peak, for %% of peak (default: from the chip name)")
+    mat.add_argument("--csv", default=None, help="MPS: write the rows to this CSV file")
+    mat.add_argument("--plot", default=None, help="MPS: write a PNG bar chart here")
+    mat.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
 
     if args.benchmark == "sanitizer":
         from . import sanitizer
         rows = sanitizer.run(args.sizes, args.repeats)
         print(json.dumps(rows, indent=2) if args.json else sanitizer.format_table(rows))
+    elif args.benchmark == "matmul":
+        from . import matmul
+        rows, table = matmul.main(args)
+        print(json.dumps(rows, indent=2) if args.json else table)
+    elif args.benchmark == "train":
+        from . import train as train_bench
+        result = train_bench.run(args.widths, args.density, args.batch, args.steps,
+                                 args.backend)
+        print(json.dumps(result, indent=2) if args.json else train_bench.format_table(result))
+    elif args.benchmark == "kmeans":
+        from . import kmeans as kmeans_bench
+        result = kmeans_bench.run(args.n, args.d, args.k, args.iters)
+        print(json.dumps(result, indent=2) if args.json else kmeans_bench.format_report(result))
     return 0
 
 

@@ -357,6 +357,7 @@ def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = Fa
         for name in names:  # every declarator counts towards the 32 KB
             out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name.group(1)}, "
                        f"sizeof({name.group(1)}), \"{name.group(1)}\");")
+
         last = end + 1
     out.append(src[last:])
     return "".join(out)

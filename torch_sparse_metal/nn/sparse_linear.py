@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..ops.sparse_linear import BySource, CSRPattern, sparse_linear_pattern
+from ..ops.sparse_linear import BySource, CSRPattern, check_activation, sparse_linear_pattern
 
 _MODULE = "SparseLinear"
 # Below this many cells a random pattern comes from randperm (exact, O(cells) memory);
@@ -61,11 +61,14 @@ def _distinct_cells(cells: int, k: int, generator: Optional[torch.Generator],
 
 
 class SparseLinear(nn.Module):
-    """``y = x @ W.T + b`` with ``W`` (out_features x in_features) sparse in CSR form.
+    """``y = act(x @ W.T + b)`` with ``W`` (out_features x in_features) sparse in CSR form.
 
     Give exactly one of ``density`` (a random pattern with that fraction of nonzeros,
     drawn from ``generator`` if given) or ``indptr`` + ``indices`` (the pattern: row ``r``
     holds the source neurons ``indices[indptr[r]:indptr[r + 1]]`` of target neuron ``r``).
+
+    ``activation`` (None, ``"relu"``, ``"gelu"`` = tanh approximation, ``"tanh"``) is fused
+    into the forward kernel and its derivative into the one backward dispatch.
 
     Attributes:
         weight: ``(nnz,)`` the nonzero values, in CSR order.
@@ -84,9 +87,10 @@ class SparseLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, *, density: Optional[float] = None,
                  indptr: Optional[torch.Tensor] = None, indices: Optional[torch.Tensor] = None,
-                 bias: bool = True, device=None, dtype=None,
+                 bias: bool = True, activation: Optional[str] = None, device=None, dtype=None,
                  generator: Optional[torch.Generator] = None) -> None:
         super().__init__()
+        self.activation = check_activation(_MODULE, activation)
         for name, n in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"{_MODULE}: {name} must be a non-negative int, got {n!r}")
@@ -140,6 +144,17 @@ class SparseLinear(nn.Module):
         return self._pattern
 
     @property
+    def grad_norm(self) -> Optional[torch.Tensor]:
+        """L2 norm of this layer's gradients (weight and bias) as the last step of a
+        :class:`torch_sparse_metal.optim.AdamW` read them, or None before such a step.
+
+        The step kernel leaves every parameter's squared gradient norm in a small device
+        buffer; this reads two of its entries (on unified memory, no copy of a gradient).
+        """
+        from ..optim.adamw import grad_norm_of
+        return grad_norm_of(p for p in (self.weight, self.bias) if p is not None)
+
+    @property
     def nnz(self) -> int:
         return self.indices.shape[0]
 
@@ -168,7 +183,8 @@ class SparseLinear(nn.Module):
                 self.bias.copy_((2 * u - 1) * bound)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return sparse_linear_pattern(input, self.pattern(), self.weight, self.bias)
+        return sparse_linear_pattern(input, self.pattern(), self.weight, self.bias,
+                                     activation=self.activation)
 
     def to_dense(self) -> torch.Tensor:
         """``W`` as a dense ``(out_features, in_features)`` tensor (differentiable)."""
@@ -179,7 +195,8 @@ class SparseLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"nnz={self.nnz}, density={self.density:.4g}, bias={self.bias is not None}")
+                f"nnz={self.nnz}, density={self.density:.4g}, bias={self.bias is not None}"
+                + (f", activation={self.activation!r}" if self.activation else ""))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:

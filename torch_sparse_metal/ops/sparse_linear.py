@@ -18,13 +18,25 @@ from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
 from .._kernel_names import kernel_name
-from ..reference.sparse_linear import csr_row_ids, sparse_linear_reference
+from ..reference.sparse_linear import (ACTIVATIONS, activation_grad_reference, apply_activation,
+                                       csr_row_ids, sparse_linear_reference)
 
 OP = "sparse_linear"
 SHADER = "sparse_linear.metal"
 KERNELS = ("sparse_linear_forward", "sparse_linear_backward")
 # 8 SIMD-groups of 32: the seed engine's choice for these register-light kernels.
 GROUP_SIZE = 256
+# Activation name -> the kernels' TSM_ACT_* code (shaders/sparse_linear.metal).
+ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "tanh": 3}
+assert tuple(ACTIVATION_CODES) == ACTIVATIONS
+
+
+def check_activation(op: str, activation: Optional[str]) -> Optional[str]:
+    """``activation`` is one of None, "relu", "gelu" (tanh approximation), "tanh"."""
+    if activation not in ACTIVATION_CODES:
+        raise ValueError(f"{op}: activation must be one of {list(ACTIVATION_CODES)}, "
+                         f"got {activation!r}")
+    return activation
 
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
@@ -131,8 +143,9 @@ def _build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: i
 
 
 def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
-                  values: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``input @ W.T + bias`` where ``W`` is the CSR matrix ``(indptr, indices, values)``.
+                  values: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                  activation: Optional[str] = None) -> torch.Tensor:
+    """``act(input @ W.T + bias)`` where ``W`` is the CSR matrix ``(indptr, indices, values)``.
 
     Args:
         input: ``(*, in_features)``, floating point.
@@ -141,6 +154,9 @@ def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tens
         indices: ``(nnz,)`` int32 (int64 accepted), source neuron of each edge.
         values: ``(nnz,)`` weights, the dtype of ``input``.
         bias: ``(out_features,)`` or None.
+        activation: None, ``"relu"``, ``"gelu"`` (the tanh approximation, i.e.
+            ``torch.nn.functional.gelu(z, approximate="tanh")``) or ``"tanh"``; fused into
+            the forward kernel, and its derivative into the one backward dispatch.
 
     Returns:
         ``(*, out_features)``. Differentiable in ``input``, ``values`` and ``bias``.
@@ -155,13 +171,16 @@ def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tens
         raise ValueError(f"{OP}: input must have at least 1 dimension (*, in_features), "
                          "got a 0-D tensor")
     V.check_same_device(OP, {"input": input, "indptr": indptr, "indices": indices})
+    check_activation(OP, activation)
     pattern = CSRPattern(indptr, indices, input.shape[-1])
-    return sparse_linear_pattern(input, pattern, values, bias)
+    return sparse_linear_pattern(input, pattern, values, bias, activation=activation)
 
 
 def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
-                          bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                          bias: Optional[torch.Tensor] = None, *,
+                          activation: Optional[str] = None) -> torch.Tensor:
     """:func:`sparse_linear` with a prepared :class:`CSRPattern` (no per-call index checks)."""
+    check_activation(OP, activation)
     for name, t in (("input", input), ("values", values)):
         V.check_tensor(OP, name, t)
         V.check_floating(OP, name, t)
@@ -180,7 +199,8 @@ def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torc
 
     backend = resolve_backend(OP, (input, values, bias))
     if backend == "reference":
-        out = sparse_linear_reference(x, pattern.indptr, pattern.indices, values, bias)
+        out = sparse_linear_reference(x, pattern.indptr, pattern.indices, values, bias,
+                                      activation=activation)
     else:
         V.check_kernel_dtype(OP, input.dtype, backend)
         batch = x.shape[0]
@@ -189,7 +209,7 @@ def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torc
         # contiguous(): the kernels take no strides.
         out = _SparseLinearFunction.apply(x, values.contiguous(),
                                           None if bias is None else bias.contiguous(),
-                                          pattern, backend)
+                                          pattern, backend, activation)
     return out.reshape(*lead, pattern.out_features)
 
 
@@ -200,24 +220,34 @@ def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torc
 class _SparseLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, values: torch.Tensor, bias: Optional[torch.Tensor],
-                pattern: CSRPattern, backend: str) -> torch.Tensor:
+                pattern: CSRPattern, backend: str, activation: Optional[str]) -> torch.Tensor:
         need_input, need_values, need_bias = ctx.needs_input_grad[:3]
         ctx.pattern = pattern
         ctx.backend = backend  # backward runs where forward did, whatever use_backend says then
         ctx.has_bias = bias is not None
-        # Save only what backward reads: x for grad_values, values for grad_input.
-        ctx.save_for_backward(x if need_values else None, values if need_input else None)
-        return _forward(x, pattern, values, bias, backend)
+        ctx.activation = activation
+        need_any = need_input or need_values or need_bias
+        out, preact = _forward(x, pattern, values, bias, backend, activation,
+                               save_preact=need_any and activation == "gelu")
+        # Save only what backward reads: x for grad_values, values for grad_input, and
+        # for the activation's derivative the output (relu, tanh) or pre-activation (gelu).
+        act_saved = None
+        if need_any and activation is not None:
+            act_saved = preact if activation == "gelu" else out
+        ctx.save_for_backward(x if need_values else None, values if need_input else None,
+                              act_saved)
+        return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        x, values = ctx.saved_tensors
+        x, values, act_saved = ctx.saved_tensors
         need_input, need_values, need_bias = ctx.needs_input_grad[:3]
         grads = _backward(grad_out.contiguous(), x, values, ctx.pattern, ctx.backend,
                           need_input=need_input, need_values=need_values,
-                          need_bias=need_bias and ctx.has_bias)
-        return grads + (None, None)
+                          need_bias=need_bias and ctx.has_bias,
+                          activation=ctx.activation, act_saved=act_saved)
+        return grads + (None, None, None)
 
 
 def _placeholder(like: torch.Tensor) -> torch.Tensor:
@@ -226,24 +256,33 @@ def _placeholder(like: torch.Tensor) -> torch.Tensor:
 
 
 def _forward(x: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
-             bias: Optional[torch.Tensor], backend: str) -> torch.Tensor:
+             bias: Optional[torch.Tensor], backend: str, activation: Optional[str] = None,
+             *, save_preact: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(output, pre-activation if save_preact else None)``."""
     batch, out_features = x.shape[0], pattern.out_features
     if batch == 0 or out_features == 0 or pattern.nnz == 0:
-        out = x.new_zeros(batch, out_features)
-        return out if bias is None else out.add_(bias)
+        preact = x.new_zeros(batch, out_features)
+        if bias is not None:
+            preact.add_(bias)
+        return apply_activation(preact, activation), (preact if save_preact else None)
     out = x.new_empty(batch, out_features)
+    preact = x.new_empty(batch, out_features) if save_preact else None
+    placeholder = _placeholder(x)
     args = (x, pattern.indptr, pattern.indices, values,
-            bias if bias is not None else _placeholder(x), out,
+            bias if bias is not None else placeholder, out,
             np.uint32(batch), np.uint32(pattern.in_features), np.uint32(out_features),
-            np.uint32(bias is not None))
+            np.uint32(bias is not None),
+            preact if save_preact else placeholder,
+            np.uint32(ACTIVATION_CODES[activation]), np.uint32(save_preact))
     _launch.launch(SHADER, kernel_name("sparse_linear_forward", x.dtype), args,
                    threads=batch * out_features, group_size=GROUP_SIZE, backend=backend)
-    return out
+    return out, preact
 
 
 def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optional[torch.Tensor],
               pattern: CSRPattern, backend: str, *, need_input: bool, need_values: bool,
-              need_bias: bool) -> Tuple[Optional[torch.Tensor], ...]:
+              need_bias: bool, activation: Optional[str] = None,
+              act_saved: Optional[torch.Tensor] = None) -> Tuple[Optional[torch.Tensor], ...]:
     batch = grad_out.shape[0]
     in_features, out_features = pattern.in_features, pattern.out_features
     grad_input = grad_out.new_empty(batch, in_features) if need_input else None
@@ -255,6 +294,8 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
         if grad_input is not None:
             grad_input.zero_()
         if grad_bias is not None:
+            if activation is not None:
+                grad_out = grad_out * activation_grad_reference(act_saved, activation)
             torch.sum(grad_out, dim=0, out=grad_bias)
         return grad_input, grad_values, grad_bias
 
@@ -273,7 +314,9 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
             grad_bias if need_bias else placeholder,
             np.uint32(batch), np.uint32(in_features), np.uint32(out_features),
             np.uint32(neurons),
-            np.uint32(need_input), np.uint32(need_values), np.uint32(need_bias))
+            np.uint32(need_input), np.uint32(need_values), np.uint32(need_bias),
+            act_saved if activation is not None else placeholder,
+            np.uint32(ACTIVATION_CODES[activation]))
     _launch.launch(SHADER, kernel_name("sparse_linear_backward", grad_out.dtype), args,
                    threads=batch * neurons, group_size=GROUP_SIZE, backend=backend)
     return grad_input, grad_values, grad_bias

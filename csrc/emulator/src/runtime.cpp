@@ -44,7 +44,7 @@ enum class State { Runnable, AtThreadgroupBarrier, AtSimd, Done };
 
 struct Exchange {
   uint64_t active = 0;
-  alignas(16) unsigned char values[kSimdWidth][32];
+  alignas(16) unsigned char values[kSimdWidth][kSimdValueBytes];
 };
 
 struct Fiber {
@@ -54,7 +54,7 @@ struct Fiber {
   // is inside (outermost first), then the barrier's or collective's own (tsm_emu::Site).
   std::vector<uint32_t> site;
   std::vector<uint32_t> calls;  // call sites of the helper functions it is in now
-  unsigned char slot[32];
+  alignas(16) unsigned char slot[kSimdValueBytes];
   const Exchange* exchange = nullptr;
   bool at_simdgroup_barrier = false;  // AtSimd for a simdgroup_barrier, not a collective
   unsigned barrier_flags = 0;         // mem_flags of the barrier it waits at
@@ -539,7 +539,7 @@ static Worker* fiber_worker(const char* what) {
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
   Worker* w = fiber_worker("a SIMD-group function");
   Fiber* f = w->current;
-  if (size > sizeof f->slot) raise("launch", "SIMD-group function on a value wider than 32 bytes");
+  if (size > sizeof f->slot) raise("launch", "SIMD-group function on a value wider than 64 bytes");
   std::memcpy(f->slot, value, size);
   f->site = f->calls;
   f->site.push_back(site);

@@ -95,9 +95,13 @@ struct KernelEntry {
 const ThreadInfo& current_thread();
 
 // A value exchanged by the active lanes of one SIMD-group at one collective.
+// The widest value one lane contributes to a collective: a double4, or the three 2-element
+// operands of a double simdgroup_matrix product.
+constexpr size_t kSimdValueBytes = 64;
+
 struct SimdExchange {
   uint64_t active;                       // bit i: lane i took part
-  const unsigned char (*values)[32];     // values[lane], valid for active lanes
+  const unsigned char (*values)[kSimdValueBytes];  // values[lane], valid for active lanes
   uint32_t lane;                         // the calling lane
 };
 // A collective's or barrier's call site in the kernel source: line << 12 | k, where k is

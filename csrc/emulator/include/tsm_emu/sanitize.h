@@ -46,78 +46,98 @@ struct element_access<U[M]> {
 };
 }  // namespace sanitize_detail
 
+namespace sanitize_detail {
+// The pointer and its region. ptr<T> derives from ptr<const T> (which holds these), so a
+// template parameter `ptr<const T>` deduces from a ptr<float> argument through the base
+// class, as `device const T*` deduces from a `device float*` in MSL.
 template <class T>
-class ptr {
+struct ptr_data {
+  ptr_data() = default;
+  ptr_data(T* p, const Region* r) : p_(p), r_(r) {}
+  T* p_ = nullptr;
+  const Region* r_ = nullptr;
+};
+template <class T>
+using ptr_base = std::conditional_t<std::is_const<T>::value, ptr_data<T>, ptr<const T>>;
+}  // namespace sanitize_detail
+
+template <class T>
+class ptr : public sanitize_detail::ptr_base<T> {
+  using base = sanitize_detail::ptr_base<T>;
+
  public:
   using element_type = T;
 
   ptr() = default;
   ptr(std::nullptr_t) {}
-  ptr(T* p, const Region* r) : p_(p), r_(r) {}
+  ptr(T* p, const Region* r) : base(p, r) {}
   // From a raw pointer, such as &buffer[i]: its region is found by address.
-  ptr(T* p) : p_(p), r_(p ? region_of(p) : nullptr) {}
-  template <class U, class = std::enable_if_t<std::is_convertible<U*, T*>::value>>
-  ptr(const ptr<U>& other) : p_(other.get()), r_(other.region()) {}
+  ptr(T* p) : base(p, p ? region_of(p) : nullptr) {}
+  template <class U, class = std::enable_if_t<std::is_convertible<U*, T*>::value &&
+                                              !std::is_same<std::remove_cv_t<U>, std::remove_cv_t<T>>::value>>
+  ptr(const ptr<U>& other) : base(other.get(), other.region()) {}
   // A cast between pointee types, (device uint*)float_ptr, keeps the region.
   template <class U, class = std::enable_if_t<!std::is_convertible<U*, T*>::value>, class = void>
   explicit ptr(const ptr<U>& other)
-      : p_(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(other.get()))), r_(other.region()) {}
+      : base(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(other.get())), other.region()) {}
 
-  T* get() const { return p_; }
-  const Region* region() const { return r_; }
-  explicit operator bool() const { return p_ != nullptr; }
+  T* get() const { return const_cast<T*>(this->p_); }
+  const Region* region() const { return this->r_; }
+  explicit operator bool() const { return this->p_ != nullptr; }
 
-  decltype(auto) operator[](ptrdiff_t i) const { return sanitize_detail::element_access<T>::get(p_ + i, r_); }
+  decltype(auto) operator[](ptrdiff_t i) const {
+    return sanitize_detail::element_access<T>::get(get() + i, region());
+  }
   decltype(auto) operator*() const { return (*this)[0]; }
   T* operator->() const {
-    check_access(r_, p_, sizeof(T), false);
-    return p_;
+    check_access(region(), get(), sizeof(T), false);
+    return get();
   }
 
-  ptr operator+(ptrdiff_t n) const { return ptr(p_ + n, r_); }
-  ptr operator-(ptrdiff_t n) const { return ptr(p_ - n, r_); }
-  ptrdiff_t operator-(const ptr& o) const { return p_ - o.p_; }
-  ptr& operator+=(ptrdiff_t n) { p_ += n; return *this; }
-  ptr& operator-=(ptrdiff_t n) { p_ -= n; return *this; }
-  ptr& operator++() { ++p_; return *this; }
-  ptr& operator--() { --p_; return *this; }
-  ptr operator++(int) { ptr old = *this; ++p_; return old; }
-  ptr operator--(int) { ptr old = *this; --p_; return old; }
+  ptr operator+(ptrdiff_t n) const { return ptr(get() + n, region()); }
+  ptr operator-(ptrdiff_t n) const { return ptr(get() - n, region()); }
+  ptrdiff_t operator-(const ptr& o) const { return get() - o.get(); }
+  ptr& operator+=(ptrdiff_t n) { return *this = *this + n; }
+  ptr& operator-=(ptrdiff_t n) { return *this = *this - n; }
+  ptr& operator++() { return *this += 1; }
+  ptr& operator--() { return *this -= 1; }
+  ptr operator++(int) { ptr old = *this; *this += 1; return old; }
+  ptr operator--(int) { ptr old = *this; *this -= 1; return old; }
   friend ptr operator+(ptrdiff_t n, const ptr& p) { return p + n; }
-  friend bool operator==(const ptr& a, const ptr& b) { return a.p_ == b.p_; }
-  friend bool operator!=(const ptr& a, const ptr& b) { return a.p_ != b.p_; }
-  friend bool operator<(const ptr& a, const ptr& b) { return a.p_ < b.p_; }
-  friend bool operator<=(const ptr& a, const ptr& b) { return a.p_ <= b.p_; }
-  friend bool operator>(const ptr& a, const ptr& b) { return a.p_ > b.p_; }
-  friend bool operator>=(const ptr& a, const ptr& b) { return a.p_ >= b.p_; }
-  friend bool operator==(const ptr& a, std::nullptr_t) { return a.p_ == nullptr; }
-  friend bool operator!=(const ptr& a, std::nullptr_t) { return a.p_ != nullptr; }
-
- private:
-  T* p_ = nullptr;
-  const Region* r_ = nullptr;
+  friend bool operator==(const ptr& a, const ptr& b) { return a.get() == b.get(); }
+  friend bool operator!=(const ptr& a, const ptr& b) { return a.get() != b.get(); }
+  friend bool operator<(const ptr& a, const ptr& b) { return a.get() < b.get(); }
+  friend bool operator<=(const ptr& a, const ptr& b) { return a.get() <= b.get(); }
+  friend bool operator>(const ptr& a, const ptr& b) { return a.get() > b.get(); }
+  friend bool operator>=(const ptr& a, const ptr& b) { return a.get() >= b.get(); }
+  friend bool operator==(const ptr& a, std::nullptr_t) { return a.get() == nullptr; }
+  friend bool operator!=(const ptr& a, std::nullptr_t) { return a.get() != nullptr; }
 };
 
-// A threadgroup array declared in a kernel body, `threadgroup float tile[32][33];`.
+// A threadgroup array declared in a kernel body, `threadgroup float tile[32][33];`. It is
+// also the pointer its name decays to (ptr<float[33]> here), so `f(tile)` deduces `T` for
+// a `threadgroup T*` parameter as the array decay does in MSL. Registering it where the
+// declaration runs (below) points it at this threadgroup's region.
 template <class A>
-class tg_var {
+class tg_var : public ptr<std::remove_extent_t<A>> {
   static_assert(std::is_array<A>::value, "tg_var holds threadgroup arrays");
   using E = std::remove_extent_t<A>;
 
  public:
-  decltype(auto) operator[](ptrdiff_t i) { return pointer()[i]; }
-  operator ptr<E>() { return pointer(); }
-  ptr<E> operator+(ptrdiff_t n) { return pointer() + n; }
+  A& storage() { return storage_; }
+  void bind() { static_cast<ptr<E>&>(*this) = ptr<E>(&storage_[0], region_of(&storage_)); }
 
  private:
-  ptr<E> pointer() { return ptr<E>(&storage_[0], region_of(&storage_)); }
   alignas(16) A storage_;
 };
 
-// reinterpret_cast<device T*>(p) in a sanitized build: the same pointer, same region.
-template <class T, class U>
-ptr<T> ptr_cast(const ptr<U>& p) {
-  return ptr<T>(p);
+void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name);
+
+// The array's region is its storage, not the pointer in front of it.
+template <class A>
+void register_static_threadgroup_memory(tg_var<A>* var, size_t, const char* name) {
+  register_static_threadgroup_memory(&var->storage(), sizeof(A), name);
+  var->bind();
 }
 
 // A threadgroup scalar, `threadgroup float m;`: the rewriter turns each use into m.ref().
@@ -132,6 +152,12 @@ class tg_scalar {
  private:
   T value_;
 };
+
+// reinterpret_cast<device T*>(p) in a sanitized build: the same pointer, same region.
+template <class T, class U>
+ptr<T> ptr_cast(const ptr<U>& p) {
+  return ptr<T>(p);
+}
 
 template <class T>
 struct is_checked_ptr : std::false_type {};

@@ -57,7 +57,7 @@ inline T reduce(const tsm_emu::SimdExchange& x, unsigned begin, unsigned end, Op
 
 template <class T>
 inline tsm_emu::SimdExchange exchange(const T& v, uint32_t site) {
-  static_assert(sizeof(T) <= 32, "SIMD-group functions take values of at most 32 bytes");
+  static_assert(sizeof(T) <= tsm_emu::kSimdValueBytes, "SIMD-group functions take values of at most 64 bytes");
   return tsm_emu::simd_exchange(&v, sizeof(T), site);
 }
 
@@ -272,7 +272,7 @@ struct DataAndFill {
 };
 template <class T>
 inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bool up, uint32_t site) {
-  static_assert(2 * sizeof(T) <= 32, "shuffle_and_fill takes values of at most 16 bytes");
+  static_assert(2 * sizeof(T) <= tsm_emu::kSimdValueBytes, "shuffle_and_fill takes values of at most 32 bytes");
   auto x = exchange(DataAndFill<T>{data, filling}, site);
   const unsigned w = modulo ? modulo : 32u, base = x.lane - x.lane % w, i = x.lane % w;
   const bool inside = up ? i >= delta : i + delta < w;

@@ -107,7 +107,7 @@ struct Operands {
 template <class T>
 inline vec<T, 2> multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const vec<T, 2>& c,
                                      uint32_t site) {
-  static_assert(sizeof(Operands<T>) <= 32, "simdgroup matrix element type too wide");
+  static_assert(sizeof(Operands<T>) <= tsm_emu::kSimdValueBytes, "simdgroup matrix element type too wide");
   const Operands<T> mine{a, b, c};
   const auto x = tsm_emu::simd_exchange(&mine, sizeof mine, site);
   if (x.active != 0xFFFFFFFFull)

@@ -1,0 +1,87 @@
+// Softmax cross-entropy with mean reduction: the loss and its gradient in ONE dispatch.
+//
+// Host code: torch_sparse_metal/nn/functional.py. The gradient of the mean loss with
+// respect to the logits, (softmax(x) - onehot(label)) / count, is known as soon as the
+// row's softmax is, so the forward writes it; autograd's backward then only scales it by
+// the incoming gradient (1 for loss.backward()). That saves the second dispatch a separate
+// backward kernel would cost, which in a training step of small sparse layers is worth more
+// than the (batch, classes) buffer it keeps alive until backward.
+//
+// The loss is a mean over rows, i.e. a reduction over the whole dispatch. It runs as ONE
+// threadgroup: each thread walks rows tid, tid + threads, ... and the group reduces
+// through SIMD-group sums and threadgroup memory. No atomics, no zero-filled output
+// (that would be another op), and the sum comes out in the same order every run, so the
+// loss is deterministic. The cost: one threadgroup uses one GPU core, fine for a
+// classifier's batch (hundreds of rows of tens of classes); a language-model vocabulary
+// would want a threadgroup per row instead.
+#include <metal_stdlib>
+#include "tsm_common.h"
+using namespace metal;
+
+// 32 SIMD-groups of 32 = the 1024-thread maximum.
+#define TSM_CE_MAX_SIMDGROUPS 32
+
+template <typename T>
+[[kernel]] void cross_entropy_forward(
+    device const T* logits        [[buffer(0)]],  // (batch, classes)
+    device const int* labels      [[buffer(1)]],  // (batch), in [0, classes) or ignore_index
+    device T* loss                [[buffer(2)]],  // (1): mean over rows not ignored
+    device T* grad_logits         [[buffer(3)]],  // (batch, classes), if need_grad
+    constant uint& batch          [[buffer(4)]],
+    constant uint& classes        [[buffer(5)]],
+    constant int& ignore_index    [[buffer(6)]],
+    constant T& inv_count         [[buffer(7)]],  // 1 / rows not ignored (host counts them)
+    constant uint& need_grad      [[buffer(8)]],
+    uint tid                      [[thread_index_in_threadgroup]],
+    uint threads                  [[threads_per_threadgroup]],
+    uint lane                     [[thread_index_in_simdgroup]],
+    uint simd_id                  [[simdgroup_index_in_threadgroup]],
+    uint n_simd                   [[simdgroups_per_threadgroup]]) {
+  threadgroup T partials[TSM_CE_MAX_SIMDGROUPS];
+
+  T acc = T(0);
+  for (uint r = tid; r < batch; r += threads) {
+    device const T* x = logits + r * classes;
+    const int label = labels[r];
+    const bool counted = label != ignore_index;
+    // Stable log-sum-exp: shift by the row maximum so exp never overflows.
+    T m = x[0];
+    for (uint c = 1; c < classes; ++c) {
+      m = max(m, x[c]);
+    }
+    T sum = T(0);
+    for (uint c = 0; c < classes; ++c) {
+      sum += exp(x[c] - m);
+    }
+    if (counted) {
+      // -log softmax(x)[label] = log(sum) - (x[label] - m)
+      acc += (log(sum) - (x[label] - m)) * inv_count;
+    }
+    if (need_grad != 0) {
+      device T* g = grad_logits + r * classes;
+      const T scale = counted ? inv_count : T(0);
+      const T inv_sum = T(1) / sum;
+      for (uint c = 0; c < classes; ++c) {
+        const T p = exp(x[c] - m) * inv_sum;
+        g[c] = (p - (int(c) == label ? T(1) : T(0))) * scale;
+      }
+    }
+  }
+
+  // Every thread reaches the reductions and barrier (no early return above).
+  const T simd_total = simd_sum(acc);
+  if (lane == 0) {
+    partials[simd_id] = simd_total;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (tid == 0) {
+    T total = T(0);
+    for (uint s = 0; s < n_simd; ++s) {
+      total += partials[s];
+    }
+    loss[0] = total;
+  }
+}
+
+TSM_INSTANTIATE_KERNEL("cross_entropy_forward_float", cross_entropy_forward, float)
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("cross_entropy_forward_double", cross_entropy_forward, double))

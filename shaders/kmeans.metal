@@ -1,0 +1,594 @@
+// GPU k-means (Lloyd's algorithm, k-means++ seeding, online updates).
+//
+// Host code: torch_sparse_metal/ops/kmeans.py; plain-torch oracle:
+// torch_sparse_metal/reference/kmeans.py. Shapes: x (n, d) points, c (k, d) centroids, all
+// row-major and contiguous; labels are int32 (`uint` here: the host guarantees < k);
+// counts are uint32. Every scalar is a separate `constant uint&`, and the host rejects
+// sizes whose flat offsets (n * d, n * k, blocks * k * d) would not fit in 32 bits.
+//
+// One Lloyd iteration, as the host sequences it (roles from the seed plan):
+//   kmeans_sq_norms       ||c||^2 (and ||x||^2 once per fit)
+//   kmeans_distances      D = ||x||^2 - 2 x.c + ||c||^2        (tiled, a small GEMM)
+//   kmeans_assign         argmin over each row of D + the minimum (inertia, re-seeding)
+//   kmeans_zero           clear the accumulators
+//   kmeans_accumulate_*   per-cluster sums and counts: threadgroup partials, then either
+//                         native float atomics (Metal 3), CAS on atomic_uint (older GPUs), or
+//                         per-block slots + kmeans_reduce_partials (deterministic mode)
+//   kmeans_finalize       centroid = sum / count (an empty cluster keeps its old centroid;
+//                         the host re-seeds it to the farthest point before this runs)
+//   kmeans_drift          max and total squared centroid shift (convergence test)
+// Plus the online and seeding roles: kmeans_assign_one (one new point), kmeans_pp_update
+// (k-means++: min distance to the chosen centroids), kmeans_update_affected (partial_fit).
+#include <metal_stdlib>
+#include "tsm_common.h"
+using namespace metal;
+
+// ---------------------------------------------------------------------------------------
+// Distances
+
+// out[i] = ||rows[i]||^2, one thread per row. Done once per fit for x (it never changes)
+// and once per iteration for the k centroids: cheaper than recomputing inside the GEMM.
+template <typename T>
+[[kernel]] void kmeans_sq_norms(
+    device const T* rows      [[buffer(0)]],  // (n, d)
+    device T* out             [[buffer(1)]],  // (n)
+    constant uint& n          [[buffer(2)]],
+    constant uint& d          [[buffer(3)]],
+    uint gid                  [[thread_position_in_grid]]) {
+  if (gid >= n) {
+    return;
+  }
+  device const T* r = rows + gid * d;
+  T acc = T(0);
+  for (uint f = 0; f < d; ++f) {
+    acc = fma(r[f], r[f], acc);
+  }
+  out[gid] = acc;
+}
+
+// D[i, j] = ||x_i||^2 - 2 x_i.c_j + ||c_j||^2, clamped at 0: the expansion turns the n*k*d
+// subtract-square-add work into a matrix product (x @ c.T), and cancellation can make the
+// exact 0 of a point sitting on its centroid come out slightly negative.
+//
+// A classic shared-memory tiled product: 16x16 threadgroups, thread (lid.x, lid.y) owns
+// D[row = group.y * 16 + lid.y, col = group.x * 16 + lid.x]. Each d-tile of x (16 points) and
+// of c (16 centroids) is loaded once into threadgroup memory, coalesced along d, and read 16
+// times. The host dispatches whole tiles (grid rounded up to 16 in both dimensions) so every
+// tile slot is written by exactly one thread each round: out-of-range slots are loaded as 0
+// and out-of-range threads still reach both barriers, only their store is skipped. Rows are
+// padded by one element so the column walks hit 16 different banks.
+constant constexpr uint DIST_TILE = 16;
+
+template <typename T>
+[[kernel]] void kmeans_distances(
+    device const T* x         [[buffer(0)]],  // (n, d)
+    device const T* c         [[buffer(1)]],  // (k, d)
+    device const T* x_sq      [[buffer(2)]],  // (n)
+    device const T* c_sq      [[buffer(3)]],  // (k)
+    device T* dist            [[buffer(4)]],  // (n, k)
+    constant uint& n          [[buffer(5)]],
+    constant uint& k          [[buffer(6)]],
+    constant uint& d          [[buffer(7)]],
+    uint2 gid                 [[thread_position_in_grid]],
+    uint2 lid                 [[thread_position_in_threadgroup]],
+    uint2 group               [[threadgroup_position_in_grid]]) {
+  threadgroup T x_tile[DIST_TILE][DIST_TILE + 1];  // [point][feature]
+  threadgroup T c_tile[DIST_TILE][DIST_TILE + 1];  // [centroid][feature]
+  const uint row = gid.y;                           // point
+  const uint col = gid.x;                           // centroid
+  // The slot this thread loads: point / centroid lid.y of the tile, feature lid.x.
+  const uint load_point = group.y * DIST_TILE + lid.y;
+  const uint load_centroid = group.x * DIST_TILE + lid.y;
+  T dot = T(0);
+  for (uint f0 = 0; f0 < d; f0 += DIST_TILE) {
+    const uint f = f0 + lid.x;
+    x_tile[lid.y][lid.x] = (load_point < n && f < d) ? x[load_point * d + f] : T(0);
+    c_tile[lid.y][lid.x] = (load_centroid < k && f < d) ? c[load_centroid * d + f] : T(0);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint j = 0; j < DIST_TILE; ++j) {
+      dot = fma(x_tile[lid.y][j], c_tile[lid.x][j], dot);
+    }
+    // The next round overwrites the tiles others may still be reading.
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  if (row < n && col < k) {
+    dist[row * k + col] = max(x_sq[row] - T(2) * dot + c_sq[col], T(0));
+  }
+}
+
+// labels[i] = argmin_j D[i, j] (the lowest j on ties, as torch.argmin and scikit-learn),
+// min_dist[i] = that minimum. One thread per point: k is small next to n, and a row of D
+// is contiguous. Starting from column 0 rather than +inf means a row of NaNs (which the host
+// never sends: it rejects non-finite input) still yields a label in range.
+template <typename T>
+[[kernel]] void kmeans_assign(
+    device const T* dist      [[buffer(0)]],  // (n, k)
+    device int* labels        [[buffer(1)]],  // (n)
+    device T* min_dist        [[buffer(2)]],  // (n)
+    constant uint& n          [[buffer(3)]],
+    constant uint& k          [[buffer(4)]],
+    uint gid                  [[thread_position_in_grid]]) {
+  if (gid >= n) {
+    return;
+  }
+  device const T* r = dist + gid * k;
+  T best = r[0];
+  uint best_j = 0;
+  for (uint j = 1; j < k; ++j) {
+    if (r[j] < best) {
+      best = r[j];
+      best_j = j;
+    }
+  }
+  labels[gid] = int(best_j);
+  min_dist[gid] = best;
+}
+
+// ---------------------------------------------------------------------------------------
+// Accumulation: sums[c, f] = sum of x[p, f] over points p with label c; counts[c] = |c|.
+
+// sums[i] = 0 for i < k * d and counts[c] = 0 for c < k: one thread per sum (d >= 1, so the
+// k * d grid covers the counts too). The atomic variants add into these.
+template <typename T>
+[[kernel]] void kmeans_zero(
+    device T* sums            [[buffer(0)]],  // (k, d)
+    device uint* counts       [[buffer(1)]],  // (k)
+    constant uint& k          [[buffer(2)]],
+    constant uint& d          [[buffer(3)]],
+    uint gid                  [[thread_position_in_grid]]) {
+  if (gid < k * d) {
+    sums[gid] = T(0);
+  }
+  if (gid < k) {
+    counts[gid] = 0;
+  }
+}
+
+// The shared first half of every accumulate kernel, run by each thread on its own slots
+// (no barrier inside: the kernels place it).
+//
+// Grid: (feature tiles * TF, point blocks * TP), threadgroups of exactly (TF, TP) threads
+// (the host rounds both dimensions up to whole groups). Threadgroup (gx, gy) handles the
+// features [gx * TF, gx * TF + TF) of the points [gy * block, gy * block + block). Thread
+// (lf, lp) walks the points lp, lp + TP, ... of the block and adds feature lf into its own
+// row of the partial sums, partial[lp][c][lf], so no two threads ever write one slot and
+// threadgroup memory needs no atomics (Metal has no threadgroup atomic_float anyway).
+// Column lf == 0 also counts the points per cluster into partial_counts[lp][c].
+//
+// Apple GPUs serialise contended float atomics (M1/M2 run them as CAS loops), so this
+// turns one device atomic per point and feature into one per (block, cluster present in
+// the block, feature): `block` times fewer when the clusters are mixed, and the contention
+// on a cluster's row drops by the same factor.
+template <typename T>
+inline void kmeans_accumulate_block(device const T* x, device const int* labels,
+                                    threadgroup T* partial, threadgroup uint* partial_counts,
+                                    uint n, uint k, uint d, uint block,
+                                    uint2 lid, uint2 group, uint2 size) {
+  const uint tf = size.x, tp = size.y;
+  const uint f = group.x * tf + lid.x;
+  threadgroup T* mine = partial + lid.y * k * tf + lid.x;   // slot of cluster c: mine[c * tf]
+  threadgroup uint* my_counts = partial_counts + lid.y * k;
+  for (uint c = 0; c < k; ++c) {
+    mine[c * tf] = T(0);
+  }
+  if (lid.x == 0) {
+    for (uint c = 0; c < k; ++c) {
+      my_counts[c] = 0;
+    }
+  }
+  const uint start = group.y * block;
+  const uint end = min(start + block, n);
+  for (uint p = start + lid.y; p < end; p += tp) {
+    const uint c = uint(labels[p]);
+    if (c >= k) {
+      continue;  // the host never sends one; a bad label must not write outside partial
+    }
+    if (f < d) {
+      mine[c * tf] += x[p * d + f];
+    }
+    if (lid.x == 0) {
+      my_counts[c] += 1;
+    }
+  }
+}
+
+// How many points of cluster c the block held: the column lf == 0 of each row lp counted.
+inline uint kmeans_block_count(threadgroup const uint* partial_counts, uint c, uint k, uint tp) {
+  uint total = 0;
+  for (uint q = 0; q < tp; ++q) {
+    total += partial_counts[q * k + c];
+  }
+  return total;
+}
+
+// The block's sum for (c, lf), adding the TP rows in a fixed order. Callers name T: in
+// sanitized emulator builds `threadgroup const T*` is a checked-pointer class, and a
+// template cannot deduce T through the const from a non-const argument.
+template <typename T>
+inline T kmeans_block_sum(threadgroup const T* partial, uint c, uint lf, uint k, uint tf,
+                          uint tp) {
+  T total = T(0);
+  for (uint q = 0; q < tp; ++q) {
+    total += partial[(q * k + c) * tf + lf];
+  }
+  return total;
+}
+
+// Native float atomics: `atomic<T>` is atomic_float, which needs Metal 3 (macOS 13, an
+// Apple7+ or Metal-3 GPU family). The guard keeps the library compiling under older
+// language versions, where the host picks kmeans_accumulate_cas instead. (The emulator
+// also instantiates atomic<double>.)
+#if __METAL_VERSION__ >= 300
+template <typename T>
+[[kernel]] void kmeans_accumulate_atomic(
+    device const T* x              [[buffer(0)]],  // (n, d)
+    device const int* labels       [[buffer(1)]],  // (n)
+    device atomic<T>* sums         [[buffer(2)]],  // (k, d), zeroed by kmeans_zero
+    device atomic_uint* counts     [[buffer(3)]],  // (k), zeroed by kmeans_zero
+    constant uint& n               [[buffer(4)]],
+    constant uint& k               [[buffer(5)]],
+    constant uint& d               [[buffer(6)]],
+    constant uint& block           [[buffer(7)]],  // points per threadgroup row of the grid
+    threadgroup T* partial         [[threadgroup(0)]],  // (TP, k, TF)
+    threadgroup uint* partial_counts [[threadgroup(1)]],  // (TP, k)
+    uint2 lid                      [[thread_position_in_threadgroup]],
+    uint2 group                    [[threadgroup_position_in_grid]],
+    uint2 size                     [[threads_per_threadgroup]]) {
+  kmeans_accumulate_block(x, labels, partial, partial_counts, n, k, d, block, lid, group, size);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  // Flush: the group's threads share the k * TF (cluster, feature) sums, then the counts.
+  const uint tf = size.x, tp = size.y;
+  const uint tid = lid.y * tf + lid.x, nthreads = tf * tp;
+  for (uint s = tid; s < k * tf; s += nthreads) {
+    const uint c = s / tf, lf = s % tf, f = group.x * tf + lf;
+    // Clusters absent from the block add nothing: skip their atomics.
+    if (f >= d || kmeans_block_count(partial_counts, c, k, tp) == 0) {
+      continue;
+    }
+    atomic_fetch_add_explicit(&sums[c * d + f], kmeans_block_sum<T>(partial, c, lf, k, tf, tp),
+                              memory_order_relaxed);
+  }
+  if (group.x == 0) {  // every feature tile counted the same points: count them once
+    for (uint c = tid; c < k; c += nthreads) {
+      const uint cnt = kmeans_block_count(partial_counts, c, k, tp);
+      if (cnt != 0) {
+        atomic_fetch_add_explicit(&counts[c], cnt, memory_order_relaxed);
+      }
+    }
+  }
+}
+#endif
+
+// sum += value on a float stored as the bits of an atomic_uint: the seed's emulation of
+// atomic_float for GPUs without Metal 3. The weak CAS may fail spuriously, and on failure
+// it reloads `expected` with the current bits, so the loop recomputes from fresh data and
+// retries until its own exchange lands (the emulator's sanitizer injects spurious failures
+// to prove the retry).
+inline void kmeans_atomic_add_float_cas(device atomic_uint* addr, float value) {
+  uint expected = atomic_load_explicit(addr, memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(addr, &expected,
+                                                as_type<uint>(as_type<float>(expected) + value),
+                                                memory_order_relaxed, memory_order_relaxed)) {
+  }
+}
+
+// kmeans_accumulate_atomic for GPUs without atomic_float: the same float sums, bound as
+// atomic_uint (a float 0.0 is all-zero bits, so kmeans_zero serves both). float only (a
+// plain kernel, its host name written out): the bits of the value must fit the 32-bit
+// atomic.
+kernel void kmeans_accumulate_cas_float(
+    device const float* x         [[buffer(0)]],
+    device const int* labels      [[buffer(1)]],
+    device atomic_uint* sums      [[buffer(2)]],  // (k, d) floats as bits, zeroed
+    device atomic_uint* counts    [[buffer(3)]],
+    constant uint& n              [[buffer(4)]],
+    constant uint& k              [[buffer(5)]],
+    constant uint& d              [[buffer(6)]],
+    constant uint& block          [[buffer(7)]],
+    threadgroup float* partial    [[threadgroup(0)]],
+    threadgroup uint* partial_counts [[threadgroup(1)]],
+    uint2 lid                     [[thread_position_in_threadgroup]],
+    uint2 group                   [[threadgroup_position_in_grid]],
+    uint2 size                    [[threads_per_threadgroup]]) {
+  kmeans_accumulate_block(x, labels, partial, partial_counts, n, k, d, block, lid, group, size);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const uint tf = size.x, tp = size.y;
+  const uint tid = lid.y * tf + lid.x, nthreads = tf * tp;
+  for (uint s = tid; s < k * tf; s += nthreads) {
+    const uint c = s / tf, lf = s % tf, f = group.x * tf + lf;
+    if (f >= d || kmeans_block_count(partial_counts, c, k, tp) == 0) {
+      continue;
+    }
+    kmeans_atomic_add_float_cas(&sums[c * d + f], kmeans_block_sum<float>(partial, c, lf, k, tf, tp));
+  }
+  if (group.x == 0) {
+    for (uint c = tid; c < k; c += nthreads) {
+      const uint cnt = kmeans_block_count(partial_counts, c, k, tp);
+      if (cnt != 0) {
+        atomic_fetch_add_explicit(&counts[c], cnt, memory_order_relaxed);
+      }
+    }
+  }
+}
+
+// Deterministic mode, pass 1: the same threadgroup partials, but each block writes its sums
+// to its own slots, block_sums[gy][c][f] and block_counts[gy][c], instead of adding them
+// atomically: no two threads of the dispatch touch one slot, so there is nothing to order.
+// Every slot is written (zeros included): pass 2 reads them all.
+template <typename T>
+[[kernel]] void kmeans_accumulate_blocks(
+    device const T* x              [[buffer(0)]],
+    device const int* labels       [[buffer(1)]],
+    device T* block_sums           [[buffer(2)]],  // (blocks, k, d)
+    device uint* block_counts      [[buffer(3)]],  // (blocks, k)
+    constant uint& n               [[buffer(4)]],
+    constant uint& k               [[buffer(5)]],
+    constant uint& d               [[buffer(6)]],
+    constant uint& block           [[buffer(7)]],
+    threadgroup T* partial         [[threadgroup(0)]],
+    threadgroup uint* partial_counts [[threadgroup(1)]],
+    uint2 lid                      [[thread_position_in_threadgroup]],
+    uint2 group                    [[threadgroup_position_in_grid]],
+    uint2 size                     [[threads_per_threadgroup]]) {
+  kmeans_accumulate_block(x, labels, partial, partial_counts, n, k, d, block, lid, group, size);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const uint tf = size.x, tp = size.y;
+  const uint tid = lid.y * tf + lid.x, nthreads = tf * tp;
+  for (uint s = tid; s < k * tf; s += nthreads) {
+    const uint c = s / tf, lf = s % tf, f = group.x * tf + lf;
+    if (f < d) {
+      block_sums[(group.y * k + c) * d + f] = kmeans_block_sum<T>(partial, c, lf, k, tf, tp);
+    }
+  }
+  if (group.x == 0) {
+    for (uint c = tid; c < k; c += nthreads) {
+      block_counts[group.y * k + c] = kmeans_block_count(partial_counts, c, k, tp);
+    }
+  }
+}
+
+// Deterministic mode, pass 2: sums[c, f] = block_sums[0][c][f] + block_sums[1][c][f] + ...
+// in block order, one thread per (c, f) (the thread of f == 0 also adds the counts). The
+// order of every addition is fixed by the launch shape alone, so results are bit-identical
+// run to run, whatever order the GPU ran the threadgroups in.
+template <typename T>
+[[kernel]] void kmeans_reduce_blocks(
+    device const T* block_sums     [[buffer(0)]],  // (blocks, k, d)
+    device const uint* block_counts [[buffer(1)]],  // (blocks, k)
+    device T* sums                 [[buffer(2)]],  // (k, d)
+    device uint* counts            [[buffer(3)]],  // (k)
+    constant uint& blocks          [[buffer(4)]],
+    constant uint& k               [[buffer(5)]],
+    constant uint& d               [[buffer(6)]],
+    uint gid                       [[thread_position_in_grid]]) {
+  if (gid >= k * d) {
+    return;
+  }
+  const uint kd = k * d;
+  T total = T(0);
+  for (uint b = 0; b < blocks; ++b) {
+    total += block_sums[b * kd + gid];
+  }
+  sums[gid] = total;
+  if (gid % d == 0) {
+    const uint c = gid / d;
+    uint cnt = 0;
+    for (uint b = 0; b < blocks; ++b) {
+      cnt += block_counts[b * k + c];
+    }
+    counts[c] = cnt;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Update and convergence
+
+// centroid[c] = sums[c] / counts[c]. A cluster with no points keeps its previous centroid
+// instead of dividing 0 by 0: the host re-seeds empty clusters (to the points farthest from
+// their centroids, as scikit-learn does) by editing sums and counts before this runs, so a
+// count of 0 reaching here is only a fallback, and never a NaN.
+template <typename T>
+[[kernel]] void kmeans_finalize(
+    device const T* sums          [[buffer(0)]],  // (k, d)
+    device const uint* counts     [[buffer(1)]],  // (k)
+    device const T* old_centroids [[buffer(2)]],  // (k, d)
+    device T* centroids           [[buffer(3)]],  // (k, d) out
+    constant uint& k              [[buffer(4)]],
+    constant uint& d              [[buffer(5)]],
+    uint gid                      [[thread_position_in_grid]]) {
+  if (gid >= k * d) {
+    return;
+  }
+  const uint cnt = counts[gid / d];
+  centroids[gid] = cnt != 0 ? sums[gid] / T(cnt) : old_centroids[gid];
+}
+
+// out[0] = max_c ||new_c - old_c||^2 (the seed's drift) and out[1] = the sum over c
+// (scikit-learn's center_shift_tot, the tolerance test). One threadgroup of a power-of-two
+// size: k is small, and a single group reduces in a fixed order with no atomics (max has no
+// float atomic anyway), so the result is deterministic. Threads stride over the centroids,
+// then a tree over threadgroup memory, a barrier per stage.
+template <typename T>
+[[kernel]] void kmeans_drift(
+    device const T* old_centroids [[buffer(0)]],  // (k, d)
+    device const T* new_centroids [[buffer(1)]],  // (k, d)
+    device T* out                 [[buffer(2)]],  // (2)
+    constant uint& k              [[buffer(3)]],
+    constant uint& d              [[buffer(4)]],
+    threadgroup T* scratch        [[threadgroup(0)]],  // (2 * group size): maxima, sums
+    uint lid                      [[thread_position_in_threadgroup]],
+    uint size                     [[threads_per_threadgroup]]) {
+  T local_max = T(0), local_sum = T(0);
+  for (uint c = lid; c < k; c += size) {
+    T shift = T(0);
+    for (uint f = 0; f < d; ++f) {
+      const T delta = new_centroids[c * d + f] - old_centroids[c * d + f];
+      shift = fma(delta, delta, shift);
+    }
+    local_max = max(local_max, shift);
+    local_sum += shift;
+  }
+  threadgroup T* maxima = scratch;
+  threadgroup T* totals = scratch + size;
+  maxima[lid] = local_max;
+  totals[lid] = local_sum;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint stride = size / 2; stride > 0; stride /= 2) {
+    if (lid < stride) {
+      maxima[lid] = max(maxima[lid], maxima[lid + stride]);
+      totals[lid] += totals[lid + stride];
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  if (lid == 0) {
+    out[0] = maxima[0];
+    out[1] = totals[0];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Online updates and seeding
+
+// The nearest centroid of ONE point (the seed's real-time tier 1): a GEMM tile would idle
+// 15/16 of its threads, so one threadgroup of a power-of-two size strides over the k
+// centroids with the direct ||x - c||^2 (exact: no cancellation), then reduces
+// (distance, index) pairs in a tree, lowest index on ties, as kmeans_assign.
+constant constexpr uint KMEANS_NO_CLUSTER = 0xFFFFFFFFu;
+
+template <typename T>
+[[kernel]] void kmeans_assign_one(
+    device const T* point         [[buffer(0)]],  // (d)
+    device const T* c             [[buffer(1)]],  // (k, d)
+    device int* label             [[buffer(2)]],  // (1)
+    device T* distance            [[buffer(3)]],  // (1)
+    constant uint& k              [[buffer(4)]],
+    constant uint& d              [[buffer(5)]],
+    threadgroup T* best_dist      [[threadgroup(0)]],  // (group size)
+    threadgroup uint* best_index  [[threadgroup(1)]],  // (group size)
+    uint lid                      [[thread_position_in_threadgroup]],
+    uint size                     [[threads_per_threadgroup]]) {
+  T mine = T(0);
+  uint mine_j = KMEANS_NO_CLUSTER;  // threads past k hold no candidate
+  for (uint j = lid; j < k; j += size) {
+    T acc = T(0);
+    for (uint f = 0; f < d; ++f) {
+      const T delta = point[f] - c[j * d + f];
+      acc = fma(delta, delta, acc);
+    }
+    if (mine_j == KMEANS_NO_CLUSTER || acc < mine) {  // j increases: ties keep the first
+      mine = acc;
+      mine_j = j;
+    }
+  }
+  best_dist[lid] = mine;
+  best_index[lid] = mine_j;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint stride = size / 2; stride > 0; stride /= 2) {
+    if (lid < stride) {
+      const T other = best_dist[lid + stride];
+      const uint other_j = best_index[lid + stride];
+      const uint cur_j = best_index[lid];
+      const T cur = best_dist[lid];
+      const bool take = other_j != KMEANS_NO_CLUSTER &&
+                        (cur_j == KMEANS_NO_CLUSTER || other < cur ||
+                         (other == cur && other_j < cur_j));
+      if (take) {
+        best_dist[lid] = other;
+        best_index[lid] = other_j;
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  if (lid == 0) {
+    label[0] = int(best_index[0]);
+    distance[0] = best_dist[0];
+  }
+}
+
+// k-means++ seeding step: after the host picks a new centroid, every point's squared
+// distance to its nearest chosen centroid becomes min(old, ||x - chosen||^2); the next
+// centroid is sampled in proportion to these. One thread per point; the direct difference
+// (one centroid: no GEMM to gain, and no cancellation). The host passes +inf as `min_in`
+// for the first centroid. In and out are separate buffers so the op never edits its input.
+template <typename T>
+[[kernel]] void kmeans_pp_update(
+    device const T* x             [[buffer(0)]],  // (n, d)
+    device const T* chosen        [[buffer(1)]],  // (d)
+    device const T* min_in        [[buffer(2)]],  // (n)
+    device T* min_out             [[buffer(3)]],  // (n)
+    constant uint& n              [[buffer(4)]],
+    constant uint& d              [[buffer(5)]],
+    uint gid                      [[thread_position_in_grid]]) {
+  if (gid >= n) {
+    return;
+  }
+  device const T* r = x + gid * d;
+  T acc = T(0);
+  for (uint f = 0; f < d; ++f) {
+    const T delta = r[f] - chosen[f];
+    acc = fma(delta, delta, acc);
+  }
+  min_out[gid] = min(min_in[gid], acc);
+}
+
+// partial_fit (the seed's real-time tier 2): fold a batch's per-cluster sums and counts
+// (from the accumulate kernels) into running means. Only clusters the batch touched move:
+// c += (batch_sum - batch_count * c) / (count + batch_count), the running mean of every
+// point each centroid has absorbed. One thread per (c, f); the f == 0 thread writes the new
+// count. Outputs are separate buffers: threads of cluster c read counts[c] while another
+// would be writing it in place.
+template <typename T>
+[[kernel]] void kmeans_update_affected(
+    device const T* centroids     [[buffer(0)]],  // (k, d)
+    device const uint* counts     [[buffer(1)]],  // (k) points absorbed so far
+    device const T* batch_sums    [[buffer(2)]],  // (k, d)
+    device const uint* batch_counts [[buffer(3)]],  // (k)
+    device T* new_centroids       [[buffer(4)]],  // (k, d)
+    device uint* new_counts       [[buffer(5)]],  // (k)
+    constant uint& k              [[buffer(6)]],
+    constant uint& d              [[buffer(7)]],
+    uint gid                      [[thread_position_in_grid]]) {
+  if (gid >= k * d) {
+    return;
+  }
+  const uint c = gid / d;
+  const uint added = batch_counts[c];
+  const uint total = counts[c] + added;  // the host keeps counts below 2^32 - batch
+  const T old = centroids[gid];
+  new_centroids[gid] = added != 0 ? old + (batch_sums[gid] - T(added) * old) / T(total) : old;
+  if (gid % d == 0) {
+    new_counts[c] = total;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Instantiations: float everywhere; double on the emulator only (Metal has no double).
+
+TSM_INSTANTIATE_KERNEL("kmeans_sq_norms_float", kmeans_sq_norms, float)
+TSM_INSTANTIATE_KERNEL("kmeans_distances_float", kmeans_distances, float)
+TSM_INSTANTIATE_KERNEL("kmeans_assign_float", kmeans_assign, float)
+TSM_INSTANTIATE_KERNEL("kmeans_zero_float", kmeans_zero, float)
+TSM_INSTANTIATE_KERNEL("kmeans_accumulate_blocks_float", kmeans_accumulate_blocks, float)
+TSM_INSTANTIATE_KERNEL("kmeans_reduce_blocks_float", kmeans_reduce_blocks, float)
+TSM_INSTANTIATE_KERNEL("kmeans_finalize_float", kmeans_finalize, float)
+TSM_INSTANTIATE_KERNEL("kmeans_drift_float", kmeans_drift, float)
+TSM_INSTANTIATE_KERNEL("kmeans_assign_one_float", kmeans_assign_one, float)
+TSM_INSTANTIATE_KERNEL("kmeans_pp_update_float", kmeans_pp_update, float)
+TSM_INSTANTIATE_KERNEL("kmeans_update_affected_float", kmeans_update_affected, float)
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_sq_norms_double", kmeans_sq_norms, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_distances_double", kmeans_distances, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_assign_double", kmeans_assign, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_zero_double", kmeans_zero, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_accumulate_blocks_double", kmeans_accumulate_blocks, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_reduce_blocks_double", kmeans_reduce_blocks, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_finalize_double", kmeans_finalize, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_drift_double", kmeans_drift, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_assign_one_double", kmeans_assign_one, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_pp_update_double", kmeans_pp_update, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_update_affected_double", kmeans_update_affected, double))
+
+#if __METAL_VERSION__ >= 300
+TSM_INSTANTIATE_KERNEL("kmeans_accumulate_atomic_float", kmeans_accumulate_atomic, float)
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_accumulate_atomic_double",
+                                         kmeans_accumulate_atomic, double))
+#endif

@@ -1,0 +1,167 @@
+"""optim.AdamW: one kernel dispatch per step, matching torch.optim.AdamW to float32 rounding."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import torch_sparse_metal as tsm
+from torch_sparse_metal.optim import AdamW
+
+# float32: a few ulps after several steps; float64: round-off only.
+TOL = {torch.float32: dict(rtol=2e-6, atol=1e-6), torch.float64: dict(rtol=1e-13, atol=1e-14)}
+
+
+@pytest.fixture
+def emulator():
+    with tsm.use_backend("emulator"):
+        yield
+
+
+def make_model(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.nn.Sequential(
+        tsm.nn.SparseLinear(12, 20, density=0.3, activation="relu", generator=g),
+        tsm.nn.SparseLinear(20, 4, density=0.5, generator=g),
+        torch.nn.Linear(4, 3),   # a dense layer too: any parameter works
+    ).to(dtype)
+
+
+def train(model, opt, steps, dtype, seed=1, skip_last=False):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(16, 12, generator=g, dtype=dtype)
+        y = torch.randint(0, 3, (16,), generator=g)
+        opt.zero_grad()
+        out = model[:2](x) if skip_last else model(x)   # skip_last: the Linear gets no grad
+        torch.nn.functional.cross_entropy(out[:, :3], y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kwargs", [
+    dict(lr=1e-2),
+    dict(lr=3e-2, weight_decay=0.0),
+    dict(lr=1e-2, betas=(0.4, 0.9), eps=1e-6, weight_decay=0.3, amsgrad=True),  # lerp's 2nd branch
+    dict(lr=1e-2, maximize=True),
+], ids=["default", "no-decay", "amsgrad", "maximize"])
+def test_matches_torch_adamw(emulator, dtype, kwargs):
+    model = make_model(dtype)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = AdamW(model.parameters(), **kwargs), torch.optim.AdamW(ref.parameters(), **kwargs)
+    train(model, opt, 6, dtype)
+    train(ref, ref_opt, 6, dtype)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, **TOL[dtype])
+    for p, q in zip(model.parameters(), ref.parameters()):
+        for key in ref_opt.state[q]:
+            torch.testing.assert_close(opt.state[p][key], ref_opt.state[q][key], **TOL[dtype])
+
+
+def test_param_groups_and_parameters_without_gradient(emulator):
+    model = make_model(torch.float64)
+    ref = copy.deepcopy(model)
+
+    def groups(m):
+        return [dict(params=list(m[0].parameters()), lr=0.05),
+                dict(params=list(m[1].parameters()) + list(m[2].parameters()),
+                     weight_decay=0.5)]
+    opt, ref_opt = AdamW(groups(model), lr=1e-2), torch.optim.AdamW(groups(ref), lr=1e-2)
+    train(model, opt, 2, torch.float64)
+    # The Linear gets no gradient in these steps: skipped (no decay, no step count), as torch.
+    train(model, opt, 3, torch.float64, seed=2, skip_last=True)
+    train(ref, ref_opt, 2, torch.float64)
+    train(ref, ref_opt, 3, torch.float64, seed=2, skip_last=True)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, **TOL[torch.float64])
+        assert opt.state[p]["step"] == ref_opt.state[q]["step"]
+
+
+def test_one_dispatch_per_step_and_grad_norms(emulator):
+    model = make_model(torch.float32)
+    opt = AdamW(model.parameters(), lr=1e-2)
+    assert model[0].grad_norm is None
+    for _ in range(2):   # twice: the norms' double buffer flips
+        train_step_grads(model)
+        with tsm.metal.record() as launches:
+            opt.step()
+        assert [l.kernel for l in launches] == ["adamw_step_float"]
+        expected = torch.stack([p.grad.norm() for p in model.parameters()])
+        torch.testing.assert_close(opt.grad_norms(), expected, rtol=1e-5, atol=1e-7)
+        for layer in model[:2]:
+            torch.testing.assert_close(
+                layer.grad_norm, torch.cat([layer.weight.grad, layer.bias.grad]).norm(),
+                rtol=1e-5, atol=1e-7)
+
+
+def train_step_grads(model):
+    x = torch.randn(8, 12)
+    y = torch.randint(0, 3, (8,))
+    model.zero_grad()
+    tsm.nn.functional.cross_entropy(model(x), y).backward()
+
+
+def test_parameters_become_views_of_one_flat_buffer(emulator):
+    model = make_model(torch.float32)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = AdamW(model.parameters())
+    flat = opt._flat["param"]
+    for p, b in zip(model.parameters(), before):
+        assert p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+        torch.testing.assert_close(p.detach(), b, rtol=0, atol=0)
+    # Every segment is padded to whole 32-element chunks.
+    assert all(int(o) % 32 == 0 for o in opt._offsets)
+
+
+def test_state_dict_round_trip(emulator):
+    model = make_model(torch.float32)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = AdamW(model.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    train(model, opt, 2, torch.float32)
+    train(ref, ref_opt, 2, torch.float32)
+    opt2 = AdamW(model.parameters(), lr=1e-2)
+    opt2.load_state_dict(copy.deepcopy(opt.state_dict()))
+    ref_opt.load_state_dict(ref_opt.state_dict())
+    train(model, opt2, 3, torch.float32, seed=5)
+    train(ref, ref_opt, 3, torch.float32, seed=5)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, **TOL[torch.float32])
+
+
+def test_reference_backend_matches():
+    model = make_model(torch.float64)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = AdamW(model.parameters(), lr=1e-2, amsgrad=True), \
+        torch.optim.AdamW(ref.parameters(), lr=1e-2, amsgrad=True)
+    with tsm.use_backend("reference"), tsm.metal.record() as launches:
+        train(model, opt, 3, torch.float64)
+    assert launches == []
+    train(ref, ref_opt, 3, torch.float64)
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, **TOL[torch.float64])
+    torch.testing.assert_close(opt.grad_norms(),
+                               torch.stack([p.grad.norm() for p in model.parameters()]))
+
+
+def test_errors(emulator):
+    with pytest.raises(ValueError, match="AdamW: fused=True is not supported"):
+        AdamW([torch.nn.Parameter(torch.randn(3))], fused=True)
+    with pytest.raises(ValueError, match="AdamW: invalid beta parameter at index 1"):
+        AdamW([torch.nn.Parameter(torch.randn(3))], betas=(0.9, 1.0))
+    with pytest.raises(ValueError, match="all parameters must share one dtype and device"):
+        AdamW([torch.nn.Parameter(torch.randn(3)),
+               torch.nn.Parameter(torch.randn(3, dtype=torch.float64))])
+    p = torch.nn.Parameter(torch.randn(3))
+    opt = AdamW([p])
+    p.data = torch.randn(3)           # re-allocated behind the optimizer's back
+    p.grad = torch.randn(3)
+    with pytest.raises(RuntimeError, match="parameter 0 .* no longer lives in the optimizer's "
+                                           "flat buffer"):
+        opt.step()
+
+
+def test_every_kernel_name_exists_in_the_library():
+    from torch_sparse_metal.optim import adamw
+    names = set(tsm.metal.load_shader_file("adamw.metal").kernel_names)
+    assert set(adamw.kernel_names("emulator")) | set(adamw.kernel_names("metal")) <= names

@@ -1,0 +1,83 @@
+"""The matmul benchmark: emulator rows (tiny shapes), the CLI, the MPS-side writers on
+synthetic rows, and the MPSMatrixMultiplication baseline's stream contract in launcher.mm."""
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from torch_sparse_metal.bench import __main__ as bench_cli
+from torch_sparse_metal.bench import matmul as bench
+
+LAUNCHER = Path(__file__).resolve().parents[1] / "csrc" / "metal" / "launcher.mm"
+
+
+def test_emulator_rows_are_correct_and_carry_counters():
+    rows = bench.run_emulator([("t", 33, 20, 17)], kernels=("naive", "simdgroup"))
+    assert [r["rung"] for r in rows] == ["naive", "simdgroup"]
+    for r in rows:
+        assert r["ok"] and r["kernel"].startswith(f"matmul_{r['rung']}_nn_")
+        assert r["device_bytes_written"] == 33 * 20 * 4
+        assert r["flops"] == 2 * 33 * 20 * 17
+        moved = r["device_bytes_read"] + r["device_bytes_written"]
+        assert r["flops_per_device_byte"] == pytest.approx(r["flops"] / moved)
+    naive, simd = rows
+    assert naive["flops_per_device_byte"] < simd["flops_per_device_byte"]
+    assert simd["bank_conflicts"] == 0
+    assert "FLOP/B" in bench.format_emulator_table(rows)
+
+
+def test_cli_json(capsys):
+    assert bench_cli.main(["matmul", "--device", "emulator", "--sizes", "9x7x5",
+                           "--kernels", "tiled", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["m"], row["n"], row["k"], row["rung"], row["ok"]) == (9, 7, 5, "tiled", True)
+
+
+def test_shape_parsing():
+    assert bench._parse_shapes(["64", "2x3x4"]) == [("64x64x64", 64, 64, 64), ("2x3x4", 2, 3, 4)]
+    with pytest.raises(ValueError):
+        bench._parse_shapes(["2x3"])
+
+
+def test_mps_writers_on_synthetic_rows(tmp_path):
+    # The MPS timing loop needs a Mac; its CSV and plot writers do not.
+    rows = [{"shape": "square_256", "m": 256, "n": 256, "k": 256, "dtype": "torch.float32",
+             "kernel": k, "ms": 1.0, "tflops": 0.5, "pct_peak": None, "ok": True}
+            for k in ("torch.mm", "simdgroup")]
+    bench.write_csv(rows, str(tmp_path / "m.csv"))
+    with open(tmp_path / "m.csv") as f:
+        assert [r["kernel"] for r in csv.DictReader(f)] == ["torch.mm", "simdgroup"]
+    pytest.importorskip("matplotlib")
+    bench.write_plot(rows, str(tmp_path / "m.png"))
+    assert (tmp_path / "m.png").read_bytes()[:4] == b"\x89PNG"
+    assert "TFLOP/s" in bench.format_mps_table(rows)
+
+
+def test_default_shapes_cover_the_issue():
+    assert bench.SQUARE_SIZES[0] == 256 and bench.SQUARE_SIZES[-1] == 4096
+    labels = {s[0] for s in bench.TRANSFORMER_SHAPES}
+    assert {"qk_t", "mlp_up", "mlp_down"} <= labels and any("skinny" in l for l in labels)
+
+
+def test_mps_baseline_follows_the_stream_contract():
+    from test_metal_launcher import _block_end, _code_only  # same checks as the launcher's
+
+    code = _code_only(LAUNCHER.read_text())
+    start = code.index("void py_mps_matmul(")
+    body = code[start:_block_end(code, code.index("{", start))]
+    # Encoded in the stream's queue, after torch closes its coalesced encoder, on torch's
+    # command buffer; never submitted here (test_metal_launcher checks no commit at all).
+    queue = re.search(r"dispatch_sync\s*\(\s*stream\s*->\s*queue\s*\(\s*\)\s*,\s*\^", body)
+    assert queue
+    block = body[queue.end():]
+    close = block.index("endKernelCoalescing()")
+    encode = block.index("encodeToCommandBuffer:")
+    assert close < encode
+    assert re.search(r"encodeToCommandBuffer:\s*stream\s*->\s*commandBuffer\s*\(\s*\)", block)
+    assert "initWithBuffer:" in block and "offset:" in block
+    # Operands bound at their storage offsets.
+    helper = code[code.index("StoredMatrix stored_matrix("):]
+    assert re.search(r"storage_offset\s*\(\s*\)\s*\)\s*\*", helper[:2000])
+    assert 'm.def("mps_matmul", &py_mps_matmul' in LAUNCHER.read_text()

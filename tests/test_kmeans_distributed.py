@@ -1,0 +1,95 @@
+"""Distributed KMeans.fit over torch.distributed: two processes on the gloo backend, each
+holding half the data, end with the same centroids as one process on all of it.
+
+The workers run the kernels on the emulator (sanitized like the rest of the suite: the
+environment is inherited by spawned processes)."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import torch_sparse_metal as tsm
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available")
+
+CENTERS = [[0.0, 0.0, 0.0], [6.0, 6.0, 0.0], [-6.0, 6.0, 1.0], [6.0, -6.0, -1.0]]
+
+
+def make_data() -> torch.Tensor:
+    g = torch.Generator().manual_seed(11)
+    c = torch.tensor(CENTERS)
+    x = torch.cat([ci + 0.8 * torch.randn(40, 3, generator=g) for ci in c])
+    return x[torch.randperm(x.shape[0], generator=g)].contiguous()
+
+
+CONFIGS = [dict(init="k-means++", seed=3, accumulate="cas"),
+           dict(init="random", seed=4, accumulate="deterministic")]
+
+
+def fit_all(x: torch.Tensor, distributed: bool) -> list:
+    out = []
+    for cfg in CONFIGS:
+        km = tsm.KMeans(len(CENTERS), **cfg).fit(x, distributed=distributed)
+        out.append((km.cluster_centers_.clone(), km.labels_.clone(), km.inertia_, km.n_iter_,
+                    km.cluster_counts_.clone()))
+    return out
+
+
+def _worker(rank: int, world: int, port: int, queue) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        x = make_data()
+        shard = x.tensor_split(world)[rank]  # uneven shards are fine
+        with tsm.use_backend("emulator"):
+            queue.put((rank, fit_all(shard, distributed=True)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_gloo_ranks_match_one_process():
+    world = 2
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+
+    x = make_data()
+    with tsm.use_backend("emulator"):
+        single = fit_all(x, distributed=False)
+    n0 = x.tensor_split(world)[0].shape[0]
+    for cfg_i in range(len(CONFIGS)):
+        c0, l0, i0, it0, n_0 = results[0][cfg_i]
+        c1, l1, i1, it1, n_1 = results[1][cfg_i]
+        # The ranks agree exactly: every choice was made from all-reduced numbers.
+        assert torch.equal(c0, c1) and i0 == i1 and it0 == it1 and torch.equal(n_0, n_1)
+        cs, ls, is_, its, ns = single[cfg_i]
+        torch.testing.assert_close(c0, cs, rtol=1e-5, atol=1e-5)
+        assert torch.equal(torch.cat([l0, l1]), ls)  # each rank labels its own shard
+        assert i0 == pytest.approx(is_, rel=1e-5)
+        assert it0 == its
+        assert torch.equal(n_0, ns)
+
+
+def test_distributed_needs_a_process_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        tsm.KMeans(2).fit(torch.randn(5, 2), distributed=True)

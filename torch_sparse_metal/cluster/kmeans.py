@@ -1,0 +1,543 @@
+"""``KMeans``: scikit-learn's k-means estimator as an ``nn.Module``, on the Metal kernels.
+
+Lloyd's algorithm with k-means++ (greedy, as scikit-learn) or random seeding; every step
+runs through :mod:`torch_sparse_metal.ops.kmeans`, so it executes the kernels of
+``shaders/kmeans.metal`` on MPS tensors (backend "metal") or on CPU tensors through the
+emulator (backend "emulator"), and plain torch otherwise (backend "reference").
+
+Distributed: ``fit(x, distributed=True)`` (or ``process_group=...``) treats ``x`` as this
+rank's shard of the data; centroid sums and counts, potentials and farthest points are
+all-reduced, and every random choice is made identically on every rank from the shared
+seed, so all ranks end with the same centroids, the ones one process would find on the
+concatenation of the shards in rank order (up to float rounding of the reductions).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import _validation as V
+from .._backend import resolve_backend
+from ..ops import kmeans as K
+
+_NAME = "KMeans"
+_INITS = ("k-means++", "random")
+
+ArrayLike = Union[torch.Tensor, np.ndarray]
+
+
+class NotFittedError(ValueError, AttributeError):
+    """The estimator is used before ``fit`` (as scikit-learn's ``NotFittedError``)."""
+
+
+# ---------------------------------------------------------------------------------------
+# Collectives: one small interface so the fit loop is the same with 1 process or many.
+
+
+class _Comm:
+    """Sums and gathers over a ``torch.distributed`` process group; no-ops when local."""
+
+    def __init__(self, distributed: bool, group: Any = None) -> None:
+        self.distributed = distributed
+        self.group = group
+        self.rank, self.world = 0, 1
+        if distributed:
+            import torch.distributed as dist
+            if not (dist.is_available() and dist.is_initialized()):
+                raise RuntimeError(f"{_NAME}.fit: distributed=True needs an initialised "
+                                   "torch.distributed process group (init_process_group)")
+            self._dist = dist
+            self.rank = dist.get_rank(group)
+            self.world = dist.get_world_size(group)
+            # gloo reduces CPU tensors only: MPS data goes through host copies.
+            self._cpu_only = dist.get_backend(group) == "gloo"
+
+    def _reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+        if self.world == 1:
+            return t
+        buf = t.cpu().clone() if (self._cpu_only and t.device.type != "cpu") else t.clone()
+        self._dist.all_reduce(buf, op=op, group=self.group)
+        return buf.to(t.device)
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Elementwise sum over ranks (a new tensor; ``t`` is left alone)."""
+        return self._reduce(t, None if self.world == 1 else self._dist.ReduceOp.SUM)
+
+    def max(self, t: torch.Tensor) -> torch.Tensor:
+        return self._reduce(t, None if self.world == 1 else self._dist.ReduceOp.MAX)
+
+    def gather_sizes(self, n: int) -> torch.Tensor:
+        """Every rank's local count, int64 on CPU, in rank order."""
+        sizes = torch.zeros(self.world, dtype=torch.int64)
+        sizes[self.rank] = n
+        return self.sum(sizes)
+
+    def fetch(self, local: torch.Tensor, global_idx: torch.Tensor, start: int) -> torch.Tensor:
+        """Rows ``global_idx`` (of the concatenation of all shards) of the per-rank tensor
+        ``local``; every rank gets them all. ``start``: this rank's first global row."""
+        idx = global_idx.to(local.device)
+        mine = (idx >= start) & (idx < start + local.shape[0])
+        out = local.new_zeros((idx.shape[0],) + tuple(local.shape[1:]))
+        out[mine] = local[idx[mine] - start]
+        return self.sum(out)  # non-owners add exact zeros
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class KMeans(nn.Module):
+    """k-means clustering (Lloyd), scikit-learn's ``KMeans`` API on the package's kernels.
+
+    Args:
+        n_clusters: number of clusters ``k``.
+        init: ``"k-means++"`` (greedy k-means++, scikit-learn's default), ``"random"``
+            (``k`` distinct points) or a ``(k, n_features)`` tensor / array of centroids.
+        n_init: runs from different seeds; the lowest inertia wins (an explicit ``init``
+            array runs once).
+        max_iter: Lloyd iterations per run.
+        tol: convergence when the total squared centroid shift of an iteration is at most
+            ``tol`` times the mean per-feature variance of the data (scikit-learn's rule);
+            a run also stops when no label changes.
+        seed: seeds every random choice (a ``torch.Generator`` on the CPU); None draws one.
+        verbose: print one progress line per iteration (inertia, largest centroid shift).
+        accumulate: how the kernels sum points per cluster: ``"auto"`` (native float atomics
+            where the GPU has Metal 3, compare-and-swap emulation otherwise), ``"atomic"``,
+            ``"cas"`` (float32 only), or ``"deterministic"`` (bit-identical run to run).
+            Ignored by the reference backend, which is deterministic.
+
+    Attributes (after ``fit``; the first two are buffers, so ``.to()`` and ``state_dict()``
+    carry them):
+        cluster_centers_: ``(k, n_features)``.
+        cluster_counts_: ``(k,)`` int32, points each centroid has absorbed (the weights of
+            :meth:`partial_fit`'s running means).
+        labels_: ``(n_samples,)`` int64 label of each training point.
+        inertia_: float, sum of squared distances of the points to their centroids.
+        n_iter_: int, Lloyd iterations of the best run.
+
+    ``forward(x)`` returns the labels of ``x`` ``(*, n_features) -> (*)``, so a fitted
+    ``KMeans`` works as a quantizer stage inside a model. Inputs are never modified.
+    """
+
+    def __init__(self, n_clusters: int = 8, *, init: Union[str, ArrayLike] = "k-means++",
+                 n_init: int = 1, max_iter: int = 300, tol: float = 1e-4,
+                 seed: Optional[int] = None, verbose: bool = False,
+                 accumulate: str = "auto") -> None:
+        super().__init__()
+        if isinstance(n_clusters, bool) or not isinstance(n_clusters, (int, np.integer)) \
+                or n_clusters < 1:
+            raise ValueError(f"{_NAME}: n_clusters must be an int >= 1, got {n_clusters!r}")
+        if isinstance(init, str):
+            if init not in _INITS:
+                raise ValueError(f"{_NAME}: init must be one of {_INITS} or a tensor of "
+                                 f"centroids, got {init!r}")
+        elif not isinstance(init, (torch.Tensor, np.ndarray)):
+            raise TypeError(f"{_NAME}: init must be a string or a (n_clusters, n_features) "
+                            f"tensor, got {type(init).__name__}")
+        for name, value in (("n_init", n_init), ("max_iter", max_iter)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{_NAME}: {name} must be an int >= 1, got {value!r}")
+        if not isinstance(tol, (int, float)) or not tol >= 0:
+            raise ValueError(f"{_NAME}: tol must be a number >= 0, got {tol!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
+            raise ValueError(f"{_NAME}: seed must be an int or None, got {seed!r}")
+        if accumulate not in K.ACCUMULATE_MODES:
+            raise ValueError(f"{_NAME}: accumulate must be one of {K.ACCUMULATE_MODES}, "
+                             f"got {accumulate!r}")
+        self.n_clusters = int(n_clusters)
+        self.init = init
+        self.n_init = int(n_init)
+        self.max_iter = int(max_iter)
+        self.tol = float(tol)
+        self.seed = None if seed is None else int(seed)
+        self.verbose = bool(verbose)
+        self.accumulate = accumulate
+        self.register_buffer("cluster_centers_", None)
+        self.register_buffer("cluster_counts_", None)
+        self.labels_: Optional[torch.Tensor] = None
+        self.inertia_: Optional[float] = None
+        self.n_iter_: Optional[int] = None
+
+    def extra_repr(self) -> str:
+        init = self.init if isinstance(self.init, str) else "array"
+        return (f"n_clusters={self.n_clusters}, init={init!r}, n_init={self.n_init}, "
+                f"max_iter={self.max_iter}, tol={self.tol}, seed={self.seed}, "
+                f"accumulate={self.accumulate!r}")
+
+    # -----------------------------------------------------------------------------------
+    # Input handling
+
+    def _prepare(self, x: ArrayLike, method: str, *, dtype: Optional[torch.dtype] = None,
+                 device: Optional[torch.device] = None) -> torch.Tensor:
+        """``x`` as a contiguous 2-D floating tensor, validated; never the caller's memory
+        written to (a view or a copy, only read)."""
+        where = f"{_NAME}.{method}"
+        if isinstance(x, np.ndarray):
+            x = torch.from_numpy(np.ascontiguousarray(x))
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{where}: x must be a torch.Tensor or a NumPy array, "
+                            f"got {type(x).__name__}")
+        if x.dim() != 2:
+            hint = " (one sample? use x.reshape(1, -1))" if x.dim() == 1 else ""
+            raise ValueError(f"{where}: x must be 2-D (n_samples, n_features), got shape "
+                             f"{tuple(x.shape)}{hint}")
+        if x.shape[0] == 0:
+            raise ValueError(f"{where}: x is empty (0 samples)")
+        if x.shape[1] == 0:
+            raise ValueError(f"{where}: x has 0 features")
+        if x.is_complex():
+            raise ValueError(f"{where}: complex input is not supported")
+        if device is not None and x.device != device:
+            raise ValueError(f"{where}: x is on {x.device} but the centroids are on {device}; "
+                             "move one of them (model.to(device) or x.to(device))")
+        if dtype is not None:
+            x = x.to(dtype)
+        elif not x.is_floating_point():
+            x = x.to(torch.get_default_dtype())
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{where}: x contains NaN or infinity")
+        return x.contiguous()
+
+    def _check_fitted(self, method: str) -> torch.Tensor:
+        if self.cluster_centers_ is None:
+            raise NotFittedError(f"{_NAME}.{method}: this KMeans is not fitted yet; call "
+                                 "fit (or partial_fit, or load_state_dict) first")
+        return self.cluster_centers_
+
+    def _backend(self, method: str, x: torch.Tensor) -> str:
+        backend = resolve_backend(f"{_NAME}.{method}", (x,))
+        if backend != "reference":
+            V.check_kernel_dtype(f"{_NAME}.{method}", x.dtype, backend)
+        return backend
+
+    def _prepare_for_centroids(self, x: ArrayLike, method: str) -> Tuple[torch.Tensor, str]:
+        centers = self._check_fitted(method)
+        x = self._prepare(x, method, dtype=centers.dtype, device=centers.device)
+        if x.shape[1] != centers.shape[1]:
+            raise ValueError(f"{_NAME}.{method}: x has {x.shape[1]} features but the model "
+                             f"was fitted with {centers.shape[1]}")
+        return x, self._backend(method, x)
+
+    # -----------------------------------------------------------------------------------
+    # Fitting
+
+    def fit(self, x: ArrayLike, y: Any = None, *, distributed: bool = False,
+            process_group: Any = None) -> "KMeans":
+        """Cluster ``x`` ``(n_samples, n_features)``; returns ``self``.
+
+        ``distributed=True`` (implied by a ``process_group``): ``x`` is this rank's shard;
+        needs ``torch.distributed`` initialised (the default group unless one is given).
+        ``y`` is ignored (scikit-learn's signature).
+        """
+        comm = _Comm(distributed or process_group is not None, process_group)
+        x = self._prepare(x, "fit")
+        backend = self._backend("fit", x)
+        mode = K.choose_accumulate_mode(self.accumulate, backend, x.dtype)
+        k = self.n_clusters
+        sizes = comm.gather_sizes(x.shape[0])
+        if comm.distributed:
+            widest, narrowest = comm.max(torch.tensor([x.shape[1], -x.shape[1]])).tolist()
+            if widest != -narrowest:
+                raise ValueError(f"{_NAME}.fit: the ranks' shards have different numbers of "
+                                 "features")
+        n_total = int(sizes.sum())
+        if n_total < k:
+            raise ValueError(f"{_NAME}.fit: n_samples = {n_total} should be >= n_clusters = {k}")
+        start = int(sizes[:comm.rank].sum())
+
+        seed = self.seed
+        if seed is None:  # one draw, shared by every rank
+            seed = comm.sum(torch.tensor([int(torch.randint(0, 2**62, ()).item())
+                                          if comm.rank == 0 else 0])).item()
+        gen = torch.Generator().manual_seed(int(seed))
+        x_sq = K.sq_norms(x, backend=backend)
+        tol = self.tol * self._mean_variance(x, n_total, comm)
+
+        explicit = not isinstance(self.init, str)
+        best = None
+        for run in range(1 if explicit else self.n_init):
+            centers = self._init_centroids(x, x_sq, gen, comm, backend, n_total, start)
+            result = self._lloyd(x, x_sq, centers, tol, comm, backend, mode, run)
+            if best is None or result[2] < best[2]:
+                best = result
+        centers, labels, inertia, n_iter = best
+
+        counts = torch.bincount(labels.long(), minlength=k).to(torch.int32)
+        self.cluster_centers_ = centers
+        self.cluster_counts_ = comm.sum(counts)
+        self.labels_ = labels.long()
+        self.inertia_ = inertia
+        self.n_iter_ = n_iter
+        return self
+
+    def fit_predict(self, x: ArrayLike, y: Any = None, **fit_kwargs) -> torch.Tensor:
+        """``fit(x)`` then the training labels (int64)."""
+        return self.fit(x, **fit_kwargs).labels_
+
+    @staticmethod
+    def _mean_variance(x: torch.Tensor, n_total: int, comm: _Comm) -> float:
+        """Mean over features of the data's variance (two passes, float64), for ``tol``."""
+        mean = comm.sum(x.sum(dim=0, dtype=torch.float64)) / n_total
+        sq = comm.sum(((x.double() - mean) ** 2).sum(dim=0)) / n_total
+        return float(sq.mean())
+
+    def _init_centroids(self, x: torch.Tensor, x_sq: torch.Tensor, gen: torch.Generator,
+                        comm: _Comm, backend: str, n_total: int, start: int) -> torch.Tensor:
+        k, d = self.n_clusters, x.shape[1]
+        if not isinstance(self.init, str):
+            init = torch.as_tensor(self.init)
+            if init.shape != (k, d):
+                raise ValueError(f"{_NAME}.fit: init has shape {tuple(init.shape)}, expected "
+                                 f"(n_clusters, n_features) = ({k}, {d})")
+            init = init.to(device=x.device, dtype=x.dtype)
+            if not bool(torch.isfinite(init).all()):
+                raise ValueError(f"{_NAME}.fit: init contains NaN or infinity")
+            return init.clone().contiguous()
+        if self.init == "random":
+            idx = torch.randperm(n_total, generator=gen)[:k]
+            return comm.fetch(x, idx, start).contiguous()
+        return self._kmeans_plusplus(x, x_sq, gen, comm, backend, n_total, start)
+
+    def _kmeans_plusplus(self, x: torch.Tensor, x_sq: torch.Tensor, gen: torch.Generator,
+                         comm: _Comm, backend: str, n_total: int, start: int) -> torch.Tensor:
+        """Greedy k-means++ (Arthur & Vassilvitskii; scikit-learn's variant): each new
+        centroid is the best of ``2 + log k`` candidates drawn with probability proportional
+        to the squared distance to the nearest centroid so far. The draws come from the
+        shared generator and the candidates' potentials are summed over ranks, so every
+        rank picks the same centroids."""
+        k, d = self.n_clusters, x.shape[1]
+        trials = 2 + int(math.log(k))
+        centers = x.new_empty(k, d)
+        first = torch.randint(n_total, (1,), generator=gen)
+        centers[0] = comm.fetch(x, first, start)[0]
+        min_dist = K.pp_update(x, centers[0].contiguous(),
+                               torch.full_like(x_sq, math.inf), backend=backend)
+        potential = float(comm.sum(min_dist.sum(dtype=torch.float64).reshape(1)))
+        for c in range(1, k):
+            draws = torch.rand(trials, generator=gen, dtype=torch.float64) * potential
+            idx = self._sample(min_dist, draws, comm, n_total, start)
+            candidates = comm.fetch(x, idx, start).contiguous()
+            dist = K.distances(x, candidates, x_sq=x_sq, backend=backend)
+            pots = comm.sum(torch.minimum(dist, min_dist[:, None]).sum(dim=0, dtype=torch.float64))
+            best = int(torch.argmin(pots.cpu()))
+            centers[c] = candidates[best]
+            min_dist = K.pp_update(x, candidates[best].contiguous(), min_dist, backend=backend)
+            potential = float(pots[best])
+        return centers
+
+    @staticmethod
+    def _sample(weights: torch.Tensor, draws: torch.Tensor, comm: _Comm, n_total: int,
+                start: int) -> torch.Tensor:
+        """Global indices ``i`` of the first ``cumsum(weights)[i] >= draw`` over the
+        concatenated shards (numpy's searchsorted, as scikit-learn), clipped to the data.
+
+        Every rank computes the owner of each draw from the same gathered totals, so
+        exactly one rank answers for it, whatever the rounding of the partial sums."""
+        local = torch.cumsum(weights.double().cpu(), 0)
+        total = float(local[-1]) if local.numel() else 0.0
+        totals = torch.zeros(comm.world, dtype=torch.float64)
+        totals[comm.rank] = total
+        ends = torch.cumsum(comm.sum(totals), 0)
+        # The first rank whose range [end - total, end) holds the draw (ranks with nothing
+        # to draw from have an empty range); past the end (rounding): the last rank.
+        owner = torch.searchsorted(ends, draws, right=True).clamp_max(comm.world - 1)
+        mine = owner == comm.rank
+        idx = torch.zeros(draws.shape[0], dtype=torch.int64)
+        if local.numel():
+            rel = draws - (ends[comm.rank] - total)
+            found = torch.searchsorted(local, rel).clamp_max(local.numel() - 1)
+            idx = torch.where(mine, found + start + 1, idx)  # +1: 0 means "not mine"
+        idx = comm.sum(idx) - 1
+        return idx.clamp(0, n_total - 1)
+
+    def _lloyd(self, x: torch.Tensor, x_sq: torch.Tensor, centers: torch.Tensor, tol: float,
+               comm: _Comm, backend: str, mode: str,
+               run: int) -> Tuple[torch.Tensor, torch.Tensor, float, int]:
+        """One run of Lloyd's algorithm from ``centers``: ``(centers, labels, inertia, n_iter)``."""
+        k = self.n_clusters
+        labels_old = None
+        n_iter = 0
+        for i in range(self.max_iter):
+            n_iter = i + 1
+            labels, min_dist = K.assign(x, centers, x_sq=x_sq, backend=backend)
+            sums, counts = K.accumulate(x, labels, k, mode=mode, backend=backend)
+            sums, counts = comm.sum(sums), comm.sum(counts)
+            if bool((counts == 0).any()):
+                self._relocate_empty(x, labels, min_dist, sums, counts, comm)
+            new_centers = K.finalize(sums, counts, centers, backend=backend)
+            shift_max, shift_total = (float(v) for v in K.drift(centers, new_centers,
+                                                                 backend=backend).tolist())
+            if self.verbose and comm.rank == 0:
+                inertia = float(comm.sum(min_dist.sum(dtype=torch.float64).reshape(1)))
+                prefix = f"run {run + 1}, " if self.n_init > 1 else ""
+                print(f"{_NAME}: {prefix}iteration {i + 1}/{self.max_iter}, "
+                      f"inertia {inertia:.6g}, largest centroid shift {math.sqrt(shift_max):.4g}",
+                      flush=True)
+            elif self.verbose:
+                comm.sum(min_dist.sum(dtype=torch.float64).reshape(1))  # keep ranks in step
+            centers = new_centers
+            if labels_old is not None:
+                changed = int(comm.sum((labels != labels_old).sum().reshape(1)))
+                if changed == 0:
+                    if self.verbose and comm.rank == 0:
+                        print(f"{_NAME}: converged at iteration {i + 1}: no label changed",
+                              flush=True)
+                    break
+            if shift_total <= tol:
+                if self.verbose and comm.rank == 0:
+                    print(f"{_NAME}: converged at iteration {i + 1}: centroid shift "
+                          f"{shift_total:.3g} <= tol {tol:.3g}", flush=True)
+                break
+            labels_old = labels
+        # Labels and inertia that match the final centroids.
+        labels, min_dist = K.assign(x, centers, x_sq=x_sq, backend=backend)
+        inertia = float(comm.sum(min_dist.sum(dtype=torch.float64).reshape(1)))
+        return centers, labels, inertia, n_iter
+
+    @staticmethod
+    def _relocate_empty(x: torch.Tensor, labels: torch.Tensor, min_dist: torch.Tensor,
+                        sums: torch.Tensor, counts: torch.Tensor, comm: _Comm) -> None:
+        """Re-seed each empty cluster to one of the points farthest from their centroids
+        (scikit-learn's rule), moving that point's contribution out of its old cluster.
+        Edits ``sums`` and ``counts`` (the fit's own fresh tensors) in place."""
+        empty = torch.nonzero(counts == 0).flatten()
+        n_empty = empty.numel()
+        # Each rank proposes its n_empty farthest points; the global top n_empty win
+        # (ties to the lower global index: a stable sort of the gathered candidates).
+        m = min(n_empty, min_dist.shape[0])
+        vals, local_idx = torch.topk(min_dist.double(), m)
+        prop_vals = torch.full((comm.world, n_empty), -math.inf, dtype=torch.float64)
+        prop_idx = torch.zeros((comm.world, n_empty), dtype=torch.int64)
+        start = 0
+        if comm.distributed:
+            sizes = comm.gather_sizes(x.shape[0])
+            start = int(sizes[:comm.rank].sum())
+        prop_vals[comm.rank, :m] = vals.cpu()
+        prop_idx[comm.rank, :m] = local_idx.cpu() + start
+        if comm.world > 1:
+            # -inf + 0 stays -inf; the other ranks' rows are filled by their owners.
+            prop_vals = comm.max(prop_vals)
+            prop_idx = comm.sum(prop_idx)
+        order = torch.sort(-prop_vals.flatten(), stable=True).indices[:n_empty]
+        far = prop_idx.flatten()[order]
+        points = comm.fetch(x, far, start)
+        old = comm.fetch(labels.long(), far, start).to(sums.device)
+        sums.index_add_(0, old, -points)
+        counts.index_add_(0, old, -torch.ones_like(old, dtype=counts.dtype))
+        new = empty.to(sums.device)
+        sums.index_copy_(0, new, points)
+        counts.index_fill_(0, new, 1)
+
+    # -----------------------------------------------------------------------------------
+    # Using a fitted model
+
+    def predict(self, x: ArrayLike) -> torch.Tensor:
+        """The nearest centroid of each point: ``(n_samples, n_features) -> (n_samples,)``
+        int64."""
+        x, backend = self._prepare_for_centroids(x, "predict")
+        labels, _ = K.assign(x, self.cluster_centers_.contiguous(), backend=backend)
+        return labels.long()
+
+    def transform(self, x: ArrayLike) -> torch.Tensor:
+        """Euclidean distance of each point to each centroid: ``(n_samples, n_clusters)``."""
+        x, backend = self._prepare_for_centroids(x, "transform")
+        return K.distances(x, self.cluster_centers_.contiguous(), backend=backend).sqrt()
+
+    def fit_transform(self, x: ArrayLike, y: Any = None, **fit_kwargs) -> torch.Tensor:
+        return self.fit(x, **fit_kwargs).transform(x)
+
+    def score(self, x: ArrayLike, y: Any = None) -> float:
+        """Minus the inertia of ``x`` under the fitted centroids (scikit-learn's sign)."""
+        x, backend = self._prepare_for_centroids(x, "score")
+        _, min_dist = K.assign(x, self.cluster_centers_.contiguous(), backend=backend)
+        return -float(min_dist.sum(dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Labels of ``x`` ``(*, n_features) -> (*)`` int64: a quantizer stage."""
+        centers = self._check_fitted("forward")
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            raise ValueError(f"{_NAME}.forward: x must be a tensor (*, n_features)")
+        lead = tuple(x.shape[:-1])
+        if math.prod(lead) == 0:
+            return torch.empty(lead, dtype=torch.int64, device=x.device)
+        flat = x.reshape(math.prod(lead), x.shape[-1])
+        return self.predict(flat).reshape(lead)
+
+    def assign(self, x_one: ArrayLike) -> int:
+        """The nearest centroid of ONE new point ``(n_features,)`` (one small dispatch; the
+        centroids do not move)."""
+        centers = self._check_fitted("assign")
+        if isinstance(x_one, np.ndarray):
+            x_one = torch.from_numpy(np.ascontiguousarray(x_one))
+        if not isinstance(x_one, torch.Tensor):
+            raise TypeError(f"{_NAME}.assign: x_one must be a tensor, got {type(x_one).__name__}")
+        if x_one.dim() == 2 and x_one.shape[0] == 1:
+            x_one = x_one[0]
+        if x_one.dim() != 1:
+            raise ValueError(f"{_NAME}.assign: x_one must be one point (n_features,), got shape "
+                             f"{tuple(x_one.shape)}; use predict for many")
+        point = self._prepare(x_one.reshape(1, -1), "assign", dtype=centers.dtype,
+                              device=centers.device)[0]
+        if point.shape[0] != centers.shape[1]:
+            raise ValueError(f"{_NAME}.assign: x_one has {point.shape[0]} features but the "
+                             f"model was fitted with {centers.shape[1]}")
+        backend = self._backend("assign", point)
+        label, _ = K.assign_one(point.contiguous(), centers.contiguous(), backend=backend)
+        return int(label.item())
+
+    def partial_fit(self, x: ArrayLike, y: Any = None) -> "KMeans":
+        """Online update from a batch: each point joins its nearest centroid and only the
+        centroids that received points move, to the running mean of everything they have
+        absorbed (``cluster_counts_`` weighs the past). An unfitted model is first
+        initialised from this batch with ``init``. Sets ``labels_`` / ``inertia_`` to the
+        batch's (under the centroids before the update). Returns ``self``."""
+        if self.cluster_centers_ is None:
+            x = self._prepare(x, "partial_fit")
+            if x.shape[0] < self.n_clusters and isinstance(self.init, str):
+                raise ValueError(f"{_NAME}.partial_fit: the first batch has n_samples = "
+                                 f"{x.shape[0]}, should be >= n_clusters = {self.n_clusters}")
+            backend = self._backend("partial_fit", x)
+            seed = self.seed if self.seed is not None else int(torch.randint(0, 2**62, ()))
+            gen = torch.Generator().manual_seed(seed)
+            comm = _Comm(False)
+            x_sq = K.sq_norms(x, backend=backend)
+            centers = self._init_centroids(x, x_sq, gen, comm, backend, x.shape[0], 0)
+            counts = torch.zeros(self.n_clusters, dtype=torch.int32, device=x.device)
+        else:
+            x, backend = self._prepare_for_centroids(x, "partial_fit")
+            centers, counts = self.cluster_centers_.contiguous(), self.cluster_counts_
+            if counts is None:  # centroids loaded without counts
+                counts = torch.zeros(self.n_clusters, dtype=torch.int32, device=x.device)
+        if int(counts.max()) + x.shape[0] > V.INT32_MAX:
+            raise ValueError(f"{_NAME}.partial_fit: a centroid's count would pass 2**31 - 1")
+        mode = K.choose_accumulate_mode(self.accumulate, backend, x.dtype)
+        labels, min_dist = K.assign(x, centers, backend=backend)
+        batch_sums, batch_counts = K.accumulate(x, labels, self.n_clusters, mode=mode,
+                                                backend=backend)
+        centers, counts = K.update_affected(centers, counts.to(torch.int32).contiguous(),
+                                            batch_sums, batch_counts, backend=backend)
+        self.cluster_centers_ = centers
+        self.cluster_counts_ = counts
+        self.labels_ = labels.long()
+        self.inertia_ = float(min_dist.sum(dtype=torch.float64))
+        return self
+
+    # -----------------------------------------------------------------------------------
+    # state_dict: the buffers start as None (unfitted), so loading must create them.
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs) -> None:
+        for name in ("cluster_centers_", "cluster_counts_"):
+            value = state_dict.get(prefix + name)
+            if value is not None:
+                current = self._buffers.get(name)
+                device = current.device if current is not None else value.device
+                self._buffers[name] = torch.empty_like(value, device=device)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                      unexpected_keys, error_msgs)
+        if self.cluster_centers_ is not None and self.cluster_centers_.shape[0] != self.n_clusters:
+            error_msgs.append(f"{_NAME}: cluster_centers_ has {self.cluster_centers_.shape[0]} "
+                              f"rows but n_clusters is {self.n_clusters}")

@@ -1,0 +1,136 @@
+"""Functional ops on the package's kernels: ``cross_entropy``.
+
+``cross_entropy(logits, labels)`` is ``torch.nn.functional.cross_entropy`` with mean
+reduction, as one fused kernel (``shaders/cross_entropy.metal``) that writes the mean loss
+and, under autograd, the gradient with respect to the logits in the same dispatch.
+
+Host code follows the ops: validate -> allocate -> return early on empty -> launch.
+"""
+from __future__ import annotations
+
+from typing import Tuple
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import _launch
+from .. import _validation as V
+from .._backend import resolve_backend
+from .._kernel_names import kernel_name
+
+OP = "cross_entropy"
+SHADER = "cross_entropy.metal"
+KERNELS = ("cross_entropy_forward",)
+# The whole batch runs in one threadgroup (see the shader): as many threads as rows, in
+# whole SIMD-groups, up to Metal's 1024.
+MAX_GROUP_SIZE = 1024
+
+__all__ = ["cross_entropy"]
+
+
+def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
+    """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
+    return tuple(kernel_name(base, dtype)
+                 for base in KERNELS for dtype in V.KERNEL_DTYPES[backend])
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
+                  ignore_index: int = -100) -> torch.Tensor:
+    """Mean softmax cross-entropy of ``logits`` ``(batch, classes)`` against ``labels``.
+
+    Args:
+        logits: ``(batch, classes)`` floating point, unnormalised scores.
+        labels: ``(batch,)`` int64 or int32 class indices in ``[0, classes)``; rows whose
+            label equals ``ignore_index`` count neither in the loss nor in the mean.
+
+    Returns:
+        A 0-D tensor: the mean over counted rows of ``logsumexp(x) - x[label]`` (NaN when
+        no row counts, as in torch). Differentiable in ``logits``.
+
+    Labels outside ``[0, classes)`` raise ``ValueError`` before any kernel runs; checking
+    them reads two numbers back from the device (one sync), as torch's own CPU op does.
+    """
+    V.check_tensor(OP, "logits", logits)
+    V.check_tensor(OP, "labels", labels)
+    V.check_floating(OP, "logits", logits)
+    V.check_dim(OP, "logits", logits, 2)
+    if labels.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{OP}: labels must be an int64 (or int32) tensor of class indices, "
+                         f"got dtype {labels.dtype}")
+    V.check_length(OP, "labels", labels, logits.shape[0], "batch = logits.shape[0]")
+    V.check_same_device(OP, {"logits": logits, "labels": labels})
+    batch, classes = logits.shape
+    if classes == 0:
+        raise ValueError(f"{OP}: logits has 0 classes; it needs at least one")
+    if not -V.INT32_MAX - 1 <= int(ignore_index) <= V.INT32_MAX:
+        raise ValueError(f"{OP}: ignore_index = {ignore_index} is past the int32 range of the "
+                         "kernel's labels")
+    count = _check_labels(labels, classes, int(ignore_index))
+
+    backend = resolve_backend(OP, (logits,))
+    if backend == "reference":
+        return torch.nn.functional.cross_entropy(logits, labels.long(), ignore_index=ignore_index)
+    V.check_kernel_dtype(OP, logits.dtype, backend)
+    V.check_fits_uint32(OP, "batch * classes", batch * classes)
+    return _CrossEntropyFunction.apply(logits.contiguous(), labels, int(ignore_index), count,
+                                       backend)
+
+
+def _check_labels(labels: torch.Tensor, classes: int, ignore_index: int) -> int:
+    """Rows that count (label != ignore_index); raises on a label outside [0, classes)."""
+    if labels.numel() == 0:
+        return 0
+    counted = labels != ignore_index
+    big = torch.iinfo(torch.int64).max
+    lab = labels.long()
+    # One read-back for all three numbers (each .item() would be a device sync).
+    n, lo, hi = torch.stack([counted.sum(),
+                             torch.where(counted, lab, big).min(),
+                             torch.where(counted, lab, -big).max()]).tolist()
+    if n and (lo < 0 or hi >= classes):
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{OP}: labels must lie in [0, classes) = [0, {classes}) or equal "
+                         f"ignore_index = {ignore_index}; found {bad}")
+    return int(n)
+
+
+class _CrossEntropyFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, count: int,
+                backend: str) -> torch.Tensor:
+        need_grad = ctx.needs_input_grad[0]
+        loss, grad_logits = _forward(logits, labels, ignore_index, count, backend,
+                                     need_grad=need_grad)
+        ctx.save_for_backward(grad_logits)
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss: torch.Tensor):
+        (grad_logits,) = ctx.saved_tensors
+        # The kernel already wrote d mean_loss / d logits; chain rule with the scalar
+        # upstream gradient is one plain torch multiply, not a kernel.
+        return grad_logits * grad_loss, None, None, None, None
+
+
+def _forward(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, count: int,
+             backend: str, *, need_grad: bool):
+    batch, classes = logits.shape
+    grad_logits = logits.new_empty(batch, classes) if need_grad else None
+    if count == 0:
+        # torch: the mean over no rows is NaN and every row's gradient is zero.
+        if grad_logits is not None:
+            grad_logits.zero_()
+        return logits.new_full((), float("nan")), grad_logits
+    loss = logits.new_empty(1)
+    labels32 = labels if labels.dtype == torch.int32 else labels.to(torch.int32)
+    scalar = np.float64 if logits.dtype == torch.float64 else np.float32
+    args = (logits, labels32.contiguous(), loss,
+            grad_logits if need_grad else logits.new_empty(1),
+            np.uint32(batch), np.uint32(classes), np.int32(ignore_index),
+            scalar(1.0 / count), np.uint32(need_grad))
+    group = min(MAX_GROUP_SIZE, -(-batch // 32) * 32)
+    _launch.launch(SHADER, kernel_name("cross_entropy_forward", logits.dtype), args,
+                   threads=group, group_size=group, backend=backend)
+    return loss.reshape(()), grad_logits

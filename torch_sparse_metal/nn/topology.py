@@ -1,0 +1,122 @@
+"""Evolving sparse topology: ``prune_and_regrow`` (SET / RigL style) for ``SparseLinear``.
+
+Every step is a torch op on the layer's device (no read-back of the pattern), and the
+layer's tensors are rewritten in place with the same nnz, so an optimizer that holds the
+weight (including :class:`torch_sparse_metal.optim.AdamW`, whose parameters are views of
+its flat buffer) keeps working: its per-edge state is permuted along with the edges.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .sparse_linear import SparseLinear
+
+OP = "prune_and_regrow"
+MODES = ("magnitude", "random", "gradient")
+
+
+@torch.no_grad()
+def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitude", *,
+                     optimizer: Optional[torch.optim.Optimizer] = None,
+                     dense_grad: Optional[torch.Tensor] = None,
+                     generator: Optional[torch.Generator] = None) -> int:
+    """Remove ``round(fraction * nnz)`` edges of ``layer`` and grow as many new ones.
+
+    Modes:
+        ``"magnitude"`` (SET): drop the edges of smallest ``|weight|``, grow random empty
+        cells. ``"random"``: drop random edges, grow random empty cells (a baseline).
+        ``"gradient"`` (RigL): drop the edges of smallest ``|weight|``, grow the empty cells
+        of largest ``|dense_grad|``, where ``dense_grad`` is ``d loss / d W`` as a dense
+        ``(out_features, in_features)`` tensor, e.g. ``grad_output.T @ input`` of a batch.
+
+    New edges start at weight 0 (as in RigL), so the layer's function is unchanged except
+    for the dropped edges. They are grown only in cells empty before the drop (a dropped
+    edge does not come straight back); nnz stays fixed. The CSR (by target) is rebuilt in
+    row-major order and the by-source CSR follows on the next forward.
+
+    ``optimizer``: its state tensors shaped like the weight (``exp_avg``, ...) are
+    permuted with the edges, new edges getting zeros; scalar state (``step``) is kept.
+    ``layer.weight.grad``, if any, is permuted the same way.
+
+    Returns the number of edges replaced.
+    """
+    if not isinstance(layer, SparseLinear):
+        raise TypeError(f"{OP}: layer must be a SparseLinear, got {type(layer).__name__}")
+    if mode not in MODES:
+        raise ValueError(f"{OP}: mode must be one of {list(MODES)}, got {mode!r}")
+    if not 0.0 <= float(fraction) <= 1.0:
+        raise ValueError(f"{OP}: fraction must lie in [0, 1], got {fraction}")
+    out_f, in_f = layer.out_features, layer.in_features
+    if mode == "gradient":
+        if dense_grad is None:
+            raise ValueError(f"{OP}: mode 'gradient' needs dense_grad, the dense "
+                             f"(out_features, in_features) = ({out_f}, {in_f}) gradient of W")
+        if tuple(dense_grad.shape) != (out_f, in_f):
+            raise ValueError(f"{OP}: dense_grad has shape {tuple(dense_grad.shape)}, expected "
+                             f"(out_features, in_features) = ({out_f}, {in_f})")
+
+    pattern = layer.pattern()
+    weight = layer.weight
+    device = weight.device
+    nnz = pattern.nnz
+    cells_total = out_f * in_f
+    cells = pattern.row_ids().to(device) * in_f + pattern.indices.to(device).long()
+    occupied = torch.zeros(cells_total, dtype=torch.bool, device=device)
+    occupied[cells] = True
+    n_empty = cells_total - int(occupied.sum())  # one read-back: how many cells are free
+    k = min(round(float(fraction) * nnz), n_empty)
+    if k == 0:
+        return 0
+
+    # Drop: the k weakest edges, or k random ones.
+    if mode == "random":
+        drop_score = torch.rand(nnz, generator=generator, device=device)
+    else:
+        drop_score = weight.detach().abs().float()
+    drop = torch.topk(drop_score, k, largest=False).indices
+    keep = torch.ones(nnz, dtype=torch.bool, device=device)
+    keep[drop] = False
+    kept = keep.nonzero().squeeze(1)
+
+    # Grow: among cells empty before the drop.
+    if mode == "gradient":
+        grow_score = dense_grad.detach().abs().reshape(-1).to(device=device, dtype=torch.float64)
+    else:
+        grow_score = torch.rand(cells_total, generator=generator, device=device,
+                                dtype=torch.float64)
+    grow_score = grow_score.masked_fill(occupied, -1.0)  # scores are >= 0: never picked
+    grown = torch.topk(grow_score, k).indices
+
+    # New pattern: kept edges then grown ones, sorted row-major (stable: duplicate cells
+    # of the old pattern keep their order).
+    new_cells = torch.cat([cells[kept], grown])
+    new_cells, order = torch.sort(new_cells, stable=True)
+    rows = torch.div(new_cells, in_f, rounding_mode="floor")
+    counts = torch.bincount(rows, minlength=out_f)
+    indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+
+    def moved(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[kept], t.new_zeros(k)])[order]
+
+    weight.copy_(moved(weight))
+    if weight.grad is not None:
+        weight.grad.copy_(moved(weight.grad))
+    if optimizer is not None:
+        for value in optimizer.state.get(weight, {}).values():
+            if isinstance(value, torch.Tensor) and value.shape == weight.shape:
+                value.copy_(moved(value))
+    # In place: same nnz, and the version bump makes layer.pattern() rebuild (validate
+    # and transpose) on next use.
+    layer.indices.copy_((new_cells - rows * in_f).to(layer.indices.dtype))
+    layer.indptr.copy_(indptr.to(layer.indptr.dtype))
+    return k
+
+
+def edges_per_row(layer: SparseLinear) -> torch.Tensor:
+    """Number of edges of each target neuron (int64), e.g. for topology plots."""
+    return (layer.indptr[1:] - layer.indptr[:-1]).long()
+
+
+__all__ = ["prune_and_regrow", "edges_per_row"]

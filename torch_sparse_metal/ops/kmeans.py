@@ -1,0 +1,387 @@
+"""k-means steps on the GPU: host code of ``shaders/kmeans.metal``.
+
+Each function is one role of the seed plan (distances, assign, accumulate, finalize, drift,
+single-point assign, k-means++ update, partial_fit update) and follows the house order:
+validate -> allocate -> return early on empty -> launch. ``backend=None`` resolves the
+backend from the tensors (:func:`torch_sparse_metal._backend.resolve_backend`); the
+estimator (:class:`torch_sparse_metal.KMeans`) resolves once per fit and passes it down.
+``"reference"`` runs :mod:`torch_sparse_metal.reference.kmeans` (plain torch, any device).
+
+Conventions: ``x`` is ``(n, d)``, centroids ``(k, d)``, both contiguous floating tensors of
+one dtype; labels and counts are int32 tensors (the kernels read them as ``int`` / ``uint``).
+No function modifies its arguments: every result is a new tensor.
+
+Accumulation modes (:func:`choose_accumulate_mode`):
+
+* ``"atomic"``: threadgroup partial sums, then native ``atomic_float`` adds (Metal 3);
+* ``"cas"``: the same, with the adds emulated by compare-and-swap on ``atomic_uint``
+  (GPUs without Metal 3; float32 only);
+* ``"deterministic"``: each threadgroup writes its partial sums to its own slots and a
+  second kernel adds the slots in a fixed order: bit-identical results run to run.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .. import _launch
+from .. import _validation as V
+from .._backend import resolve_backend
+from .._kernel_names import kernel_name
+from ..reference import kmeans as R
+
+OP = "kmeans"
+SHADER = "kmeans.metal"
+KERNELS = ("kmeans_sq_norms", "kmeans_distances", "kmeans_assign", "kmeans_zero",
+           "kmeans_accumulate_atomic", "kmeans_accumulate_blocks", "kmeans_reduce_blocks",
+           "kmeans_finalize", "kmeans_drift", "kmeans_assign_one", "kmeans_pp_update",
+           "kmeans_update_affected")
+CAS_KERNEL = "kmeans_accumulate_cas"  # float32 only
+ACCUMULATE_MODES = ("auto", "atomic", "cas", "deterministic")
+
+GROUP_SIZE = 256          # 1-D kernels: 8 SIMD-groups, as the sparse layer
+DIST_TILE = 16            # kmeans_distances: DIST_TILE x DIST_TILE threadgroups
+MAX_REDUCE_GROUP = 256    # kmeans_drift / kmeans_assign_one: one power-of-two threadgroup
+MAX_THREADGROUP_MEMORY = 32 * 1024
+POINTS_PER_THREAD = 32    # accumulate: points each thread adds before the group flushes
+MAX_BLOCKS = 256          # accumulate: cap on point blocks (deterministic slots: blocks*k*d)
+
+
+def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
+    """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
+    names = [kernel_name(base, dtype) for base in KERNELS
+             for dtype in V.KERNEL_DTYPES[backend]]
+    return tuple(names) + (kernel_name(CAS_KERNEL, torch.float32),)
+
+
+def _backend(backend: Optional[str], *tensors: torch.Tensor) -> str:
+    return resolve_backend(OP, tensors) if backend is None else backend
+
+
+def _check_kernel_inputs(backend: str, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.is_floating_point():
+            V.check_kernel_dtype(OP, t.dtype, backend)
+        if not t.is_contiguous():
+            raise ValueError(f"{OP}: {name} must be contiguous")
+
+
+def _round16(nbytes: int) -> int:
+    return (nbytes + 15) // 16 * 16
+
+
+def _pow2_at_least(n: int, cap: int) -> int:
+    size = 1
+    while size < min(n, cap):
+        size *= 2
+    return size
+
+
+# ---------------------------------------------------------------------------------------
+# Distances and assignment
+
+
+def sq_norms(rows: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tensor:
+    """``(n, d) -> (n,)`` squared row norms."""
+    backend = _backend(backend, rows)
+    if backend == "reference":
+        return R.sq_norms_reference(rows)
+    _check_kernel_inputs(backend, rows=rows)
+    n, d = rows.shape
+    V.check_fits_uint32(OP, "n * d", n * d)
+    out = rows.new_empty(n)
+    if n == 0:
+        return out
+    if d == 0:
+        return out.zero_()
+    _launch.launch(SHADER, kernel_name("kmeans_sq_norms", rows.dtype),
+                   (rows, out, np.uint32(n), np.uint32(d)),
+                   threads=n, group_size=GROUP_SIZE, backend=backend)
+    return out
+
+
+def distances(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.Tensor] = None,
+              c_sq: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> torch.Tensor:
+    """``(n, k)`` squared Euclidean distances through ``||x||^2 - 2 x.c + ||c||^2`` (>= 0).
+
+    ``x_sq`` / ``c_sq``: precomputed :func:`sq_norms` (the fit computes ``x_sq`` once).
+    """
+    backend = _backend(backend, x, centroids)
+    if backend == "reference":
+        return R.distances_reference(x, centroids, x_sq, c_sq)
+    _check_kernel_inputs(backend, x=x, centroids=centroids)
+    n, d = x.shape
+    k = centroids.shape[0]
+    V.check_fits_uint32(OP, "n * k", n * k)
+    tiles_n, tiles_k = -(-n // DIST_TILE), -(-k // DIST_TILE)
+    V.check_fits_uint32(OP, "padded n * d", tiles_n * DIST_TILE * max(d, 1))
+    out = x.new_empty(n, k)
+    if n == 0 or k == 0:
+        return out
+    x_sq = sq_norms(x, backend=backend) if x_sq is None else x_sq
+    c_sq = sq_norms(centroids, backend=backend) if c_sq is None else c_sq
+    _check_kernel_inputs(backend, x_sq=x_sq, c_sq=c_sq)
+    # Whole tiles: the kernel's tile loads need every thread of each 16x16 group.
+    _launch.launch(SHADER, kernel_name("kmeans_distances", x.dtype),
+                   (x, centroids, x_sq, c_sq, out, np.uint32(n), np.uint32(k), np.uint32(d)),
+                   threads=(tiles_k * DIST_TILE, tiles_n * DIST_TILE),
+                   group_size=(DIST_TILE, DIST_TILE), backend=backend)
+    return out
+
+
+def assign_from_distances(dist: torch.Tensor, *,
+                          backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(n, k) -> (labels int32 (n,), min_dist (n,))``: argmin (lowest index on ties)."""
+    backend = _backend(backend, dist)
+    if backend == "reference":
+        return R.assign_reference(dist)
+    _check_kernel_inputs(backend, dist=dist)
+    n, k = dist.shape
+    if k == 0:
+        raise ValueError(f"{OP}: cannot assign points to 0 clusters")
+    labels = torch.empty(n, dtype=torch.int32, device=dist.device)
+    min_dist = dist.new_empty(n)
+    if n == 0:
+        return labels, min_dist
+    _launch.launch(SHADER, kernel_name("kmeans_assign", dist.dtype),
+                   (dist, labels, min_dist, np.uint32(n), np.uint32(k)),
+                   threads=n, group_size=GROUP_SIZE, backend=backend)
+    return labels, min_dist
+
+
+def assign(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.Tensor] = None,
+           backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Nearest centroid of each point: ``(labels int32 (n,), squared distance (n,))``."""
+    backend = _backend(backend, x, centroids)
+    dist = distances(x, centroids, x_sq=x_sq, backend=backend)
+    return assign_from_distances(dist, backend=backend)
+
+
+# ---------------------------------------------------------------------------------------
+# Accumulation
+
+
+def choose_accumulate_mode(requested: str, backend: str, dtype: torch.dtype) -> str:
+    """The accumulate kernel to run: ``"atomic"``, ``"cas"`` or ``"deterministic"``.
+
+    ``"auto"`` takes native float atomics where the GPU has them (Metal 3, as probed by
+    :func:`torch_sparse_metal._metal_backend.device_capabilities`, which
+    ``TSM_FORCE_NO_ATOMIC_FLOAT=1`` overrides) and the CAS emulation otherwise; on the
+    emulator, which has both, ``"atomic"``. The reference backend is deterministic and
+    ignores the choice.
+    """
+    if requested not in ACCUMULATE_MODES:
+        raise ValueError(f"{OP}: accumulate mode must be one of {ACCUMULATE_MODES}, "
+                         f"got {requested!r}")
+    if backend == "reference":
+        return "deterministic"
+    if requested == "deterministic":
+        return requested
+    if requested == "cas" and dtype != torch.float32:
+        raise ValueError(f"{OP}: the compare-and-swap accumulation is float32 only "
+                         f"(a 32-bit atomic holds the bits), got {dtype}")
+    if backend == "metal":
+        from .._metal_backend import device_capabilities
+        has_float_atomics = bool(device_capabilities()["supports_metal3"])
+        if requested == "auto":
+            return "atomic" if has_float_atomics else "cas"
+        if requested == "atomic" and not has_float_atomics:
+            raise ValueError(f"{OP}: accumulate mode 'atomic' needs atomic_float (Metal 3); "
+                             "this GPU has none: use 'auto' or 'cas'")
+        return requested
+    return "atomic" if requested == "auto" else requested
+
+
+class AccumulateShape(NamedTuple):
+    """Launch shape of the accumulate kernels (see ``kmeans_accumulate_block`` in the shader).
+
+    Threadgroups of ``(tf, tp)`` threads: ``tf`` features by ``tp`` rows of points; each
+    covers ``block`` points; ``tiles`` feature tiles by ``blocks`` point blocks.
+    """
+    tf: int
+    tp: int
+    block: int
+    tiles: int
+    blocks: int
+    threadgroup_memory: Tuple[int, int]
+
+
+def accumulate_shape(n: int, k: int, d: int, itemsize: int) -> AccumulateShape:
+    """Pick the widest feature tile (<= 32) and the most point rows (<= 256 threads in all)
+    whose partial sums ``tp * k * tf`` and counts ``tp * k`` fit in 32 KB of threadgroup
+    memory. Raises when even one thread's ``k`` sums do not fit (k > ~4000)."""
+    tf = _pow2_at_least(d, 32)
+    while True:
+        for tp in range(GROUP_SIZE // tf, 0, -1):
+            mem = (_round16(tp * k * tf * itemsize), _round16(tp * k * 4))
+            if sum(mem) <= MAX_THREADGROUP_MEMORY:
+                break
+        else:
+            if tf == 1:
+                raise ValueError(f"{OP}: n_clusters = {k} is too many for the kernels' "
+                                 "threadgroup partial sums (32 KB); use backend 'reference'")
+            tf //= 2
+            continue
+        break
+    # Blocks of POINTS_PER_THREAD points per thread row, but never more than MAX_BLOCKS
+    # blocks (the deterministic mode keeps blocks * k * d partial sums).
+    block = max(tp * POINTS_PER_THREAD, -(-n // MAX_BLOCKS))
+    block = -(-block // tp) * tp
+    blocks = max(1, -(-n // block))
+    tiles = -(-d // tf)
+    return AccumulateShape(tf, tp, block, tiles, blocks, mem)
+
+
+def accumulate(x: torch.Tensor, labels: torch.Tensor, k: int, *, mode: str = "auto",
+               backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-cluster sums ``(k, d)`` and counts ``(k,)`` int32 of ``x`` grouped by ``labels``.
+
+    ``labels`` int32 in ``[0, k)`` (a label outside is skipped by the kernels).
+    """
+    backend = _backend(backend, x, labels)
+    if backend == "reference":
+        return R.accumulate_reference(x, labels, k)
+    mode = choose_accumulate_mode(mode, backend, x.dtype)
+    _check_kernel_inputs(backend, x=x, labels=labels)
+    if labels.dtype != torch.int32:
+        raise ValueError(f"{OP}: labels must be int32, got {labels.dtype}")
+    n, d = x.shape
+    shape = accumulate_shape(n, k, d, x.element_size())
+    V.check_fits_uint32(OP, "n * d", n * d)
+    V.check_fits_uint32(OP, "blocks * k * d", shape.blocks * k * d)
+    counts = torch.empty(k, dtype=torch.int32, device=x.device)
+    sums = x.new_empty(k, d)
+    if k == 0 or d == 0:
+        return sums, counts.zero_()
+    grid = (shape.tiles * shape.tf, shape.blocks * shape.tp)
+    group = (shape.tf, shape.tp)
+    scalars = (np.uint32(n), np.uint32(k), np.uint32(d), np.uint32(shape.block))
+    if mode == "deterministic":
+        block_sums = x.new_empty(shape.blocks, k, d)
+        block_counts = torch.empty(shape.blocks, k, dtype=torch.int32, device=x.device)
+        if n == 0:
+            return sums.zero_(), counts.zero_()
+        _launch.launch(SHADER, kernel_name("kmeans_accumulate_blocks", x.dtype),
+                       (x, labels, block_sums, block_counts) + scalars,
+                       threads=grid, group_size=group,
+                       threadgroup_memory=shape.threadgroup_memory, backend=backend)
+        _launch.launch(SHADER, kernel_name("kmeans_reduce_blocks", x.dtype),
+                       (block_sums, block_counts, sums, counts, np.uint32(shape.blocks),
+                        np.uint32(k), np.uint32(d)),
+                       threads=k * d, group_size=GROUP_SIZE, backend=backend)
+        return sums, counts
+    _launch.launch(SHADER, kernel_name("kmeans_zero", x.dtype),
+                   (sums, counts, np.uint32(k), np.uint32(d)),
+                   threads=k * d, group_size=GROUP_SIZE, backend=backend)
+    if n == 0:
+        return sums, counts
+    base = "kmeans_accumulate_atomic" if mode == "atomic" else CAS_KERNEL
+    _launch.launch(SHADER, kernel_name(base, x.dtype), (x, labels, sums, counts) + scalars,
+                   threads=grid, group_size=group,
+                   threadgroup_memory=shape.threadgroup_memory, backend=backend)
+    return sums, counts
+
+
+# ---------------------------------------------------------------------------------------
+# Update, convergence, online steps
+
+
+def finalize(sums: torch.Tensor, counts: torch.Tensor, old_centroids: torch.Tensor, *,
+             backend: Optional[str] = None) -> torch.Tensor:
+    """New centroids ``sums / counts``; a cluster with count 0 keeps its old centroid."""
+    backend = _backend(backend, sums, old_centroids)
+    if backend == "reference":
+        return R.finalize_reference(sums, counts, old_centroids)
+    _check_kernel_inputs(backend, sums=sums, counts=counts, old_centroids=old_centroids)
+    k, d = sums.shape
+    out = sums.new_empty(k, d)
+    if k * d == 0:
+        return out
+    _launch.launch(SHADER, kernel_name("kmeans_finalize", sums.dtype),
+                   (sums, counts, old_centroids, out, np.uint32(k), np.uint32(d)),
+                   threads=k * d, group_size=GROUP_SIZE, backend=backend)
+    return out
+
+
+def drift(old: torch.Tensor, new: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tensor:
+    """``[max, sum]`` over centroids of the squared shift ``||new_c - old_c||^2`` (2 values)."""
+    backend = _backend(backend, old, new)
+    if backend == "reference":
+        return R.drift_reference(old, new)
+    _check_kernel_inputs(backend, old=old, new=new)
+    k, d = old.shape
+    out = old.new_empty(2)
+    if k == 0:
+        return out.zero_()
+    size = _pow2_at_least(k, MAX_REDUCE_GROUP)
+    _launch.launch(SHADER, kernel_name("kmeans_drift", old.dtype),
+                   (old, new, out, np.uint32(k), np.uint32(d)),
+                   threads=size, group_size=size,
+                   threadgroup_memory=(_round16(2 * size * old.element_size()),),
+                   backend=backend)
+    return out
+
+
+def assign_one(point: torch.Tensor, centroids: torch.Tensor, *,
+               backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Nearest centroid of one point ``(d,)``: ``(label int32 (1,), distance (1,))``."""
+    backend = _backend(backend, point, centroids)
+    if backend == "reference":
+        return R.assign_one_reference(point, centroids)
+    _check_kernel_inputs(backend, point=point, centroids=centroids)
+    k, d = centroids.shape
+    if k == 0:
+        raise ValueError(f"{OP}: cannot assign a point to 0 clusters")
+    label = torch.empty(1, dtype=torch.int32, device=point.device)
+    dist = point.new_empty(1)
+    size = _pow2_at_least(k, MAX_REDUCE_GROUP)
+    _launch.launch(SHADER, kernel_name("kmeans_assign_one", point.dtype),
+                   (point, centroids, label, dist, np.uint32(k), np.uint32(d)),
+                   threads=size, group_size=size,
+                   threadgroup_memory=(_round16(size * point.element_size()),
+                                       _round16(size * 4)),
+                   backend=backend)
+    return label, dist
+
+
+def pp_update(x: torch.Tensor, chosen: torch.Tensor, min_dist: torch.Tensor, *,
+              backend: Optional[str] = None) -> torch.Tensor:
+    """k-means++: ``min(min_dist, ||x - chosen||^2)`` per point (pass +inf at first)."""
+    backend = _backend(backend, x, chosen, min_dist)
+    if backend == "reference":
+        return R.pp_update_reference(x, chosen, min_dist)
+    _check_kernel_inputs(backend, x=x, chosen=chosen, min_dist=min_dist)
+    n, d = x.shape
+    out = x.new_empty(n)
+    if n == 0:
+        return out
+    _launch.launch(SHADER, kernel_name("kmeans_pp_update", x.dtype),
+                   (x, chosen, min_dist, out, np.uint32(n), np.uint32(d)),
+                   threads=n, group_size=GROUP_SIZE, backend=backend)
+    return out
+
+
+def update_affected(centroids: torch.Tensor, counts: torch.Tensor, batch_sums: torch.Tensor,
+                    batch_counts: torch.Tensor, *,
+                    backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """partial_fit: running means of the clusters a batch touched; the others unchanged.
+
+    Returns ``(new_centroids, new_counts int32)``.
+    """
+    backend = _backend(backend, centroids, batch_sums)
+    if backend == "reference":
+        return R.update_affected_reference(centroids, counts, batch_sums, batch_counts)
+    _check_kernel_inputs(backend, centroids=centroids, counts=counts, batch_sums=batch_sums,
+                         batch_counts=batch_counts)
+    k, d = centroids.shape
+    new_centroids = centroids.new_empty(k, d)
+    new_counts = torch.empty(k, dtype=torch.int32, device=centroids.device)
+    if k * d == 0:
+        return new_centroids, counts + batch_counts
+    _launch.launch(SHADER, kernel_name("kmeans_update_affected", centroids.dtype),
+                   (centroids, counts, batch_sums, batch_counts, new_centroids, new_counts,
+                    np.uint32(k), np.uint32(d)),
+                   threads=k * d, group_size=GROUP_SIZE, backend=backend)
+    return new_centroids, new_counts

@@ -1,0 +1,423 @@
+"""``mm`` / ``addmm``: dense matrix products through the matmul ladder, with autograd.
+
+The kernels (``shaders/matmul_<rung>.metal``, common code in ``shaders/matmul.h``) compute
+
+    C = activation(alpha * op(A) @ op(B) + beta * bias)
+
+where ``op`` is the identity or a transpose chosen per operand from its strides, so a
+transposed view (``w.t()``, the backward's ``grad @ b.t()``) is read in place: no copy.
+Rungs of the ladder (``kernel=``):
+
+=============  ===========================================================================
+``naive``      one thread per output element, dot product from device memory
+``tiled``      32 x 32 threadgroup tiles in padded threadgroup memory
+``register``   64 x 64 tiles, 4 x 4 outputs per thread in registers
+``simdgroup``  64 x 64 tiles, 2 x 2 SIMD-groups of 4 x 4 simdgroup_matrix accumulators
+               (Apple7+: M1 and later) -- the production kernel
+``shuffle``    64 x 64 tiles, SIMD-group broadcasts and vector loads, no threadgroup
+               memory (GPUs without simdgroup_matrix)
+=============  ===========================================================================
+
+``kernel=None`` asks :func:`choose_kernel`. Host code follows the project's pattern:
+validate -> allocate -> early return -> choose the variant -> launch.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from .. import _launch
+from .. import _validation as V
+from .._backend import resolve_backend
+from .._kernel_names import kernel_name
+from ..reference.matmul import MATMUL_ACTIVATIONS, addmm_reference, matmul_activation
+
+OP_MM, OP_ADDMM = "mm", "addmm"
+
+# Activation name -> code in bits 4..7 of the epilogue word (shaders/matmul.h).
+ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "tanh": 3}
+assert tuple(ACTIVATION_CODES) == MATMUL_ACTIVATIONS
+EPILOGUE_HAS_BIAS = 1
+EPILOGUE_SAVE_PREACT = 2
+EPILOGUE_ACT_SHIFT = 4
+VEC_A, VEC_B = 1, 2
+
+# dtypes the kernels are instantiated for. bfloat needs MSL 3.1 (macOS 14) on Metal.
+MATMUL_DTYPES: Dict[str, Tuple[torch.dtype, ...]] = {
+    "metal": (torch.float32, torch.float16, torch.bfloat16),
+    "emulator": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
+}
+
+UINT32_MAX = 2**32 - 1
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One kernel of the ladder: its shader, output tile and launch geometry."""
+    name: str
+    shader: str
+    tile: Tuple[int, int]        # (rows, columns) of C per threadgroup
+    group_size: Tuple[int, int]  # threads per threadgroup (x, y)
+    whole_groups: bool           # launch whole threadgroups (barriers / SIMD-group collectives)
+    needs_simdgroup_matrix: bool = False
+
+    def grid(self, m: int, n: int) -> Tuple[int, int]:
+        """The grid in threads (dispatchThreads semantics) for an ``m x n`` output."""
+        tm, tn = self.tile
+        gx, gy = self.group_size
+        if not self.whole_groups:  # one thread per element of C, guarded in the kernel
+            return n, m
+        return _ceil_div(n, tn) * gx, _ceil_div(m, tm) * gy
+
+
+RUNGS: Dict[str, Rung] = {r.name: r for r in (
+    Rung("naive", "matmul_naive.metal", (8, 32), (32, 8), whole_groups=False),
+    Rung("tiled", "matmul_tiled.metal", (32, 32), (32, 32), whole_groups=True),
+    Rung("register", "matmul_register.metal", (64, 64), (16, 16), whole_groups=True),
+    Rung("simdgroup", "matmul_simdgroup.metal", (64, 64), (128, 1), whole_groups=True,
+         needs_simdgroup_matrix=True),
+    Rung("shuffle", "matmul_shuffle.metal", (64, 64), (128, 1), whole_groups=True),
+)}
+KERNELS = tuple(RUNGS)
+VARIANTS = ("nn", "nt", "tn", "tt")  # transposed (t) or not (n): A then B
+
+# The emulator cannot run simdgroup_matrix<double, 8, 8> (its SIMD-group exchange carries
+# at most 32 bytes per lane; a double multiply-accumulate needs 48), so float64 -- which
+# exists only on the emulator -- never takes the simdgroup rung.
+_NO_SIMDGROUP_DTYPES = (torch.float64,)
+
+
+def matmul_kernel_name(rung: str, trans_a: bool, trans_b: bool, dtype: torch.dtype) -> str:
+    """``matmul_<rung>_<nn|nt|tn|tt>_<dtype>``, as ``TSM_MM_INSTANTIATE`` registers it."""
+    variant = ("t" if trans_a else "n") + ("t" if trans_b else "n")
+    return kernel_name(f"matmul_{rung}_{variant}", dtype)
+
+
+def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
+    """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
+    return tuple(matmul_kernel_name(r, ta, tb, d)
+                 for r in KERNELS for ta in (False, True) for tb in (False, True)
+                 for d in MATMUL_DTYPES[backend]
+                 if not (RUNGS[r].needs_simdgroup_matrix and d in _NO_SIMDGROUP_DTYPES))
+
+
+def capabilities(backend: str) -> Dict[str, bool]:
+    """What the kernel chooser needs to know about the device ``backend`` runs on.
+
+    Metal: probed once by :func:`torch_sparse_metal._metal_backend.device_capabilities`
+    (``TSM_FORCE_NO_SIMDGROUP_MATRIX=1`` forces the fallback). The emulator runs
+    simdgroup_matrix, and honours the same environment override so both paths are testable.
+    """
+    if backend == "metal":
+        from .._metal_backend import device_capabilities
+        return {"supports_simdgroup_matrix": bool(device_capabilities()["supports_apple7"])}
+    forced = os.environ.get("TSM_FORCE_NO_SIMDGROUP_MATRIX", "").strip().lower() in (
+        "1", "true", "yes", "on")
+    return {"supports_simdgroup_matrix": not forced}
+
+
+# Below this many multiply-adds a dispatch is all overhead and the 64 x 64 tiles would be
+# mostly padding: the naive kernel has the least set-up.
+SMALL_PRODUCT_FMAS = 32 * 32 * 32
+
+
+def choose_kernel(m: int, n: int, k: int, dtype: torch.dtype, *,
+                  supports_simdgroup_matrix: bool) -> str:
+    """The rung ``kernel=None`` runs for an ``m x k`` by ``k x n`` product.
+
+    * tiny products (``m * n * k < SMALL_PRODUCT_FMAS``) and matrix-vector shapes
+      (``m == 1`` or ``n == 1``, where a 64-wide tile is 98% padding): ``naive``;
+    * devices with simdgroup_matrix (Apple7+, as llama.cpp decides): ``simdgroup``;
+    * others (Intel/AMD Macs, pre-M1 Apple GPUs, or forced off): ``shuffle``;
+    * float64 (emulator only, for gradcheck) cannot use simdgroup matrices: ``register``.
+    """
+    if m * n * k < SMALL_PRODUCT_FMAS or m == 1 or n == 1:
+        return "naive"
+    if dtype in _NO_SIMDGROUP_DTYPES:
+        return "register"
+    return "simdgroup" if supports_simdgroup_matrix else "shuffle"
+
+
+# ---------------------------------------------------------------------------------------
+# Operands: strides -> (buffer, leading dimension, transposed?) without copying.
+
+
+@dataclass
+class Operand:
+    """A matrix as a kernel reads it: ``flat`` is a contiguous 1-D view of its storage from
+    its first element to its last, element (r, c) at ``r * ld + c`` (``c * ld + r`` when
+    ``transposed``). ``vec_ok``: 4-wide vector loads along the contiguous dimension are
+    aligned."""
+    flat: torch.Tensor
+    ld: int
+    transposed: bool
+    vec_ok: bool
+
+
+def _flat_view(t: torch.Tensor, extent: int) -> torch.Tensor:
+    # A 1-D contiguous view at the tensor's storage offset: the launchers bind a tensor at
+    # that offset, so the kernel's element 0 is t[0, 0].
+    return t.as_strided((extent,), (1,))
+
+
+def _aligned(t: torch.Tensor, ld: int) -> bool:
+    width = 4 * t.element_size()
+    base = t.storage_offset() * t.element_size() if t.device.type != "cpu" else t.data_ptr()
+    return ld % 4 == 0 and base % width == 0
+
+
+def as_operand(op: str, name: str, t: torch.Tensor) -> Operand:
+    """Read ``t`` (2-D) in place when it is row-major or column-major with any leading
+    dimension (a slice, a transposed view); anything else (expanded, doubly strided) is
+    copied to contiguous first."""
+    rows, cols = t.shape
+    sr, sc = t.stride()
+    # Strides of size-1 dimensions are meaningless: normalise them for each reading.
+    row_sr, row_sc = (sr if rows > 1 else cols), (sc if cols > 1 else 1)
+    col_sr, col_sc = (sr if rows > 1 else 1), (sc if cols > 1 else rows)
+    if row_sc == 1 and row_sr >= cols:
+        ld, transposed = row_sr, False
+        extent = (rows - 1) * ld + cols
+    elif col_sr == 1 and col_sc >= rows:
+        ld, transposed = col_sc, True
+        extent = (cols - 1) * ld + rows
+    else:
+        t = t.contiguous()
+        ld, transposed, extent = cols, False, rows * cols
+    if extent - 1 > UINT32_MAX:
+        raise ValueError(f"{op}: {name} spans {extent} elements in memory; the kernels "
+                         "index with 32-bit offsets (at most 2**32)")
+    return Operand(_flat_view(t, extent), max(ld, 1), transposed, _aligned(t, ld))
+
+
+def bias_operand(op: str, bias: torch.Tensor, m: int, n: int) -> Tuple[torch.Tensor, int, int]:
+    """``(flat, row_stride, col_stride)`` reading ``bias`` broadcast to ``m x n`` in place:
+    broadcast dimensions get stride 0 (a Linear bias of shape ``(n,)`` is ``(0, 1)``)."""
+    try:
+        expanded = bias.expand(m, n)
+    except RuntimeError:
+        raise ValueError(f"{op}: bias of shape {tuple(bias.shape)} does not broadcast to the "
+                         f"output shape {(m, n)}") from None
+    sr, sc = expanded.stride()
+    sr, sc = (sr if m > 1 else 0), (sc if n > 1 else 0)
+    extent = (m - 1) * sr + (n - 1) * sc + 1
+    if extent - 1 > UINT32_MAX:
+        expanded = expanded.contiguous()
+        sr, sc, extent = n, 1, m * n
+    return _flat_view(expanded, extent), sr, sc
+
+
+# ---------------------------------------------------------------------------------------
+# Validation and public entry points
+
+
+def _check_matrices(op: str, a: torch.Tensor, b: torch.Tensor,
+                    bias: Optional[torch.Tensor]) -> None:
+    for name, t in (("a", a), ("b", b), ("bias", bias)):
+        if t is None:
+            continue
+        V.check_tensor(op, name, t)
+        V.check_floating(op, name, t)
+    V.check_dim(op, "a", a, 2)
+    V.check_dim(op, "b", b, 2)
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(f"{op}: a is {tuple(a.shape)} and b is {tuple(b.shape)}; a's columns "
+                         "must equal b's rows")
+    V.check_same_dtype(op, {"a": a, "b": b, "bias": bias})
+    V.check_same_device(op, {"a": a, "b": b, "bias": bias})
+    if bias is not None and bias.dim() > 2:
+        raise ValueError(f"{op}: bias must have at most 2 dimensions, got shape "
+                         f"{tuple(bias.shape)}")
+
+
+def _check_kernel(op: str, kernel: Optional[str]) -> None:
+    if kernel is not None and kernel not in RUNGS:
+        raise ValueError(f"{op}: kernel must be None or one of {list(KERNELS)}, got {kernel!r}")
+
+
+def _check_activation(op: str, activation: Optional[str]) -> None:
+    if activation not in ACTIVATION_CODES:
+        raise ValueError(f"{op}: activation must be one of {list(ACTIVATION_CODES)}, "
+                         f"got {activation!r}")
+
+
+def mm(a: torch.Tensor, b: torch.Tensor, *, kernel: Optional[str] = None) -> torch.Tensor:
+    """``a @ b`` for 2-D ``a`` (m x k) and ``b`` (k x n), as ``torch.mm``.
+
+    ``kernel`` selects a rung of the ladder (``"naive"``, ``"tiled"``, ``"register"``,
+    ``"simdgroup"``, ``"shuffle"``); None picks one with :func:`choose_kernel`.
+    Transposed views are read in place. Differentiable in ``a`` and ``b``; the backward
+    runs the same kernels on transposed views.
+    """
+    return _matmul(OP_MM, None, a, b, alpha=1.0, beta=0.0, activation=None, kernel=kernel)
+
+
+def addmm(bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Tensor, *,
+          beta: float = 1.0, alpha: float = 1.0, activation: Optional[str] = None,
+          kernel: Optional[str] = None) -> torch.Tensor:
+    """``activation(beta * bias + alpha * a @ b)``, as ``torch.addmm`` plus a fused
+    activation (None, ``"relu"``, ``"gelu"`` -- tanh approximation -- or ``"tanh"``).
+
+    ``bias`` broadcasts to the ``m x n`` output (``(n,)``, ``(1, n)``, ``(m, 1)``,
+    ``(m, n)``, a scalar) and is read in place; None means no bias term. As in torch,
+    ``beta = 0`` ignores ``bias`` entirely (NaNs in it do not propagate).
+    Differentiable in ``bias``, ``a`` and ``b``.
+    """
+    return _matmul(OP_ADDMM, bias, a, b, alpha=alpha, beta=beta, activation=activation,
+                   kernel=kernel)
+
+
+def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Tensor, *,
+            alpha: float, beta: float, activation: Optional[str],
+            kernel: Optional[str]) -> torch.Tensor:
+    _check_matrices(op, a, b, bias)
+    _check_kernel(op, kernel)
+    _check_activation(op, activation)
+    alpha, beta = float(alpha), float(beta)
+    m, k = a.shape
+    n = b.shape[1]
+    if bias is not None:
+        bias_operand(op, bias, m, n)  # validates the broadcast
+    if bias is not None and beta == 0.0:
+        bias = None  # torch.addmm: beta = 0 ignores the input
+
+    backend = resolve_backend(op, (a, b, bias))
+    if backend == "reference" or m == 0 or n == 0 or k == 0:
+        # Empty products have nothing to launch; torch ops give the right (differentiable)
+        # answer: zeros, or the scaled bias through the activation.
+        return addmm_reference(bias.expand(m, n) if bias is not None else None, a, b,
+                               alpha=alpha, beta=beta, activation=activation)
+    supported = MATMUL_DTYPES[backend]
+    if a.dtype not in supported:
+        raise ValueError(f"{op}: dtype {a.dtype} is not supported by backend {backend!r}; "
+                         f"supported: {', '.join(str(d) for d in supported)}")
+    if kernel == "simdgroup":
+        check_simdgroup(op, a.dtype, backend)
+    for name, size in (("m", m), ("n", n), ("k", k)):
+        if size > UINT32_MAX:
+            raise ValueError(f"{op}: {name} = {size} does not fit in 32 bits")
+    if m * n - 1 > UINT32_MAX:
+        raise ValueError(f"{op}: the output has {m * n} elements; the kernels index with "
+                         "32-bit offsets")
+    return _MatmulFunction.apply(a, b, bias, alpha, beta, activation, kernel, backend)
+
+
+def check_simdgroup(op: str, dtype: torch.dtype, backend: str) -> None:
+    """``kernel="simdgroup"`` needs simdgroup_matrix on the device and a dtype it takes."""
+    if not capabilities(backend)["supports_simdgroup_matrix"]:
+        raise ValueError(f"{op}: kernel 'simdgroup' needs simdgroup_matrix (an Apple7+ GPU: "
+                         "M1 or later); this device has none (or it was forced off)")
+    if dtype in _NO_SIMDGROUP_DTYPES:
+        raise ValueError(f"{op}: kernel 'simdgroup' has no {dtype} version (the emulator "
+                         "has no double simdgroup matrices); use another kernel")
+
+
+def resolve_kernel(kernel: Optional[str], m: int, n: int, k: int, dtype: torch.dtype,
+                   backend: str) -> str:
+    if kernel is not None:
+        return kernel
+    return choose_kernel(m, n, k, dtype, **capabilities(backend))
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel path
+
+
+class _MatmulFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, bias, alpha, beta, activation, kernel, backend):
+        need_a, need_b, need_bias = ctx.needs_input_grad[:3]
+        need_any = need_a or need_b or need_bias
+        ctx.alpha, ctx.beta, ctx.activation = alpha, beta, activation
+        ctx.kernel, ctx.backend = kernel, backend  # backward runs where forward did
+        ctx.bias_shape = None if bias is None else bias.shape
+        out, preact = launch_matmul(a, b, bias, alpha=alpha, beta=beta, activation=activation,
+                                    save_preact=need_any and activation == "gelu",
+                                    kernel=kernel, backend=backend)
+        act_saved = None
+        if need_any and activation is not None:
+            act_saved = preact if activation == "gelu" else out
+        ctx.save_for_backward(a if need_b else None, b if need_a else None, act_saved)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        a, b, act_saved = ctx.saved_tensors
+        need_a, need_b, need_bias = ctx.needs_input_grad[:3]
+        g = grad_out
+        if ctx.activation is not None:
+            g = g * _activation_grad(act_saved, ctx.activation)
+        grad_a = grad_b = grad_bias = None
+        # d/da (alpha * a @ b) = alpha * g @ b^T, d/db = alpha * a^T @ g: the same kernels,
+        # reading the transposed views in place (the variant flips, nothing is copied).
+        if need_a:
+            grad_a, _ = launch_matmul(g, b.t(), None, alpha=ctx.alpha, beta=0.0,
+                                      kernel=ctx.kernel, backend=ctx.backend)
+        if need_b:
+            grad_b, _ = launch_matmul(a.t(), g, None, alpha=ctx.alpha, beta=0.0,
+                                      kernel=ctx.kernel, backend=ctx.backend)
+        if need_bias:
+            grad_bias = g.sum_to_size(ctx.bias_shape)
+            if ctx.beta != 1.0:
+                grad_bias = grad_bias * ctx.beta
+        return grad_a, grad_b, grad_bias, None, None, None, None, None
+
+
+def _activation_grad(saved: torch.Tensor, activation: str) -> torch.Tensor:
+    """d activation / d z from the output (relu, tanh) or the pre-activation (gelu)."""
+    if activation == "relu":
+        return (saved > 0).to(saved.dtype)
+    if activation == "tanh":
+        return 1 - saved * saved
+    z = saved.detach().requires_grad_(True)
+    with torch.enable_grad():
+        y = matmul_activation(z, "gelu")
+        (d,) = torch.autograd.grad(y, z, torch.ones_like(y))
+    return d
+
+
+def launch_matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], *,
+                  alpha: float = 1.0, beta: float = 1.0, activation: Optional[str] = None,
+                  save_preact: bool = False, kernel: Optional[str] = None,
+                  backend: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """One dispatch: ``(C, pre-activation if save_preact else None)``; no autograd.
+
+    ``a``, ``b``, ``bias`` are validated, non-empty and of one dtype and device.
+    """
+    op = "matmul"
+    m, k = a.shape
+    n = b.shape[1]
+    rung = RUNGS[resolve_kernel(kernel, m, n, k, a.dtype, backend)]
+    if rung.needs_simdgroup_matrix:
+        check_simdgroup(op, a.dtype, backend)
+    A, B = as_operand(op, "a", a), as_operand(op, "b", b)
+    out = a.new_empty(m, n)
+    preact = a.new_empty(m, n) if save_preact else None
+    placeholder = a.new_empty(1)
+    flags = ACTIVATION_CODES[activation] << EPILOGUE_ACT_SHIFT
+    if bias is not None:
+        bias_flat, bias_rs, bias_cs = bias_operand(op, bias, m, n)
+        flags |= EPILOGUE_HAS_BIAS
+    else:
+        bias_flat, bias_rs, bias_cs = placeholder, 0, 0
+    if save_preact:
+        flags |= EPILOGUE_SAVE_PREACT
+    vec = (VEC_A if A.vec_ok else 0) | (VEC_B if B.vec_ok else 0)
+    args = (A.flat, B.flat, bias_flat, out, preact if save_preact else placeholder,
+            np.uint32(m), np.uint32(n), np.uint32(k), np.uint32(A.ld), np.uint32(B.ld),
+            np.uint32(n), np.uint32(bias_rs), np.uint32(bias_cs),
+            np.float32(alpha), np.float32(beta), np.uint32(flags), np.uint32(vec))
+    _launch.launch(rung.shader, matmul_kernel_name(rung.name, A.transposed, B.transposed,
+                                                   a.dtype),
+                   args, threads=rung.grid(m, n), group_size=rung.group_size, backend=backend)
+    return out, preact
