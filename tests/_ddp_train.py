@@ -51,6 +51,9 @@ def worker(rank, out, port):
     if rank == 0:
         torch.save(dict(params=params, checks=gathered, grad_norms=opt.grad_norms(),
                         layer_norm=model.module[0].grad_norm), out)
+    # Both ranks tear the process group down together: a rank that leaves while the other
+    # still has gloo work in flight can abort in gloo's threads ("terminate called").
+    dist.barrier()
     dist.destroy_process_group()
 
 

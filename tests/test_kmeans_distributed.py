@@ -48,6 +48,7 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
         shard = x.tensor_split(world)[rank]  # uneven shards are fine
         with tsm.use_backend("emulator"):
             queue.put((rank, fit_all(shard, distributed=True)))
+        dist.barrier()  # leave together: see tests/_ddp_train.py
     finally:
         dist.destroy_process_group()
 
