@@ -25,6 +25,7 @@
 #pragma once
 
 #include <metal_stdlib>
+#include "activations.h"
 #include "tsm_common.h"
 using namespace metal;
 
@@ -34,37 +35,17 @@ struct tsm_mm_acc {
 };
 TSM_EMULATOR_ONLY(template <> struct tsm_mm_acc<double> { using type = double; };)
 
-// Epilogue bits (host: EPILOGUE_* in torch_sparse_metal/ops/matmul.py), activation codes
-// (0 none, 1 relu, 2 gelu with the tanh approximation, 3 tanh) in bits 4..7, and vec_ok
+// Epilogue bits (host: EPILOGUE_* in torch_sparse_metal/ops/matmul.py), the activation
+// code (TsmActivation, shaders/activations.h) in bits 4..7, and vec_ok
 // bits: the operand may be read with 4-wide vector loads (the host checked that its base
 // is aligned to 4 elements and its leading dimension is a multiple of 4).
 enum TsmMmFlags : uint {
   TSM_MM_HAS_BIAS = 1u,
   TSM_MM_SAVE_PREACT = 2u,
   TSM_MM_ACT_SHIFT = 4u,
-  TSM_MM_ACT_RELU = 1u,
-  TSM_MM_ACT_GELU_TANH = 2u,
-  TSM_MM_ACT_TANH = 3u,
   TSM_MM_VEC_A = 1u,
   TSM_MM_VEC_B = 2u,
 };
-
-// GELU, tanh approximation, with ATen's constants and operation order (as
-// shaders/sparse_linear.metal computes it) so results agree with torch to rounding.
-template <typename F>
-inline F tsm_mm_activate(F z, uint activation) {
-  switch (activation) {
-    case TSM_MM_ACT_RELU: return z > F(0) ? z : F(0);
-    case TSM_MM_ACT_GELU_TANH: {
-      const F k_beta = F(0.7978845608028654);
-      const F k_kappa = F(0.044715);
-      const F inner = k_beta * (z + k_kappa * (z * z * z));
-      return F(0.5) * z * (F(1) + tanh(inner));
-    }
-    case TSM_MM_ACT_TANH: return tanh(z);
-    default: return z;
-  }
-}
 
 // The epilogue's uniform arguments, gathered once per thread.
 template <typename T>
@@ -90,7 +71,7 @@ struct TsmMmEpilogue {
     if ((flags & TSM_MM_SAVE_PREACT) != 0) {
       preact[i * ldc + j] = T(v);
     }
-    C[i * ldc + j] = T(tsm_mm_activate(v, (flags >> TSM_MM_ACT_SHIFT) & 15u));
+    C[i * ldc + j] = T(tsm_activate(v, (flags >> TSM_MM_ACT_SHIFT) & 15u));
   }
 };
 

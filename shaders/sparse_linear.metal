@@ -4,64 +4,9 @@
 // scalar a separate 32-bit `constant uint&`; the host rejects shapes whose flat offsets or
 // grids would not fit in 32 bits, so `uint` arithmetic below cannot wrap.
 #include <metal_stdlib>
+#include "activations.h"
 #include "tsm_common.h"
 using namespace metal;
-
-// Activations fused into the layer (host: ACTIVATIONS in ops/sparse_linear.py). The code is
-// a uniform kernel argument, so the switch never diverges within a dispatch.
-enum TsmActivation : uint {
-  TSM_ACT_NONE = 0,
-  TSM_ACT_RELU = 1,
-  TSM_ACT_GELU_TANH = 2,  // GELU, tanh approximation
-  TSM_ACT_TANH = 3,
-};
-
-// GELU is the tanh approximation (torch's gelu(approximate="tanh")), not the erf form:
-// MSL has tanh but no erf, and the approximation keeps every term a library function, so
-// float64 results match torch's to round-off. Constants and operation order follow
-// ATen's GeluKernel so float32 agrees to rounding as well.
-template <typename T>
-inline T tsm_gelu_tanh(T x) {
-  const T k_beta = T(0.7978845608028654);   // sqrt(2 / pi)
-  const T k_kappa = T(0.044715);
-  const T inner = k_beta * (x + k_kappa * (x * x * x));
-  return T(0.5) * x * (T(1) + tanh(inner));
-}
-
-template <typename T>
-inline T tsm_gelu_tanh_grad(T x) {
-  const T k_beta = T(0.7978845608028654);
-  const T k_kappa = T(0.044715);
-  const T x_sq = x * x;
-  const T tanh_inner = tanh(k_beta * (x + k_kappa * (x_sq * x)));
-  const T left_derivative = T(0.5) * (T(1) + tanh_inner);
-  const T right_derivative = (T(0.5) * x) * (T(1) - tanh_inner * tanh_inner) *
-                             (k_beta * (T(1) + T(3) * k_kappa * x_sq));
-  return left_derivative + right_derivative;
-}
-
-template <typename T>
-inline T tsm_activate(T z, uint activation) {
-  switch (activation) {
-    case TSM_ACT_RELU: return z > T(0) ? z : T(0);
-    case TSM_ACT_GELU_TANH: return tsm_gelu_tanh(z);
-    case TSM_ACT_TANH: return tanh(z);
-    default: return z;
-  }
-}
-
-// d activation / d z from what the forward saved: the output y for relu (y > 0 iff z > 0)
-// and tanh (1 - y^2), which costs no extra memory; the pre-activation z for GELU, whose
-// output does not determine its input.
-template <typename T>
-inline T tsm_activation_grad(T saved, uint activation) {
-  switch (activation) {
-    case TSM_ACT_RELU: return saved > T(0) ? T(1) : T(0);
-    case TSM_ACT_GELU_TANH: return tsm_gelu_tanh_grad(saved);
-    case TSM_ACT_TANH: return T(1) - saved * saved;
-    default: return T(1);
-  }
-}
 
 // One thread per (target neuron, batch element), flattened as gid = b * out_features + row
 // (the seed engine's 1D layout). Neighbouring threads then write neighbouring outputs and

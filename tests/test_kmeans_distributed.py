@@ -75,7 +75,6 @@ def test_two_gloo_ranks_match_one_process():
     x = make_data()
     with tsm.use_backend("emulator"):
         single = fit_all(x, distributed=False)
-    n0 = x.tensor_split(world)[0].shape[0]
     for cfg_i in range(len(CONFIGS)):
         c0, l0, i0, it0, n_0 = results[0][cfg_i]
         c1, l1, i1, it1, n_1 = results[1][cfg_i]

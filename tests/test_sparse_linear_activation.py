@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import torch_sparse_metal as tsm
-from torch_sparse_metal.reference.sparse_linear import apply_activation, sparse_linear_reference
+from torch_sparse_metal.reference.activations import apply_activation
+from torch_sparse_metal.reference.sparse_linear import sparse_linear_reference
 
 ACTIVATIONS = [None, "relu", "gelu", "tanh"]
 TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=1e-5, atol=1e-5)}

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from . import metal as _metal
-from ._shaders import shader_source
 
 Arg = Union[torch.Tensor, np.generic]
 Dims = Union[int, Sequence[int]]

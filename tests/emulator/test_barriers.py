@@ -10,13 +10,14 @@ plus dynamic must fit in 32 KB; a threadgroup holds at most 1024 threads.
 """
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
 import torch
 
 from torch_sparse_metal.metal import KernelFault, LaunchError, compile_shader
+
+from _hang_guard import call_with_timeout
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -252,7 +253,6 @@ EXITED_ARRIVE_VARIANT = DIVERGENT + r"""
 kernel void exited_threads_arrive_variant(device float* out [[buffer(0)]]) { out[0] = 0.0f; }
 """
 
-TIMEOUT_S = 60
 
 
 @pytest.fixture(autouse=True)
@@ -276,22 +276,6 @@ def permissive(monkeypatch):
     return compile_shader(EXITED_ARRIVE_VARIANT)
 
 
-def call_with_timeout(fn, *args, **kwargs):
-    """Run a launch on a helper thread: a hang fails the test instead of stalling the run."""
-    box = {}
-
-    def target():
-        try:
-            fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(TIMEOUT_S)
-    assert not t.is_alive(), f"launch still running after {TIMEOUT_S} s: the emulator hangs"
-    if "error" in box:
-        raise box["error"]
 
 
 # ---- barriers order threadgroup memory ---------------------------------------------------

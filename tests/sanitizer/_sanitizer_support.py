@@ -1,37 +1,18 @@
-"""Helpers shared by the sanitizer tests: launching with a hang guard, naming threads as the
-sanitizer's messages do, and building one library out of several kernel files."""
+"""Helpers shared by the sanitizer tests: naming threads as the sanitizer's messages do, and
+building one library out of several kernel files."""
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Iterable, Tuple, Union
 
 from torch_sparse_metal.metal import compile_shader
 
+
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
-# A sanitized launch here takes well under a second; a divergent barrier that hung would
-# never return.
-TIMEOUT_S = 60.0
 
 
-def call_with_timeout(fn, *args, **kwargs):
-    """Run a launch on a helper thread: a hang fails the test instead of stalling the run."""
-    box = {}
-
-    def target():
-        try:
-            fn(*args, **kwargs)
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(TIMEOUT_S)
-    assert not t.is_alive(), f"launch still running after {TIMEOUT_S} s: the emulator hangs"
-    if "error" in box:
-        raise box["error"]
 
 
 Dim = Union[int, Tuple[int, ...]]

@@ -32,7 +32,8 @@ import torch
 
 from torch_sparse_metal.metal import KernelFault
 
-from _sanitizer_support import KERNELS_DIR, call_with_timeout, library_of_files, line_of, thread
+from _hang_guard import call_with_timeout
+from _sanitizer_support import KERNELS_DIR, library_of_files, line_of, thread
 
 # Arguments of one launch, and the answer of the corrected kernel: {argument index: array}.
 Built = Tuple[Tuple[object, ...], Dict[int, np.ndarray]]

@@ -24,7 +24,8 @@ import torch
 
 from torch_sparse_metal.metal import KernelFault, LaunchError, compile_shader
 
-from _sanitizer_support import HEADER, call_with_timeout, thread
+from _hang_guard import call_with_timeout
+from _sanitizer_support import HEADER, thread
 
 SOURCE = HEADER + r"""
 // A threadgroup_barrier whose memory flags are chosen at run time (uniformly: every thread

@@ -19,7 +19,6 @@ import os
 import time
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 
 from .. import _backend, metal

@@ -14,7 +14,6 @@ import statistics
 import time
 from typing import Dict, List, Optional
 
-import numpy as np
 import torch
 
 from .._backend import use_backend

@@ -457,7 +457,7 @@ class KMeans(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Labels of ``x`` ``(*, n_features) -> (*)`` int64: a quantizer stage."""
-        centers = self._check_fitted("forward")
+        self._check_fitted("forward")
         if not isinstance(x, torch.Tensor) or x.dim() == 0:
             raise ValueError(f"{_NAME}.forward: x must be a tensor (*, n_features)")
         lead = tuple(x.shape[:-1])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile

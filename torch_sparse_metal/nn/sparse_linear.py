@@ -6,7 +6,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from ..ops.sparse_linear import BySource, CSRPattern, check_activation, sparse_linear_pattern
+from .._activations import check_activation
+from ..ops.sparse_linear import BySource, CSRPattern, sparse_linear_pattern
 
 _MODULE = "SparseLinear"
 # Below this many cells a random pattern comes from randperm (exact, O(cells) memory);

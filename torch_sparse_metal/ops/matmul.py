@@ -35,13 +35,13 @@ from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
 from .._kernel_names import kernel_name
-from ..reference.matmul import MATMUL_ACTIVATIONS, addmm_reference, matmul_activation
+from .._activations import ACTIVATION_CODES, check_activation
+from ..reference.activations import activation_grad_reference
+from ..reference.matmul import addmm_reference
 
 OP_MM, OP_ADDMM = "mm", "addmm"
 
 # Activation name -> code in bits 4..7 of the epilogue word (shaders/matmul.h).
-ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "tanh": 3}
-assert tuple(ACTIVATION_CODES) == MATMUL_ACTIVATIONS
 EPILOGUE_HAS_BIAS = 1
 EPILOGUE_SAVE_PREACT = 2
 EPILOGUE_ACT_SHIFT = 4
@@ -244,12 +244,6 @@ def _check_kernel(op: str, kernel: Optional[str]) -> None:
         raise ValueError(f"{op}: kernel must be None or one of {list(KERNELS)}, got {kernel!r}")
 
 
-def _check_activation(op: str, activation: Optional[str]) -> None:
-    if activation not in ACTIVATION_CODES:
-        raise ValueError(f"{op}: activation must be one of {list(ACTIVATION_CODES)}, "
-                         f"got {activation!r}")
-
-
 def mm(a: torch.Tensor, b: torch.Tensor, *, kernel: Optional[str] = None) -> torch.Tensor:
     """``a @ b`` for 2-D ``a`` (m x k) and ``b`` (k x n), as ``torch.mm``.
 
@@ -281,7 +275,7 @@ def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Ten
             kernel: Optional[str]) -> torch.Tensor:
     _check_matrices(op, a, b, bias)
     _check_kernel(op, kernel)
-    _check_activation(op, activation)
+    check_activation(op, activation)
     alpha, beta = float(alpha), float(beta)
     m, k = a.shape
     n = b.shape[1]
@@ -356,7 +350,7 @@ class _MatmulFunction(torch.autograd.Function):
         need_a, need_b, need_bias = ctx.needs_input_grad[:3]
         g = grad_out
         if ctx.activation is not None:
-            g = g * _activation_grad(act_saved, ctx.activation)
+            g = g * activation_grad_reference(act_saved, ctx.activation)
         grad_a = grad_b = grad_bias = None
         # d/da (alpha * a @ b) = alpha * g @ b^T, d/db = alpha * a^T @ g: the same kernels,
         # reading the transposed views in place (the variant flips, nothing is copied).
@@ -371,19 +365,6 @@ class _MatmulFunction(torch.autograd.Function):
             if ctx.beta != 1.0:
                 grad_bias = grad_bias * ctx.beta
         return grad_a, grad_b, grad_bias, None, None, None, None, None
-
-
-def _activation_grad(saved: torch.Tensor, activation: str) -> torch.Tensor:
-    """d activation / d z from the output (relu, tanh) or the pre-activation (gelu)."""
-    if activation == "relu":
-        return (saved > 0).to(saved.dtype)
-    if activation == "tanh":
-        return 1 - saved * saved
-    z = saved.detach().requires_grad_(True)
-    with torch.enable_grad():
-        y = matmul_activation(z, "gelu")
-        (d,) = torch.autograd.grad(y, z, torch.ones_like(y))
-    return d
 
 
 def launch_matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], *,

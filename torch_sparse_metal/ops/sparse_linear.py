@@ -17,26 +17,16 @@ from torch.autograd.function import once_differentiable
 from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
+from .._activations import ACTIVATION_CODES, check_activation
 from .._kernel_names import kernel_name
-from ..reference.sparse_linear import (ACTIVATIONS, activation_grad_reference, apply_activation,
-                                       csr_row_ids, sparse_linear_reference)
+from ..reference.activations import activation_grad_reference, apply_activation
+from ..reference.sparse_linear import csr_row_ids, sparse_linear_reference
 
 OP = "sparse_linear"
 SHADER = "sparse_linear.metal"
 KERNELS = ("sparse_linear_forward", "sparse_linear_backward")
 # 8 SIMD-groups of 32: the seed engine's choice for these register-light kernels.
 GROUP_SIZE = 256
-# Activation name -> the kernels' TSM_ACT_* code (shaders/sparse_linear.metal).
-ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "tanh": 3}
-assert tuple(ACTIVATION_CODES) == ACTIVATIONS
-
-
-def check_activation(op: str, activation: Optional[str]) -> Optional[str]:
-    """``activation`` is one of None, "relu", "gelu" (tanh approximation), "tanh"."""
-    if activation not in ACTIVATION_CODES:
-        raise ValueError(f"{op}: activation must be one of {list(ACTIVATION_CODES)}, "
-                         f"got {activation!r}")
-    return activation
 
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:

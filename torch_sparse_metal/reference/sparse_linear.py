@@ -11,37 +11,7 @@ from typing import Optional
 
 import torch
 
-# The activations the sparse layer fuses. "gelu" is the tanh approximation
-# (``torch.nn.functional.gelu(z, approximate="tanh")``): MSL has tanh but no erf.
-ACTIVATIONS = (None, "relu", "gelu", "tanh")
-
-
-def apply_activation(z: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
-    """``activation(z)`` with torch's own functions (differentiable)."""
-    if activation is None:
-        return z
-    if activation == "relu":
-        return torch.relu(z)
-    if activation == "gelu":
-        return torch.nn.functional.gelu(z, approximate="tanh")
-    if activation == "tanh":
-        return torch.tanh(z)
-    raise ValueError(f"unknown activation {activation!r}; expected one of {ACTIVATIONS}")
-
-
-def activation_grad_reference(saved: torch.Tensor, activation: Optional[str]) -> torch.Tensor:
-    """``act'(z)`` from what the kernels save: the output for relu / tanh, z for gelu."""
-    if activation is None:
-        return torch.ones_like(saved)
-    if activation == "relu":
-        return (saved > 0).to(saved.dtype)
-    if activation == "tanh":
-        return 1 - saved * saved
-    if activation == "gelu":
-        ones = torch.ones_like(saved)
-        return torch.ops.aten.gelu_backward(ones, saved, approximate="tanh")
-    raise ValueError(f"unknown activation {activation!r}; expected one of {ACTIVATIONS}")
-
+from .activations import apply_activation
 
 def csr_row_ids(indptr: torch.Tensor) -> torch.Tensor:
     """The target row of every edge (int64), e.g. ``[0, 2, 2, 3] -> [0, 0, 2]``."""

@@ -26,14 +26,22 @@ inline Place place(unsigned lane) {
 }
 inline unsigned lane() { return tsm_emu::current_thread().thread_index_in_simdgroup; }
 
+// Where the calling lane's element i (0 or 1) lives in memory for simdgroup_load/store:
+// element (r, c) of the matrix is at (origin.y + r) * elements_per_row + origin.x + c, or
+// the transpose. `origin` is a ulong2 (x = column, y = row) or a scalar for both.
 template <class O>
-inline void origin_of(const O& o, unsigned long& x, unsigned long& y) {
+inline unsigned long element_offset(unsigned i, unsigned long elements_per_row, const O& origin,
+                                    bool transpose) {
+  unsigned long ox, oy;
   if constexpr (std::is_arithmetic<O>::value) {
-    x = y = (unsigned long)o;
+    ox = oy = (unsigned long)origin;
   } else {
-    x = (unsigned long)o.x;
-    y = (unsigned long)o.y;
+    ox = (unsigned long)origin.x;
+    oy = (unsigned long)origin.y;
   }
+  const Place p = place(lane());
+  const unsigned long r = p.row, c = p.col + i;
+  return transpose ? (oy + c) * elements_per_row + ox + r : (oy + r) * elements_per_row + ox + c;
 }
 }  // namespace simdgroup_detail
 
@@ -66,34 +74,19 @@ inline simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T value) {
   return m;
 }
 
-// `src` is a device or threadgroup pointer (checked in sanitized builds); element (r, c) of
-// the matrix is src[(origin.y + r) * elements_per_row + origin.x + c], or the transpose.
+// `src` / `dst` are device or threadgroup pointers (checked in sanitized builds).
 template <class T, int C, int R, class P, class O = unsigned long>
 inline void simdgroup_load(simdgroup_matrix<T, C, R>& d, P src, unsigned long elements_per_row = C,
                            O matrix_origin = 0, bool transpose_matrix = false) {
-  unsigned long ox, oy;
-  simdgroup_detail::origin_of(matrix_origin, ox, oy);
-  const auto p = simdgroup_detail::place(simdgroup_detail::lane());
-  for (unsigned i = 0; i < 2; ++i) {
-    const unsigned long r = p.row, c = p.col + i;
-    const unsigned long at = transpose_matrix ? (oy + c) * elements_per_row + ox + r
-                                              : (oy + r) * elements_per_row + ox + c;
-    d.elements_[i] = T(src[at]);
-  }
+  for (unsigned i = 0; i < 2; ++i)
+    d.elements_[i] = T(src[simdgroup_detail::element_offset(i, elements_per_row, matrix_origin, transpose_matrix)]);
 }
 
 template <class T, int C, int R, class P, class O = unsigned long>
 inline void simdgroup_store(const simdgroup_matrix<T, C, R>& m, P dst, unsigned long elements_per_row = C,
                             O matrix_origin = 0, bool transpose_matrix = false) {
-  unsigned long ox, oy;
-  simdgroup_detail::origin_of(matrix_origin, ox, oy);
-  const auto p = simdgroup_detail::place(simdgroup_detail::lane());
-  for (unsigned i = 0; i < 2; ++i) {
-    const unsigned long r = p.row, c = p.col + i;
-    const unsigned long at = transpose_matrix ? (oy + c) * elements_per_row + ox + r
-                                              : (oy + r) * elements_per_row + ox + c;
-    dst[at] = m.elements_[i];
-  }
+  for (unsigned i = 0; i < 2; ++i)
+    dst[simdgroup_detail::element_offset(i, elements_per_row, matrix_origin, transpose_matrix)] = m.elements_[i];
 }
 
 namespace simdgroup_detail {
