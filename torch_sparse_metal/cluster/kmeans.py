@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from .. import _validation as V
+from .._progress import ProgressBar
 from .._backend import resolve_backend
 from ..ops import kmeans as K
 
@@ -103,7 +104,8 @@ class KMeans(nn.Module):
             ``tol`` times the mean per-feature variance of the data (scikit-learn's rule);
             a run also stops when no label changes.
         seed: seeds every random choice (a ``torch.Generator`` on the CPU); None draws one.
-        verbose: print one progress line per iteration (inertia, largest centroid shift).
+        verbose: show progress per iteration (inertia, largest centroid shift): a bar
+            redrawn in place on a terminal, one line per iteration otherwise.
         accumulate: how the kernels sum points per cluster: ``"auto"`` (native float atomics
             where the GPU has Metal 3, compare-and-swap emulation otherwise), ``"atomic"``,
             ``"cas"`` (float32 only), or ``"deterministic"`` (bit-identical run to run).
@@ -360,6 +362,7 @@ class KMeans(nn.Module):
         k = self.n_clusters
         labels_old = None
         n_iter = 0
+        progress = ProgressBar(self.max_iter, f"{_NAME}: ") if self.verbose and comm.rank == 0 else None
         for i in range(self.max_iter):
             n_iter = i + 1
             labels, min_dist = K.assign(x, centers, x_sq=x_sq, backend=backend)
@@ -370,28 +373,30 @@ class KMeans(nn.Module):
             new_centers = K.finalize(sums, counts, centers, backend=backend)
             shift_max, shift_total = (float(v) for v in K.drift(centers, new_centers,
                                                                  backend=backend).tolist())
-            if self.verbose and comm.rank == 0:
+            if progress is not None:
                 inertia = float(comm.sum(min_dist.sum(dtype=torch.float64).reshape(1)))
                 prefix = f"run {run + 1}, " if self.n_init > 1 else ""
-                print(f"{_NAME}: {prefix}iteration {i + 1}/{self.max_iter}, "
-                      f"inertia {inertia:.6g}, largest centroid shift {math.sqrt(shift_max):.4g}",
-                      flush=True)
+                progress.update(i + 1, f"{prefix}iteration {i + 1}/{self.max_iter}, inertia "
+                                       f"{inertia:.6g}, largest centroid shift {math.sqrt(shift_max):.4g}")
             elif self.verbose:
                 comm.sum(min_dist.sum(dtype=torch.float64).reshape(1))  # keep ranks in step
             centers = new_centers
             if labels_old is not None:
                 changed = int(comm.sum((labels != labels_old).sum().reshape(1)))
                 if changed == 0:
-                    if self.verbose and comm.rank == 0:
-                        print(f"{_NAME}: converged at iteration {i + 1}: no label changed",
-                              flush=True)
+                    if progress is not None:
+                        progress.close(f"converged at iteration {i + 1}: no label changed")
+                        progress = None
                     break
             if shift_total <= tol:
-                if self.verbose and comm.rank == 0:
-                    print(f"{_NAME}: converged at iteration {i + 1}: centroid shift "
-                          f"{shift_total:.3g} <= tol {tol:.3g}", flush=True)
+                if progress is not None:
+                    progress.close(f"converged at iteration {i + 1}: centroid shift "
+                                   f"{shift_total:.3g} <= tol {tol:.3g}")
+                    progress = None
                 break
             labels_old = labels
+        if progress is not None:
+            progress.close(f"stopped after max_iter = {self.max_iter} iterations")
         # Labels and inertia that match the final centroids.
         labels, min_dist = K.assign(x, centers, x_sq=x_sq, backend=backend)
         inertia = float(comm.sum(min_dist.sum(dtype=torch.float64).reshape(1)))
