@@ -13,7 +13,7 @@
 //   param  *= 1 - lr * weight_decay
 //   m       = lerp(m, g, 1 - beta1)
 //   v       = v * beta2 + (1 - beta2) * g * g
-//   v_max   = max(v_max, v)                         (amsgrad)
+//   v_max   = max(v_max, v)                         (amsgrad, per tensor from its group)
 //   denom   = sqrt(v or v_max) / sqrt(1 - beta2^t) + eps
 //   param  += -(lr / (1 - beta1^t)) * m / denom
 //
@@ -38,7 +38,8 @@ enum TsmAdamwColumn : uint {
   TSM_ADAMW_BC2_SQRT = 6,        // sqrt(1 - beta2^t)
   TSM_ADAMW_EPS = 7,
   TSM_ADAMW_SIGN = 8,            // -1 to maximize, else 1
-  TSM_ADAMW_COLUMNS = 9,
+  TSM_ADAMW_AMSGRAD = 9,         // 1 when the tensor's group has amsgrad, else 0
+  TSM_ADAMW_COLUMNS = 10,
 };
 
 #define TSM_ADAMW_CHUNK 32
@@ -49,14 +50,14 @@ template <typename T>
     device const T* grads           [[buffer(1)]],   // (total)
     device T* exp_avg               [[buffer(2)]],   // (total)
     device T* exp_avg_sq            [[buffer(3)]],   // (total)
-    device T* max_exp_avg_sq        [[buffer(4)]],   // (total), if amsgrad
+    device T* max_exp_avg_sq        [[buffer(4)]],   // (total) if any group has amsgrad,
+                                                     // else 1 element, never read
     device const int* chunk_tensor  [[buffer(5)]],   // (total / 32) tensor of each chunk
     device const T* hyper           [[buffer(6)]],   // (n_tensors, TSM_ADAMW_COLUMNS)
     device atomic<T>* grad_sq       [[buffer(7)]],   // (2, n_tensors) sum of g^2 per tensor
     constant uint& total            [[buffer(8)]],   // a multiple of 32
     constant uint& n_tensors        [[buffer(9)]],
     constant uint& parity           [[buffer(10)]],  // 0 or 1: the grad_sq row of this step
-    constant uint& amsgrad          [[buffer(11)]],
     uint gid                        [[thread_position_in_grid]],
     uint lane                       [[thread_index_in_simdgroup]]) {
   // The grid is exactly `total` threads, a multiple of 32, and the threadgroup size a
@@ -78,7 +79,7 @@ template <typename T>
     T v = exp_avg_sq[gid] * h[TSM_ADAMW_BETA2];
     v = v + h[TSM_ADAMW_ONE_MINUS_BETA2] * g * g;
     exp_avg_sq[gid] = v;
-    if (amsgrad != 0) {
+    if (h[TSM_ADAMW_AMSGRAD] != T(0)) {  // per tensor: amsgrad is a param-group option
       v = max(max_exp_avg_sq[gid], v);
       max_exp_avg_sq[gid] = v;
     }

@@ -12,7 +12,8 @@
 //   buffer(3)  C       C[i * ldc + j]
 //   buffer(4)  preact  alpha * op(A) @ op(B) + beta * bias before the activation, written
 //                      only with save_preact (GELU under autograd: backward needs it)
-//   buffer(5..) M, N, K, lda, ldb, ldc, bias_rs, bias_cs (uint), alpha, beta (float),
+//   buffer(5..) M, N, K, lda, ldb, ldc, bias_rs, bias_cs (uint), alpha, beta (in the
+//               accumulator type tsm_mm_acc<T>::type: float, double for double),
 //               epilogue (uint: TSM_MM_* bits below), vec_ok (uint: TSM_MM_VEC_* bits)
 //
 // Transposes are template parameters (TA, TB), i.e. kernel variants chosen by the host
@@ -137,11 +138,13 @@ inline void tsm_mm_copy_block(threadgroup T* dst, device const T* src, uint ld, 
   constant uint& N [[buffer(6)]], constant uint& K [[buffer(7)]],   \
   constant uint& lda [[buffer(8)]], constant uint& ldb [[buffer(9)]], \
   constant uint& ldc [[buffer(10)]], constant uint& bias_rs [[buffer(11)]], \
-  constant uint& bias_cs [[buffer(12)]], constant float& alpha [[buffer(13)]], \
-  constant float& beta [[buffer(14)]], constant uint& epilogue [[buffer(15)]], \
+  constant uint& bias_cs [[buffer(12)]],                            \
+  constant typename tsm_mm_acc<T>::type& alpha [[buffer(13)]],      \
+  constant typename tsm_mm_acc<T>::type& beta [[buffer(14)]],       \
+  constant uint& epilogue [[buffer(15)]],                           \
   constant uint& vec_ok [[buffer(16)]]
 
 #define TSM_MM_EPILOGUE(name)                                                              \
   using Acc = typename tsm_mm_acc<T>::type;                                                \
-  const TsmMmEpilogue<T> name{bias, C, preact, M, N, ldc, bias_rs, bias_cs, Acc(alpha), \
-                              Acc(beta), epilogue}
+  const TsmMmEpilogue<T> name{bias, C, preact, M, N, ldc, bias_rs, bias_cs, alpha, beta, \
+                              epilogue}

@@ -134,3 +134,33 @@ def test_reference_backend_is_torch():
 def test_every_kernel_name_exists_in_the_library():
     names = set(tsm.metal.load_shader_file("cross_entropy.metal").kernel_names)
     assert set(tsmF.kernel_names("emulator")) | set(tsmF.kernel_names("metal")) <= names
+
+
+UNSUPPORTED = [
+    (dict(weight=torch.ones(3)), "class weights are not supported"),
+    (dict(reduction="sum"), "reduction='sum' is not supported: mean reduction only"),
+    (dict(reduction="none"), "reduction='none' is not supported: mean reduction only"),
+    (dict(label_smoothing=0.1), "label_smoothing=0.1 is not supported"),
+    (dict(size_average=False), "size_average and reduce .* mean reduction only"),
+    (dict(reduce=False), "size_average and reduce .* mean reduction only"),
+]
+
+
+@pytest.mark.parametrize("backend", ["emulator", "reference"])
+@pytest.mark.parametrize("kwargs,match", UNSUPPORTED, ids=[m[:24] for _, m in UNSUPPORTED])
+def test_torch_options_other_than_the_defaults_raise(backend, kwargs, match):
+    # torch's keywords are accepted (not a bare TypeError) and name the op and the limit.
+    logits, labels = torch.randn(3, 3), torch.tensor([0, 2, 1])
+    with tsm.use_backend(backend), tsm.metal.record() as launches, \
+            pytest.raises(ValueError, match="^cross_entropy: " + match):
+        tsmF.cross_entropy(logits, labels, **kwargs)
+    assert launches == []
+
+
+@pytest.mark.parametrize("backend", ["emulator", "reference"])
+def test_torch_options_at_their_defaults_are_accepted(backend):
+    logits, labels = torch.randn(4, 3), torch.tensor([0, 2, -100, 1])
+    with tsm.use_backend(backend):
+        loss = tsmF.cross_entropy(logits, labels, weight=None, size_average=None, reduce=None,
+                                  ignore_index=-100, reduction="mean", label_smoothing=0.0)
+    torch.testing.assert_close(loss, F.cross_entropy(logits, labels))

@@ -544,3 +544,139 @@ def test_digits_kmeans_plusplus_kernels_match_reference(unsanitized, digits):
         ref = tsm.KMeans(10, seed=0).fit(x)
     assert km.inertia_ == pytest.approx(ref.inertia_, rel=1e-5)
     assert km.n_iter_ == ref.n_iter_
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks of the public ops (the kernels trust the sizes they are given)
+
+
+def _f(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype)
+
+
+def _i(*shape, dtype=torch.int32):
+    return torch.zeros(*shape, dtype=dtype)
+
+
+BAD_OP_CALLS = [
+    # features differ: the distance kernel would read past centroids' rows
+    ("distances", lambda: K.distances(_f(4, 5), _f(2, 3)), r"kmeans\.distances: x has 5 features but centroids has 3"),
+    ("distances", lambda: K.distances(_f(4, 3), _f(2, 3), x_sq=_f(3)), r"kmeans\.distances: x_sq has 3 elements but the number of points is 4"),
+    ("distances", lambda: K.distances(_f(4, 3), _f(2, 3), c_sq=_f(5)), r"kmeans\.distances: c_sq has 5 elements but the number of centroids is 2"),
+    ("distances", lambda: K.distances(_f(4, 3), _f(2, 3, dtype=torch.float64)), r"kmeans\.distances: centroids has dtype torch\.float64 but x has dtype torch\.float32"),
+    ("distances", lambda: K.distances(_f(4, 3, 1), _f(2, 3)), r"kmeans\.distances: x must be 2-D"),
+    ("distances", lambda: K.distances(_f(4, 3), _f(3)), r"kmeans\.distances: centroids must be 2-D"),
+    ("assign", lambda: K.assign(_f(4, 5), _f(2, 3)), r"kmeans\.assign: x has 5 features but centroids has 3"),
+    # one point with 7 features against 3-feature centroids: silently used 3 of them
+    ("assign_one", lambda: K.assign_one(_f(7), _f(2, 3)), r"kmeans\.assign_one: point has 7 features but centroids has 3"),
+    ("assign_one", lambda: K.assign_one(_f(1, 3), _f(2, 3)), r"kmeans\.assign_one: point must be 1-D"),
+    ("pp_update", lambda: K.pp_update(_f(4, 3), _f(5), _f(4)), r"kmeans\.pp_update: chosen has 5 features but x has 3"),
+    ("pp_update", lambda: K.pp_update(_f(4, 3), _f(3), _f(2)), r"kmeans\.pp_update: min_dist has 2 elements but the number of points is 4"),
+    ("accumulate", lambda: K.accumulate(_f(4, 3), _i(3), 2), r"kmeans\.accumulate: labels has 3 elements but the number of points is 4"),
+    ("accumulate", lambda: K.accumulate(_f(4, 3), _f(4), 2), r"kmeans\.accumulate: labels must be an int32 tensor"),
+    ("accumulate", lambda: K.accumulate(_f(4, 3), _i(4), -1), r"kmeans\.accumulate: k must be an int >= 0"),
+    ("finalize", lambda: K.finalize(_f(2, 3), _i(2), _f(2, 4)), r"kmeans\.finalize: sums has 3 features but old_centroids has 4"),
+    ("finalize", lambda: K.finalize(_f(3, 3), _i(3), _f(2, 3)), r"kmeans\.finalize: sums has 3 rows but old_centroids has 2"),
+    ("finalize", lambda: K.finalize(_f(2, 3), _i(3), _f(2, 3)), r"kmeans\.finalize: counts has 3 elements but the number of centroids is 2"),
+    ("drift", lambda: K.drift(_f(2, 3), _f(2, 4)), r"kmeans\.drift: new has 4 features but old has 3"),
+    ("drift", lambda: K.drift(_f(2, 3), _f(3, 3)), r"kmeans\.drift: new has 3 rows but old has 2"),
+    ("update_affected", lambda: K.update_affected(_f(2, 3), _i(2), _f(2, 4), _i(2)), r"kmeans\.update_affected: batch_sums has 4 features but centroids has 3"),
+    ("update_affected", lambda: K.update_affected(_f(2, 3), _i(2), _f(2, 3), _i(5)), r"kmeans\.update_affected: batch_counts has 5 elements but the number of centroids is 2"),
+    ("sq_norms", lambda: K.sq_norms(_f(4)), r"kmeans\.sq_norms: rows must be 2-D"),
+    ("assign_from_distances", lambda: K.assign_from_distances(_f(4)), r"kmeans\.assign_from_distances: dist must be 2-D"),
+]
+
+
+@pytest.mark.parametrize("backend", ["emulator", "reference"])
+@pytest.mark.parametrize("op, call, match", BAD_OP_CALLS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_OP_CALLS)])
+def test_ops_check_shapes_dtypes_before_running(backend, op, call, match):
+    with tsm.use_backend(backend), record() as launches:
+        with pytest.raises(ValueError, match=match):
+            call()
+    assert launches == []
+
+
+def test_kernels_need_int32_counts(emulator):
+    with pytest.raises(ValueError, match=r"kmeans\.finalize: counts must be int32 for backend 'emulator'"):
+        K.finalize(_f(2, 3), _i(2, dtype=torch.int64), _f(2, 3))
+    with pytest.raises(ValueError, match=r"kmeans\.update_affected: counts must be int32"):
+        K.update_affected(_f(2, 3), _i(2, dtype=torch.int64), _f(2, 3), _i(2))
+    with pytest.raises(ValueError, match=r"kmeans\.accumulate: labels must be int32"):
+        K.accumulate(_f(4, 3), _i(4, dtype=torch.int64), 2)
+    # The reference backend takes any integer labels and counts.
+    with tsm.use_backend("reference"):
+        K.finalize(_f(2, 3), _i(2, dtype=torch.int64), _f(2, 3))
+
+
+def test_ops_checks_accept_the_documented_shapes(emulator):
+    x, c, labels = data(9, 3, 4)
+    K.distances(x, c, x_sq=K.sq_norms(x), c_sq=K.sq_norms(c))
+    K.assign_one(x[0].contiguous(), c)
+    K.pp_update(x, c[0].contiguous(), torch.full((9,), math.inf))
+    sums, counts = K.accumulate(x, labels, 3)
+    K.drift(c, K.finalize(sums, counts, c))
+    K.update_affected(c, counts, sums, counts)
+    # Empty inputs are still fine: 0 points, 0 features.
+    K.distances(x[:0], c)
+    K.assign(torch.empty(3, 0), torch.empty(2, 0))
+
+
+# ---------------------------------------------------------------------------------------
+# Estimator internals
+
+
+def test_comm_results_are_new_tensors():
+    # _relocate_empty edits the summed sums / counts in place: with one process the "sum"
+    # must still be a copy, or it would write into whatever tensor the caller passed.
+    from torch_sparse_metal.cluster.kmeans import _Comm
+    comm = _Comm(False)
+    t = torch.arange(4.0)
+    for reduce in (comm.sum, comm.max):
+        out = reduce(t)
+        assert out is not t and out.data_ptr() != t.data_ptr()
+        assert torch.equal(out, t)
+        out += 1
+        assert torch.equal(t, torch.arange(4.0))
+    local = torch.arange(6.0).reshape(3, 2)
+    fetched = comm.fetch(local, torch.tensor([1]), 0)
+    fetched.zero_()
+    assert torch.equal(local, torch.arange(6.0).reshape(3, 2))
+
+
+def test_relocate_empty_leaves_the_accumulated_tensors_alone(emulator, monkeypatch):
+    # The fit passes accumulate's results through comm.sum, then relocation edits the
+    # copies: accumulate's own outputs stay as they were.
+    seen = []
+    real = K.accumulate
+
+    def spy(*args, **kwargs):
+        sums, counts = real(*args, **kwargs)
+        seen.append((sums, sums.clone(), counts, counts.clone()))
+        return sums, counts
+
+    monkeypatch.setattr(K, "accumulate", spy)
+    x = torch.tensor([[0.0, 0.0], [0.1, 0.0], [0.0, 0.1], [10.0, 10.0], [10.1, 10.0]])
+    tsm.KMeans(3, init=torch.tensor([[0.0, 0.0], [10.0, 10.0], [1e4, 1e4]])).fit(x)
+    assert seen and int((seen[0][3] == 0).sum()) == 1  # the first iteration had an empty cluster
+    for sums, sums0, counts, counts0 in seen:
+        assert torch.equal(sums, sums0) and torch.equal(counts, counts0)
+
+
+def test_numpy_inputs_in_any_byte_order(emulator):
+    x = blobs(10, BLOB_CENTERS)
+    km = tsm.KMeans(4, seed=0).fit(x)
+    swapped = x.numpy().astype(">f4")  # big-endian: torch.from_numpy refuses it as is
+    assert torch.equal(km.predict(swapped), km.labels_)
+    assert km.assign(swapped[3]) == int(km.labels_[3])
+    assert torch.equal(tsm.KMeans(4, seed=0).fit(swapped).cluster_centers_, km.cluster_centers_)
+    assert torch.equal(km.predict(x.numpy()[:, ::-1][:, ::-1]), km.labels_)  # strided view
+
+
+@pytest.mark.parametrize("method", ["fit", "predict", "assign", "partial_fit"])
+def test_unconvertible_numpy_input_names_the_method(emulator, method):
+    km = tsm.KMeans(2, seed=0).fit(torch.randn(6, 2))
+    bad = np.array([[1.0, 2.0]], dtype=object)
+    with pytest.raises(TypeError, match=rf"KMeans\.{method}: cannot convert a NumPy array of dtype object"):
+        getattr(km, method)(bad[0] if method == "assign" else bad)
+    with pytest.raises(TypeError, match=rf"KMeans\.{method}: .* must be a torch\.Tensor or a NumPy array, got list"):
+        getattr(km, method)([1.0, 2.0] if method == "assign" else [[1.0, 2.0]])

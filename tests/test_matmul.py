@@ -387,3 +387,94 @@ def test_linear_without_bias_and_1d_input():
     with pytest.raises(ValueError, match="kernel must be"):
         tsm.nn.Linear(2, 2, kernel="nope")
     assert "kernel='tiled'" in repr(tsm.nn.Linear(2, 2, kernel="tiled"))
+
+
+# --------------------------------------------------------------------------------------
+# Review fixes
+
+
+@pytest.mark.parametrize("rung", [r for r in RUNGS if r != "simdgroup"])  # float64 rungs
+@pytest.mark.parametrize("bias_shape", [None, (7,)])
+def test_float64_addmm_keeps_alpha_and_beta_in_double(rung, bias_shape):
+    # alpha and beta reach the kernel in the accumulator type: 1/3 and 0.7 in float32
+    # would be off by ~1e-8 relative, far past float64's tolerance.
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(9, 5, dtype=torch.float64, generator=g)
+    b = torch.randn(5, 7, dtype=torch.float64, generator=g)
+    bias = None if bias_shape is None else torch.randn(bias_shape, dtype=torch.float64,
+                                                       generator=g)
+    got = tsm.addmm(bias, a, b, alpha=1 / 3, beta=0.7, kernel=rung)
+    want = (a @ b) / 3 if bias is None else torch.addmm(bias, a, b, alpha=1 / 3, beta=0.7)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("rung", ["register", None])
+@pytest.mark.parametrize("which", ["all", "bias_only"])
+@pytest.mark.parametrize("bias_shape", [(5,), (1, 5), (4, 1), ()])
+def test_beta_zero_bias_still_gets_a_zero_gradient(rung, which, bias_shape):
+    g = torch.Generator().manual_seed(12)
+    a0, b0 = torch.randn(4, 3, generator=g), torch.randn(3, 5, generator=g)
+    bias0 = torch.randn(bias_shape, generator=g)
+    grads = []
+    for fn in (lambda bias, a, b: tsm.addmm(bias, a, b, beta=0.0, kernel=rung),
+               lambda bias, a, b: torch.addmm(bias, a, b, beta=0.0)):
+        bias = bias0.clone().requires_grad_(True)
+        a, b = (t.clone().requires_grad_(which == "all") for t in (a0, b0))
+        fn(bias, a, b).sum().backward()
+        grads.append((bias.grad, a.grad, b.grad))
+    (got_bias, got_a, got_b), (want_bias, want_a, want_b) = grads
+    assert got_bias is not None and got_bias.shape == bias0.shape
+    torch.testing.assert_close(got_bias, want_bias)
+    torch.testing.assert_close(got_bias, torch.zeros(bias_shape))
+    if which == "all":
+        torch.testing.assert_close(got_a, want_a)
+        torch.testing.assert_close(got_b, want_b)
+
+
+def test_beta_zero_bias_gradient_on_the_reference_backend():
+    bias = torch.randn(5, requires_grad=True)
+    with tsm.use_backend("reference"):
+        tsm.addmm(bias, torch.randn(4, 3), torch.randn(3, 5), beta=0.0).sum().backward()
+    torch.testing.assert_close(bias.grad, torch.zeros(5))
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+@pytest.mark.parametrize("batch", [(3,), (2, 4), ()])
+def test_linear_with_zero_in_features_matches_torch(batch):
+    ours = tsm.nn.Linear(0, 4)
+    theirs = torch.nn.Linear(0, 4)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(*batch, 0)
+    y = ours(x)
+    assert y.shape == (*batch, 4)
+    torch.testing.assert_close(y, theirs(x))
+    with pytest.raises(ValueError, match="^Linear: input has 3 features"):
+        ours(torch.randn(2, 3))
+    with pytest.raises(ValueError, match="^Linear: input must have at least 1 dimension"):
+        ours(torch.tensor(1.0))
+
+
+def test_backward_and_operand_errors_name_the_public_op():
+    # Errors raised inside launch_matmul (here: an operand too large for 32-bit offsets,
+    # faked by lowering the limit) carry the op the user called, also from backward.
+    import torch_sparse_metal._validation as V
+    a = torch.randn(8, 8, requires_grad=True)
+    b = torch.randn(8, 8)
+    out = tsm.addmm(None, a, b, kernel="naive")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(V, "UINT32_MAX", 10)
+        with pytest.raises(ValueError, match="^addmm: "):
+            out.sum().backward()
+        with pytest.raises(ValueError, match="^mm: "):
+            tsm.mm(torch.randn(2, 8), torch.randn(8, 2), kernel="naive")  # a: 16 elements
+
+
+def test_unsupported_dtype_uses_the_shared_check_with_the_matmul_table():
+    import torch_sparse_metal._validation as V
+    with pytest.raises(ValueError, match="^mm: dtype torch.float64 is not supported by "
+                                         "backend 'metal'.*Metal has no double"):
+        V.check_kernel_dtype("mm", torch.float64, "metal", table=mmops.MATMUL_DTYPES)
+    V.check_kernel_dtype("mm", torch.bfloat16, "emulator", table=mmops.MATMUL_DTYPES)
+    V.check_kernel_dtype("mm", torch.float16, "metal", table=mmops.MATMUL_DTYPES)
+    with pytest.raises(ValueError, match="not supported"):  # the default table is unchanged
+        V.check_kernel_dtype("mm", torch.float16, "metal")

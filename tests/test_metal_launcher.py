@@ -445,3 +445,15 @@ class TestOnTheGpu:
             assert key in caps
         assert caps["max_threads_per_threadgroup"] >= 256
         assert caps["max_threadgroup_memory"] >= 16384
+
+
+def test_float_atomics_requirement_names_the_op(monkeypatch):
+    """Kernels with atomic_float (sparse_linear backward) refuse a GPU without Metal 3 with
+    an error naming the op, instead of a shader compile error."""
+    monkeypatch.setattr(mb, "_device_info", lambda: {"supports_apple7": True, "supports_metal3": False})
+    mb.device_capabilities.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match="sparse_linear backward: .*Metal 3"):
+            mb.require_native_float_atomics("sparse_linear backward")
+    finally:
+        mb.device_capabilities.cache_clear()

@@ -1,7 +1,11 @@
 """The one place kernel host names are built: ``<base>_<dtype>``, as the shaders register them."""
 from __future__ import annotations
 
+from typing import Iterable, Tuple
+
 import torch
+
+from ._validation import KERNEL_DTYPES
 
 _DTYPE_SUFFIX = {
     torch.float32: "float",
@@ -21,3 +25,9 @@ def dtype_suffix(dtype: torch.dtype) -> str:
 
 def kernel_name(base: str, dtype: torch.dtype) -> str:
     return f"{base}_{dtype_suffix(dtype)}"
+
+
+def kernel_names_for(bases: Iterable[str], backend: str) -> Tuple[str, ...]:
+    """Every ``<base>_<dtype>`` an op's host code can ask ``backend`` for: the ops' own
+    ``kernel_names()``, which the tests check against the compiled libraries."""
+    return tuple(kernel_name(base, dtype) for base in bases for dtype in KERNEL_DTYPES[backend])

@@ -109,6 +109,17 @@ def device_capabilities() -> Dict[str, Any]:
     return caps
 
 
+def require_native_float_atomics(op: str, hint: str = "") -> None:
+    """Raise, naming ``op``, when the GPU lacks Metal 3's ``atomic_float``, which the op's
+    kernel uses: checked before the first launch, since such a GPU would otherwise fail to
+    compile the shader with a message naming neither the op nor the requirement."""
+    caps = device_capabilities()
+    if not caps.get("supports_metal3", False):
+        raise RuntimeError(f"{op}: this kernel needs native float atomics (Metal 3: Apple "
+                           f"silicon on macOS 13 or later); this GPU ({caps.get('name', 'unknown')}) "
+                           f"does not report them" + (f". {hint}" if hint else ""))
+
+
 Arg = Union[torch.Tensor, np.generic]
 
 

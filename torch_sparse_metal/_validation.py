@@ -66,9 +66,12 @@ def check_same_device(op: str, tensors: Dict[str, Optional[torch.Tensor]]) -> to
     return first.device
 
 
-def check_kernel_dtype(op: str, dtype: torch.dtype, backend: str) -> None:
-    """The backend has kernels for ``dtype`` (any floating dtype for "reference")."""
-    supported = KERNEL_DTYPES.get(backend)
+def check_kernel_dtype(op: str, dtype: torch.dtype, backend: str, *,
+                       table: Optional[Dict[str, Tuple[torch.dtype, ...]]] = None) -> None:
+    """The backend has kernels for ``dtype`` (any floating dtype for "reference", or any
+    backend ``table`` does not list). ``table``: an op's own backend -> dtypes map, for ops
+    instantiated for more dtypes than :data:`KERNEL_DTYPES` (default)."""
+    supported = (KERNEL_DTYPES if table is None else table).get(backend)
     if supported is None or dtype in supported:
         return
     names = ", ".join(str(d) for d in supported)

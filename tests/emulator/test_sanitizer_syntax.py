@@ -135,3 +135,86 @@ def test_threadgroup_arrays_decay_into_template_parameters(sanitize):
     out = torch.zeros(2, dtype=torch.float64)
     lib.decay(torch.arange(8, dtype=torch.float64), out, threads=8, group_size=8)
     np.testing.assert_array_equal(out.numpy(), [0.0 + 7.0, 4.0 + 7.0])
+
+
+REVIEW_SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+// Taking an element's address is pointer arithmetic, not an access: no race with the
+// other threads' writes before the barrier, and one past the end is a valid address.
+kernel void addresses(device float* out [[buffer(0)]], device const int* ends [[buffer(1)]],
+                      uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[32];
+  t[lid] = float(lid);
+  threadgroup float* p = &t[0];
+  device float* end = &out[ends[0]];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[lid] = p[lid ^ 1u] + float(end - out);
+}
+
+// Accesses through a local reference are checked at each use, not only where it binds.
+kernel void local_reference_race(device float* out [[buffer(0)]],
+                                 uint lid [[thread_position_in_threadgroup]]) {
+  device float& first = out[0];
+  threadgroup_barrier(mem_flags::mem_device);
+  first = float(lid);
+}
+
+// Threadgroup memory written only by atomics is initialized.
+kernel void atomic_init(device uint* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup atomic_uint counts[4];
+  if (lid < 4) atomic_store_explicit(&counts[lid], 0u, memory_order_relaxed);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  atomic_fetch_add_explicit(&counts[lid % 4], 1u, memory_order_relaxed);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lid < 4) out[lid] = atomic_load_explicit(&counts[lid], memory_order_relaxed);
+}
+
+// Thread 0 waits for thread 1: no forward progress is promised between threads.
+kernel void spin_wait(device atomic_uint* flag [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  if (lid == 0) {
+    while (atomic_load_explicit(flag, memory_order_relaxed) == 0u) {}
+  } else {
+    atomic_store_explicit(flag, 1u, memory_order_relaxed);
+  }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def review_lib():
+    return compile_shader(REVIEW_SOURCE, sanitize=True)
+
+
+def test_taking_an_address_is_not_an_access(review_lib):
+    out = torch.zeros(32)
+    review_lib.addresses(out, torch.tensor([32], dtype=torch.int32), threads=32, group_size=32)
+    np.testing.assert_array_equal(out.numpy(), (np.arange(32) ^ 1) + 32.0)
+
+
+def test_uses_of_a_local_reference_are_checked(review_lib):
+    with pytest.raises(KernelFault) as info:
+        review_lib.local_reference_race(torch.full((1,), -1.0), threads=4, group_size=4)
+    assert info.value.kind == "device_race" and "`out` element 0" in str(info.value)
+
+
+def test_atomic_stores_initialize_threadgroup_memory(review_lib):
+    out = torch.zeros(4, dtype=torch.int32)
+    review_lib.atomic_init(out, threads=64, group_size=64)
+    assert out.tolist() == [16, 16, 16, 16]
+
+
+def test_a_spin_wait_is_reported_not_hung(review_lib):
+    with pytest.raises(KernelFault) as info:
+        review_lib.spin_wait(torch.zeros(1, dtype=torch.int32), threads=2, group_size=2)
+    assert info.value.kind == "hang" and "forward progress" in str(info.value)
+
+
+def test_more_than_31_buffers_is_a_launch_error():
+    from torch_sparse_metal.metal import LaunchError
+    lib = compile_shader(REVIEW_SOURCE)
+    with pytest.raises(LaunchError, match="at most 31"):
+        lib.atomic_init(*[torch.zeros(1)] * 32, threads=1)
+    with pytest.raises(LaunchError, match="at most 31"):
+        lib.atomic_init(torch.zeros(4, dtype=torch.int32), threads=1, threadgroup_memory=[16] * 32)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import LaunchError, compile_shader, record
+from torch_sparse_metal.metal import KernelFault, compile_shader, record
 
 SOURCE = r"""
 #include <metal_stdlib>
@@ -103,8 +103,9 @@ def test_half_matrices_round_to_half(lib):
 
 
 def test_partial_simdgroup_is_refused(lib):
-    with pytest.raises(LaunchError, match="all 32 lanes"):
+    with pytest.raises(KernelFault, match="all 32 lanes") as info:
         lib.diagonal_times(torch.randn(8, 8), torch.zeros(8, 8), threads=16, group_size=16)
+    assert info.value.kind == "inactive_lane"
 
 
 def test_counters_of_one_product():

@@ -10,6 +10,12 @@ rank's shard of the data; centroid sums and counts, potentials and farthest poin
 all-reduced, and every random choice is made identically on every rank from the shared
 seed, so all ranks end with the same centroids, the ones one process would find on the
 concatenation of the shards in rank order (up to float rounding of the reductions).
+
+Precision without float64 on the device: MPS has no float64, so nothing here makes a
+float64 tensor on the data's device. Sums that need more than the data's precision
+(inertia, potentials, the variance behind ``tol``) go through :func:`_host_sum`: the device
+adds blocks of rows in the data's dtype, and the host widens those few partial sums to
+float64 and adds them.
 """
 from __future__ import annotations
 
@@ -29,6 +35,51 @@ _NAME = "KMeans"
 _INITS = ("k-means++", "random")
 
 ArrayLike = Union[torch.Tensor, np.ndarray]
+
+# _host_sum: rows the device adds per block, in the data's dtype, before the host takes over.
+_SUM_BLOCK = 64
+
+
+def _host_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over its first dimension, as a float64 tensor on the CPU (shape
+    ``t.shape[1:]``; a 0-d tensor for a vector).
+
+    Never makes a float64 tensor on ``t``'s device (MPS has none): the device sums blocks of
+    ``_SUM_BLOCK`` rows in ``t``'s dtype (float32 relative error ~1e-7 per block sum, well
+    under the float32 rounding of the terms themselves); only those ``n / _SUM_BLOCK``
+    partial sums cross to the host, where they are widened and added in float64, so the
+    error does not grow with ``n`` as a float32 running sum's would."""
+    n = t.shape[0]
+    full = n - n % _SUM_BLOCK
+    parts = []
+    if full:
+        parts.append(t[:full].reshape((full // _SUM_BLOCK, _SUM_BLOCK) + tuple(t.shape[1:]))
+                     .sum(dim=1))
+    if n > full:
+        parts.append(t[full:].sum(dim=0, keepdim=True))
+    if not parts:
+        return torch.zeros(tuple(t.shape[1:]), dtype=torch.float64)
+    partial = torch.cat(parts) if len(parts) > 1 else parts[0]
+    return partial.cpu().double().sum(dim=0)
+
+
+def _as_tensor(x: Any, where: str, name: str = "x") -> torch.Tensor:
+    """``x`` as a tensor: a NumPy array becomes one (sharing its memory when it can; a
+    contiguous copy in native byte order otherwise); anything else but a tensor is a
+    TypeError naming ``where``."""
+    if isinstance(x, np.ndarray):
+        arr = np.ascontiguousarray(x)
+        if not arr.dtype.isnative:
+            arr = arr.astype(arr.dtype.newbyteorder("="))
+        try:
+            return torch.from_numpy(arr)
+        except TypeError as err:  # object, string, unsigned 16/32/64-bit... arrays
+            raise TypeError(f"{where}: cannot convert a NumPy array of dtype {arr.dtype} "
+                            f"to a tensor ({err})") from None
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{where}: {name} must be a torch.Tensor or a NumPy array, "
+                        f"got {type(x).__name__}")
+    return x
 
 
 class NotFittedError(ValueError, AttributeError):
@@ -58,8 +109,9 @@ class _Comm:
             self._cpu_only = dist.get_backend(group) == "gloo"
 
     def _reduce(self, t: torch.Tensor, op) -> torch.Tensor:
+        """A new tensor (also with one process: callers may edit the result in place)."""
         if self.world == 1:
-            return t
+            return t.clone()
         buf = t.cpu().clone() if (self._cpu_only and t.device.type != "cpu") else t.clone()
         self._dist.all_reduce(buf, op=op, group=self.group)
         return buf.to(t.device)
@@ -69,6 +121,7 @@ class _Comm:
         return self._reduce(t, None if self.world == 1 else self._dist.ReduceOp.SUM)
 
     def max(self, t: torch.Tensor) -> torch.Tensor:
+        """Elementwise max over ranks (a new tensor; ``t`` is left alone)."""
         return self._reduce(t, None if self.world == 1 else self._dist.ReduceOp.MAX)
 
     def gather_sizes(self, n: int) -> torch.Tensor:
@@ -177,11 +230,7 @@ class KMeans(nn.Module):
         """``x`` as a contiguous 2-D floating tensor, validated; never the caller's memory
         written to (a view or a copy, only read)."""
         where = f"{_NAME}.{method}"
-        if isinstance(x, np.ndarray):
-            x = torch.from_numpy(np.ascontiguousarray(x))
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"{where}: x must be a torch.Tensor or a NumPy array, "
-                            f"got {type(x).__name__}")
+        x = _as_tensor(x, where)
         if x.dim() != 2:
             hint = " (one sample? use x.reshape(1, -1))" if x.dim() == 1 else ""
             raise ValueError(f"{where}: x must be 2-D (n_samples, n_features), got shape "
@@ -281,16 +330,18 @@ class KMeans(nn.Module):
 
     @staticmethod
     def _mean_variance(x: torch.Tensor, n_total: int, comm: _Comm) -> float:
-        """Mean over features of the data's variance (two passes, float64), for ``tol``."""
-        mean = comm.sum(x.sum(dim=0, dtype=torch.float64)) / n_total
-        sq = comm.sum(((x.double() - mean) ** 2).sum(dim=0)) / n_total
+        """Mean over features of the data's variance, for ``tol``: two passes, the sums
+        finished in float64 on the host (:func:`_host_sum`)."""
+        mean = comm.sum(_host_sum(x)) / n_total
+        dev = x - mean.to(device=x.device, dtype=x.dtype)
+        sq = comm.sum(_host_sum(dev * dev)) / n_total
         return float(sq.mean())
 
     def _init_centroids(self, x: torch.Tensor, x_sq: torch.Tensor, gen: torch.Generator,
                         comm: _Comm, backend: str, n_total: int, start: int) -> torch.Tensor:
         k, d = self.n_clusters, x.shape[1]
         if not isinstance(self.init, str):
-            init = torch.as_tensor(self.init)
+            init = _as_tensor(self.init, f"{_NAME}.fit", "init")
             if init.shape != (k, d):
                 raise ValueError(f"{_NAME}.fit: init has shape {tuple(init.shape)}, expected "
                                  f"(n_clusters, n_features) = ({k}, {d})")
@@ -317,14 +368,14 @@ class KMeans(nn.Module):
         centers[0] = comm.fetch(x, first, start)[0]
         min_dist = K.pp_update(x, centers[0].contiguous(),
                                torch.full_like(x_sq, math.inf), backend=backend)
-        potential = float(comm.sum(min_dist.sum(dtype=torch.float64).reshape(1)))
+        potential = float(comm.sum(_host_sum(min_dist).reshape(1)))
         for c in range(1, k):
             draws = torch.rand(trials, generator=gen, dtype=torch.float64) * potential
             idx = self._sample(min_dist, draws, comm, n_total, start)
             candidates = comm.fetch(x, idx, start).contiguous()
             dist = K.distances(x, candidates, x_sq=x_sq, backend=backend)
-            pots = comm.sum(torch.minimum(dist, min_dist[:, None]).sum(dim=0, dtype=torch.float64))
-            best = int(torch.argmin(pots.cpu()))
+            pots = comm.sum(_host_sum(torch.minimum(dist, min_dist[:, None])))  # host float64
+            best = int(torch.argmin(pots))
             centers[c] = candidates[best]
             min_dist = K.pp_update(x, candidates[best].contiguous(), min_dist, backend=backend)
             potential = float(pots[best])
@@ -338,7 +389,7 @@ class KMeans(nn.Module):
 
         Every rank computes the owner of each draw from the same gathered totals, so
         exactly one rank answers for it, whatever the rounding of the partial sums."""
-        local = torch.cumsum(weights.double().cpu(), 0)
+        local = torch.cumsum(weights.cpu().double(), 0)
         total = float(local[-1]) if local.numel() else 0.0
         totals = torch.zeros(comm.world, dtype=torch.float64)
         totals[comm.rank] = total
@@ -374,12 +425,12 @@ class KMeans(nn.Module):
             shift_max, shift_total = (float(v) for v in K.drift(centers, new_centers,
                                                                  backend=backend).tolist())
             if progress is not None:
-                inertia = float(comm.sum(min_dist.sum(dtype=torch.float64).reshape(1)))
+                inertia = float(comm.sum(_host_sum(min_dist).reshape(1)))
                 prefix = f"run {run + 1}, " if self.n_init > 1 else ""
                 progress.update(i + 1, f"{prefix}iteration {i + 1}/{self.max_iter}, inertia "
                                        f"{inertia:.6g}, largest centroid shift {math.sqrt(shift_max):.4g}")
             elif self.verbose:
-                comm.sum(min_dist.sum(dtype=torch.float64).reshape(1))  # keep ranks in step
+                comm.sum(_host_sum(min_dist).reshape(1))  # keep ranks in step
             centers = new_centers
             if labels_old is not None:
                 changed = int(comm.sum((labels != labels_old).sum().reshape(1)))
@@ -399,7 +450,7 @@ class KMeans(nn.Module):
             progress.close(f"stopped after max_iter = {self.max_iter} iterations")
         # Labels and inertia that match the final centroids.
         labels, min_dist = K.assign(x, centers, x_sq=x_sq, backend=backend)
-        inertia = float(comm.sum(min_dist.sum(dtype=torch.float64).reshape(1)))
+        inertia = float(comm.sum(_host_sum(min_dist).reshape(1)))
         return centers, labels, inertia, n_iter
 
     @staticmethod
@@ -413,14 +464,14 @@ class KMeans(nn.Module):
         # Each rank proposes its n_empty farthest points; the global top n_empty win
         # (ties to the lower global index: a stable sort of the gathered candidates).
         m = min(n_empty, min_dist.shape[0])
-        vals, local_idx = torch.topk(min_dist.double(), m)
+        vals, local_idx = torch.topk(min_dist, m)  # widened on the host below
         prop_vals = torch.full((comm.world, n_empty), -math.inf, dtype=torch.float64)
         prop_idx = torch.zeros((comm.world, n_empty), dtype=torch.int64)
         start = 0
         if comm.distributed:
             sizes = comm.gather_sizes(x.shape[0])
             start = int(sizes[:comm.rank].sum())
-        prop_vals[comm.rank, :m] = vals.cpu()
+        prop_vals[comm.rank, :m] = vals.cpu().double()
         prop_idx[comm.rank, :m] = local_idx.cpu() + start
         if comm.world > 1:
             # -inf + 0 stays -inf; the other ranks' rows are filled by their owners.
@@ -458,7 +509,7 @@ class KMeans(nn.Module):
         """Minus the inertia of ``x`` under the fitted centroids (scikit-learn's sign)."""
         x, backend = self._prepare_for_centroids(x, "score")
         _, min_dist = K.assign(x, self.cluster_centers_.contiguous(), backend=backend)
-        return -float(min_dist.sum(dtype=torch.float64))
+        return -float(_host_sum(min_dist))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Labels of ``x`` ``(*, n_features) -> (*)`` int64: a quantizer stage."""
@@ -475,10 +526,7 @@ class KMeans(nn.Module):
         """The nearest centroid of ONE new point ``(n_features,)`` (one small dispatch; the
         centroids do not move)."""
         centers = self._check_fitted("assign")
-        if isinstance(x_one, np.ndarray):
-            x_one = torch.from_numpy(np.ascontiguousarray(x_one))
-        if not isinstance(x_one, torch.Tensor):
-            raise TypeError(f"{_NAME}.assign: x_one must be a tensor, got {type(x_one).__name__}")
+        x_one = _as_tensor(x_one, f"{_NAME}.assign", "x_one")
         if x_one.dim() == 2 and x_one.shape[0] == 1:
             x_one = x_one[0]
         if x_one.dim() != 1:
@@ -527,7 +575,7 @@ class KMeans(nn.Module):
         self.cluster_centers_ = centers
         self.cluster_counts_ = counts
         self.labels_ = labels.long()
-        self.inertia_ = float(min_dist.sum(dtype=torch.float64))
+        self.inertia_ = float(_host_sum(min_dist))
         return self
 
     # -----------------------------------------------------------------------------------

@@ -72,6 +72,14 @@ def _toolchain_fingerprint() -> str:
     return h.hexdigest()
 
 
+def _staged(final: Path) -> Path:
+    """A fresh file beside ``final`` to write into and then ``os.replace`` onto it: unique
+    per process and thread, so concurrent compiles of the same thing never share it."""
+    fd, name = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=".tmp")
+    os.close(fd)
+    return Path(name)
+
+
 def _run(cmd: Sequence[str], what: str, source_text: Optional[str] = None,
          origin: str = "") -> None:
     proc = subprocess.run(list(cmd), capture_output=True, text=True)
@@ -86,7 +94,7 @@ def _runtime_objects() -> List[Path]:
     for source in sorted((EMULATOR_DIR / "src").glob("*.cpp")):
         out = cache_dir() / f"{source.stem}-{_toolchain_fingerprint()[:16]}.o"
         if not out.exists():
-            tmp = out.with_suffix(f".{os.getpid()}.tmp.o")
+            tmp = _staged(out)
             _run([compiler(), CXX_STANDARD, *CXX_FLAGS, "-I", str(EMULATOR_INCLUDE_DIR), "-c",
                   str(source), "-o", str(tmp)], f"compiling the emulator runtime ({source.name})")
             os.replace(tmp, out)
@@ -132,7 +140,7 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
             _run([compiler(), CXX_STANDARD, *CXX_FLAGS, "-shared", "-I", str(EMULATOR_INCLUDE_DIR),
                   str(src), *map(str, runtime), "-o", str(out), "-lm", "-lpthread"],
                  f"compiling {origin}", source_text, origin)
-            staged = lib.with_suffix(f".{os.getpid()}.tmp")
+            staged = _staged(lib)
             shutil.copyfile(out, staged)
             os.replace(staged, lib)
     return CompiledLibrary(lib, kernels, _rewrite.uses_synchronisation(preprocessed), origin, sanitize)
@@ -146,7 +154,7 @@ def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: 
     src_dir.mkdir(exist_ok=True)
     path = src_dir / f"shader-{digest}.metal"
     if not path.exists():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = _staged(path)
         tmp.write_text(source)
         os.replace(tmp, path)
     return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>", sanitize=sanitize)

@@ -5,7 +5,7 @@ import re
 from typing import Optional
 
 FAULT_KINDS = ("out_of_bounds", "threadgroup_race", "device_race", "barrier_divergence",
-               "uninitialized_read", "inactive_lane", "crash")
+               "uninitialized_read", "inactive_lane", "hang", "crash")
 
 
 class MetalCompileError(RuntimeError):

@@ -106,6 +106,9 @@ class Kernel:
         if n_group == 0 or n_group > MAX_THREADS_PER_THREADGROUP:
             raise LaunchError(f"{self.name}: group_size {group} has {n_group} threads; a Metal "
                               f"threadgroup holds 1 to {MAX_THREADS_PER_THREADGROUP}")
+        if len(args) > MAX_BUFFERS:
+            raise LaunchError(f"{self.name}: {len(args)} arguments; Metal binds at most "
+                              f"{MAX_BUFFERS} buffers")
         if len(args) != self.num_buffer_args:
             raise LaunchError(f"{self.name}: expected {self.num_buffer_args} arguments "
                               f"(one per [[buffer(i)]]), got {len(args)}")
@@ -121,6 +124,9 @@ class Kernel:
             keepalive.append(keep)
         launch.num_buffers = len(args)
         tg = list(threadgroup_memory or [])
+        if len(tg) > MAX_BUFFERS:
+            raise LaunchError(f"{self.name}: {len(tg)} threadgroup_memory entries; Metal has at "
+                              f"most {MAX_BUFFERS} [[threadgroup(n)]] slots")
         if len(tg) < self.num_threadgroup_args:
             raise LaunchError(f"{self.name}: threadgroup_memory must give the byte length of each of "
                               f"its {self.num_threadgroup_args} [[threadgroup(n)]] parameters, got {tg}")

@@ -267,31 +267,91 @@ _REFERENCE_PARAM = re.compile(
     r"(?<![\w:])((?:const\s+)?)(?:device|threadgroup)\s+((?:const\s+)?)(" + _TYPE + r")\s*&\s*(\w+)")
 
 
-def _checked_reference_parameters(src: str) -> str:
-    """``device T& x`` parameters -> ``ptr<T> x``, and ``x`` in the body -> ``(*x)``, so
-    accesses through a buffer bound by reference are checked too."""
+def _checked_references(src: str) -> str:
+    """``device T& x`` (and threadgroup) -> ``ptr<T> x`` and each later use of ``x`` ->
+    ``(*x)``, so accesses through a reference are checked at every use, not only where it
+    was bound: parameters (a buffer bound by reference) and local references
+    (``device float& r = out[i];`` becomes ``ptr<float> r = &out[i];``)."""
     masked = _mask_strings_and_directives(src)
     edits = []
     for m in _REFERENCE_PARAM.finditer(masked):
-        depth, close = 0, None
-        for i in range(m.end(), len(masked)):  # the end of the parameter list
-            if masked[i] in "([":
-                depth += 1
-            elif masked[i] in ")]":
-                if depth == 0:
-                    close = i
-                    break
-                depth -= 1
-        if close is None or masked[close] != ")":
-            continue  # a local reference, not a parameter: it binds to a checked access
-        body = re.match(r"[\s]*\{", masked[close + 1:])
         quals = " ".join((m.group(1) + " " + m.group(2)).split())
         pointee = " ".join(src[m.start(3):m.end(3)].split())
-        edits.append((m.start(), m.end(), f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}> {m.group(4)}"))
-        if body:
+        name = m.group(4)
+        checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}> {name}"
+        local = re.match(r"\s*=", masked[m.end():])
+        if local:  # a local reference: point at what it binds, in the rest of its block
+            end = masked.find(";", m.end())
+            simple = re.fullmatch(r"\s*\w+\s*\[.*\]\s*", masked[m.end() + local.end():end], re.S)
+            # `&p[i]` is then rewritten as pointer arithmetic (no access recorded)
+            edits.append((m.start(), m.end() + local.end(), checked + (" = &" if simple else " = &(")))
+            if not simple:
+                edits.append((end, end, ")"))
+            scope = (end, _block_end(masked, end))
+        else:
+            depth, close = 0, None
+            for i in range(m.end(), len(masked)):  # the end of the parameter list
+                if masked[i] in "([":
+                    depth += 1
+                elif masked[i] in ")]":
+                    if depth == 0:
+                        close = i
+                        break
+                    depth -= 1
+            if close is None or masked[close] != ")":
+                continue
+            edits.append((m.start(), m.end(), checked))
+            body = re.match(r"\s*\{", masked[close + 1:])
+            if not body:
+                continue  # a declaration without a body
             open_brace = close + 1 + body.end() - 1
-            for use in _uses(masked, m.group(4), open_brace, _match_close(masked, open_brace, "{", "}")):
-                edits.append((use, use + len(m.group(4)), f"(*{m.group(4)})"))
+            scope = (open_brace, _match_close(masked, open_brace, "{", "}"))
+        for use in _uses(masked, name, *scope):
+            edits.append((use, use + len(name), f"(*{name})"))
+    return _apply(src, edits)
+
+
+_SUBSCRIPTED_NAME = re.compile(r"&\s*(\w+)\s*\[")
+
+
+def _address_space_names(masked: str) -> set:
+    """Names declared as device/constant/threadgroup pointers or threadgroup arrays."""
+    names = set()
+    for m in _ADDRESS_SPACE_POINTER.finditer(masked):
+        name = re.match(r"\s*(\w+)", masked[m.end():])
+        if name:
+            names.add(name.group(1))
+    names.update(re.findall(r"\bthreadgroup\s+" + _TYPE + r"\s+(\w+)\s*\[", masked))
+    return names
+
+
+def _addresses_without_access(src: str, names: set) -> str:
+    """``&p[i]`` (and ``&t[i][j]``) -> ``(p + (i))`` for the checked pointers and arrays:
+    taking an element's address is pointer arithmetic, not an access of the element, so
+    the sanitizer must not record it (nor fault on a one-past-the-end address)."""
+    masked = _mask_strings_and_directives(src)
+    edits = []
+    for m in _SUBSCRIPTED_NAME.finditer(masked):
+        if m.group(1) not in names or masked[m.start() + 1:m.start() + 2] == "&":
+            continue
+        i = m.start() - 1
+        while i >= 0 and masked[i].isspace():
+            i -= 1
+        if i >= 0 and (masked[i].isalnum() or masked[i] in "_)]&"):
+            continue  # a binary &, or part of &&
+        groups = []  # the [...] subscripts, in order
+        pos = m.end() - 1
+        while pos < len(masked) and masked[pos] == "[":
+            close = _match_close(masked, pos, "[", "]")
+            groups.append((pos, close))
+            nxt = re.match(r"\s*", masked[close + 1:])
+            pos = close + 1 + nxt.end()
+        if re.match(r"\.|->", masked[pos:pos + 2]):
+            continue  # &p[i].field: the address of a member
+        last_open, last_close = groups[-1]
+        prefix = src[m.start() + 1:last_open].strip()
+        index = src[last_open + 1:last_close]
+        edits.append((m.start(), last_close + 1, f"({prefix} + ({index}))"))
     return _apply(src, edits)
 
 
@@ -500,7 +560,8 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     src = _add_collective_sites(src)
     if sanitize:
         src = _checked_threadgroup_scalars(src)
-        src = _checked_reference_parameters(src)
+        src = _checked_references(src)
+        src = _addresses_without_access(src, _address_space_names(_mask_strings_and_directives(src)))
         src = _checked_pointers(src)
     masked = _mask_strings_and_directives(src)
     src = _rewrite_threadgroup_declarations(src, masked, sanitize)

@@ -8,7 +8,7 @@ Host code follows the ops: validate -> allocate -> return early on empty -> laun
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from torch.autograd.function import once_differentiable
 from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
-from .._kernel_names import kernel_name
+from .._kernel_names import kernel_name, kernel_names_for
 
 OP = "cross_entropy"
 SHADER = "cross_entropy.metal"
@@ -31,18 +31,23 @@ __all__ = ["cross_entropy"]
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
     """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
-    return tuple(kernel_name(base, dtype)
-                 for base in KERNELS for dtype in V.KERNEL_DTYPES[backend])
+    return kernel_names_for(KERNELS, backend)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
-                  ignore_index: int = -100) -> torch.Tensor:
+                  weight: Optional[torch.Tensor] = None, size_average: Optional[bool] = None,
+                  ignore_index: int = -100, reduce: Optional[bool] = None,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
     """Mean softmax cross-entropy of ``logits`` ``(batch, classes)`` against ``labels``.
 
     Args:
         logits: ``(batch, classes)`` floating point, unnormalised scores.
         labels: ``(batch,)`` int64 or int32 class indices in ``[0, classes)``; rows whose
             label equals ``ignore_index`` count neither in the loss nor in the mean.
+        weight, size_average, reduce, reduction, label_smoothing: accepted for
+            ``torch.nn.functional.cross_entropy``'s signature (keywords only) but only at
+            their defaults (no class weights, mean reduction, no label smoothing); any
+            other value raises ``ValueError``.
 
     Returns:
         A 0-D tensor: the mean over counted rows of ``logsumexp(x) - x[label]`` (NaN when
@@ -51,6 +56,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
     Labels outside ``[0, classes)`` raise ``ValueError`` before any kernel runs; checking
     them reads two numbers back from the device (one sync), as torch's own CPU op does.
     """
+    _check_torch_options(weight, size_average, reduce, reduction, label_smoothing)
     V.check_tensor(OP, "logits", logits)
     V.check_tensor(OP, "labels", labels)
     V.check_floating(OP, "logits", logits)
@@ -75,6 +81,22 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
     V.check_fits_uint32(OP, "batch * classes", batch * classes)
     return _CrossEntropyFunction.apply(logits.contiguous(), labels, int(ignore_index), count,
                                        backend)
+
+
+def _check_torch_options(weight, size_average, reduce, reduction, label_smoothing) -> None:
+    """torch's options the fused kernel does not implement: only their defaults pass."""
+    if weight is not None:
+        raise ValueError(f"{OP}: class weights are not supported (weight must be None); use "
+                         "torch.nn.functional.cross_entropy")
+    if size_average is not None or reduce is not None:
+        raise ValueError(f"{OP}: size_average and reduce (deprecated in torch) are not "
+                         "supported: mean reduction only")
+    if reduction != "mean":
+        raise ValueError(f"{OP}: reduction={reduction!r} is not supported: mean reduction "
+                         "only; use torch.nn.functional.cross_entropy")
+    if float(label_smoothing) != 0.0:
+        raise ValueError(f"{OP}: label_smoothing={label_smoothing} is not supported: no "
+                         "label smoothing only (0.0); use torch.nn.functional.cross_entropy")
 
 
 def _check_labels(labels: torch.Tensor, classes: int, ignore_index: int) -> int:

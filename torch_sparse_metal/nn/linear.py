@@ -5,7 +5,10 @@ from typing import Optional
 
 import torch
 
+from .._validation import flat_batch
 from ..ops.matmul import KERNELS, addmm
+
+OP = "Linear"
 
 
 class Linear(torch.nn.Linear):
@@ -25,18 +28,14 @@ class Linear(torch.nn.Linear):
                  device=None, dtype=None, *, kernel: Optional[str] = None) -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         if kernel is not None and kernel not in KERNELS:
-            raise ValueError(f"Linear: kernel must be None or one of {list(KERNELS)}, "
+            raise ValueError(f"{OP}: kernel must be None or one of {list(KERNELS)}, "
                              f"got {kernel!r}")
         self.kernel = kernel
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if input.dim() == 0:
-            raise ValueError("Linear: input must have at least 1 dimension (*, in_features)")
-        if input.shape[-1] != self.in_features:
-            raise ValueError(f"Linear: input has {input.shape[-1]} features in its last "
-                             f"dimension, expected in_features = {self.in_features}")
-        lead = input.shape[:-1]
-        x = input.reshape(-1, self.in_features)
+        # flat_batch checks the shape and flattens without reshape(-1, ...): a (*, 0) input
+        # (in_features = 0) is fine, as in torch.
+        x, lead = flat_batch(OP, "input", input, self.in_features)
         out = addmm(self.bias, x, self.weight.t(), kernel=self.kernel)
         return out.reshape(*lead, self.out_features)
 

@@ -72,7 +72,7 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
 
     # Drop: the k weakest edges, or k random ones.
     if mode == "random":
-        drop_score = torch.rand(nnz, generator=generator, device=device)
+        drop_score = _uniform(nnz, generator, device)
     else:
         drop_score = weight.detach().abs().float()
     drop = torch.topk(drop_score, k, largest=False).indices
@@ -80,13 +80,14 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
     keep[drop] = False
     kept = keep.nonzero().squeeze(1)
 
-    # Grow: among cells empty before the drop.
+    # Grow: among cells empty before the drop. Scores are float32 (MPS has no float64).
     if mode == "gradient":
-        grow_score = dense_grad.detach().abs().reshape(-1).to(device=device, dtype=torch.float64)
+        grow_score = dense_grad.detach().abs().reshape(-1).to(device=device, dtype=torch.float32)
     else:
-        grow_score = torch.rand(cells_total, generator=generator, device=device,
-                                dtype=torch.float64)
-    grow_score = grow_score.masked_fill(occupied, -1.0)  # scores are >= 0: never picked
+        grow_score = _uniform(cells_total, generator, device)
+    # Every score is >= 0 (|grad|, or uniform in [0, 1)) and an occupied cell gets -1, so
+    # no occupied cell is picked while empty ones remain; k <= n_empty, so none is.
+    grow_score = grow_score.masked_fill(occupied, -1.0)
     grown = torch.topk(grow_score, k).indices
 
     # New pattern: kept edges then grown ones, sorted row-major (stable: duplicate cells
@@ -112,6 +113,17 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
     layer.indices.copy_((new_cells - rows * in_f).to(layer.indices.dtype))
     layer.indptr.copy_(indptr.to(layer.indptr.dtype))
     return k
+
+
+def _uniform(n: int, generator: Optional[torch.Generator], device: torch.device) -> torch.Tensor:
+    """``n`` float32 uniforms in [0, 1) on ``device``, drawn where the generator lives.
+
+    As ``SparseLinear.reset_parameters``: a generator samples on its own device (a CPU
+    generator cannot drive ``torch.rand(..., device="mps")``), then the result moves.
+    Without a generator, the default one of ``device``.
+    """
+    where = generator.device if generator is not None else device
+    return torch.rand(n, generator=generator, device=where, dtype=torch.float32).to(device)
 
 
 def edges_per_row(layer: SparseLinear) -> torch.Tensor:

@@ -8,8 +8,11 @@ estimator (:class:`torch_sparse_metal.KMeans`) resolves once per fit and passes 
 ``"reference"`` runs :mod:`torch_sparse_metal.reference.kmeans` (plain torch, any device).
 
 Conventions: ``x`` is ``(n, d)``, centroids ``(k, d)``, both contiguous floating tensors of
-one dtype; labels and counts are int32 tensors (the kernels read them as ``int`` / ``uint``).
-No function modifies its arguments: every result is a new tensor.
+one dtype and one device; labels and counts are int32 tensors (the kernels read them as
+``int`` / ``uint``). Every function checks these shapes, dtypes and devices before anything
+runs (a ValueError naming the function): the kernels trust the sizes they are given, so a
+mismatch would otherwise read past a buffer. No function modifies its arguments: every
+result is a new tensor.
 
 Accumulation modes (:func:`choose_accumulate_mode`):
 
@@ -29,7 +32,7 @@ import torch
 from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
-from .._kernel_names import kernel_name
+from .._kernel_names import kernel_name, kernel_names_for
 from ..reference import kmeans as R
 
 OP = "kmeans"
@@ -51,9 +54,7 @@ MAX_BLOCKS = 256          # accumulate: cap on point blocks (deterministic slots
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
     """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
-    names = [kernel_name(base, dtype) for base in KERNELS
-             for dtype in V.KERNEL_DTYPES[backend]]
-    return tuple(names) + (kernel_name(CAS_KERNEL, torch.float32),)
+    return kernel_names_for(KERNELS, backend) + (kernel_name(CAS_KERNEL, torch.float32),)
 
 
 def _backend(backend: Optional[str], *tensors: torch.Tensor) -> str:
@@ -66,6 +67,54 @@ def _check_kernel_inputs(backend: str, **tensors: torch.Tensor) -> None:
             V.check_kernel_dtype(OP, t.dtype, backend)
         if not t.is_contiguous():
             raise ValueError(f"{OP}: {name} must be contiguous")
+
+
+def _check_features(op: str, x: torch.Tensor, centroids: torch.Tensor, *, x_name: str = "x",
+                    c_name: str = "centroids", x_dim: int = 2) -> Tuple[int, int]:
+    """``x`` (``x_dim``-D: ``(n, d)`` points, or ``(d,)`` for one point) and ``centroids``
+    ``(k, d)`` are floating tensors of one dtype on one device, with the same number ``d``
+    of features. Returns ``(k, d)``; raises ValueError naming ``kmeans.<op>``."""
+    where = f"{OP}.{op}"
+    V.check_tensor(where, x_name, x)
+    V.check_tensor(where, c_name, centroids)
+    V.check_dim(where, x_name, x, x_dim)
+    V.check_dim(where, c_name, centroids, 2)
+    V.check_floating(where, x_name, x)
+    V.check_same_dtype(where, {x_name: x, c_name: centroids})
+    V.check_same_device(where, {x_name: x, c_name: centroids})
+    k, d = centroids.shape
+    if x.shape[-1] != d:
+        raise ValueError(f"{where}: {x_name} has {x.shape[-1]} features but {c_name} "
+                         f"has {d}; they must match")
+    return k, d
+
+
+def _check_vector(op: str, name: str, t: Optional[torch.Tensor], length: int, what: str,
+                  like: torch.Tensor, *, integer: bool = False) -> None:
+    """``t`` (skipped when None) is 1-D with ``length`` elements on ``like``'s device:
+    ``like``'s dtype, or an integer dtype (``integer``: labels, counts)."""
+    if t is None:
+        return
+    where = f"{OP}.{op}"
+    V.check_tensor(where, name, t)
+    V.check_length(where, name, t, length, what)
+    if integer:
+        if t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"{where}: {name} must be an int32 tensor, got dtype {t.dtype}")
+    elif t.dtype != like.dtype:
+        raise ValueError(f"{where}: {name} has dtype {t.dtype} but the points have dtype "
+                         f"{like.dtype}; they must match")
+    if t.device != like.device:
+        raise ValueError(f"{where}: {name} is on {t.device} but the points are on "
+                         f"{like.device}; all tensors must be on one device")
+
+
+def _check_int32_for_kernels(op: str, backend: str, **tensors: torch.Tensor) -> None:
+    """The kernels read labels and counts as 32-bit ``int`` / ``uint``."""
+    for name, t in tensors.items():
+        if t.dtype != torch.int32:
+            raise ValueError(f"{OP}.{op}: {name} must be int32 for backend {backend!r}, got "
+                             f"{t.dtype}")
 
 
 def _round16(nbytes: int) -> int:
@@ -85,6 +134,9 @@ def _pow2_at_least(n: int, cap: int) -> int:
 
 def sq_norms(rows: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tensor:
     """``(n, d) -> (n,)`` squared row norms."""
+    V.check_tensor(f"{OP}.sq_norms", "rows", rows)
+    V.check_dim(f"{OP}.sq_norms", "rows", rows, 2)
+    V.check_floating(f"{OP}.sq_norms", "rows", rows)
     backend = _backend(backend, rows)
     if backend == "reference":
         return R.sq_norms_reference(rows)
@@ -102,12 +154,20 @@ def sq_norms(rows: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tens
     return out
 
 
+def _check_distance_inputs(op: str, x: torch.Tensor, centroids: torch.Tensor,
+                           x_sq: Optional[torch.Tensor], c_sq: Optional[torch.Tensor]) -> None:
+    k, _ = _check_features(op, x, centroids)
+    _check_vector(op, "x_sq", x_sq, x.shape[0], "the number of points", x)
+    _check_vector(op, "c_sq", c_sq, k, "the number of centroids", x)
+
+
 def distances(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.Tensor] = None,
               c_sq: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> torch.Tensor:
     """``(n, k)`` squared Euclidean distances through ``||x||^2 - 2 x.c + ||c||^2`` (>= 0).
 
     ``x_sq`` / ``c_sq``: precomputed :func:`sq_norms` (the fit computes ``x_sq`` once).
     """
+    _check_distance_inputs("distances", x, centroids, x_sq, c_sq)
     backend = _backend(backend, x, centroids)
     if backend == "reference":
         return R.distances_reference(x, centroids, x_sq, c_sq)
@@ -134,6 +194,9 @@ def distances(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.
 def assign_from_distances(dist: torch.Tensor, *,
                           backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(n, k) -> (labels int32 (n,), min_dist (n,))``: argmin (lowest index on ties)."""
+    V.check_tensor(f"{OP}.assign_from_distances", "dist", dist)
+    V.check_dim(f"{OP}.assign_from_distances", "dist", dist, 2)
+    V.check_floating(f"{OP}.assign_from_distances", "dist", dist)
     backend = _backend(backend, dist)
     if backend == "reference":
         return R.assign_reference(dist)
@@ -154,6 +217,7 @@ def assign_from_distances(dist: torch.Tensor, *,
 def assign(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.Tensor] = None,
            backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Nearest centroid of each point: ``(labels int32 (n,), squared distance (n,))``."""
+    _check_distance_inputs("assign", x, centroids, x_sq, None)
     backend = _backend(backend, x, centroids)
     dist = distances(x, centroids, x_sq=x_sq, backend=backend)
     return assign_from_distances(dist, backend=backend)
@@ -240,13 +304,20 @@ def accumulate(x: torch.Tensor, labels: torch.Tensor, k: int, *, mode: str = "au
 
     ``labels`` int32 in ``[0, k)`` (a label outside is skipped by the kernels).
     """
+    V.check_tensor(f"{OP}.accumulate", "x", x)
+    V.check_dim(f"{OP}.accumulate", "x", x, 2)
+    V.check_floating(f"{OP}.accumulate", "x", x)
+    _check_vector("accumulate", "labels", labels, x.shape[0], "the number of points", x,
+                  integer=True)
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"{OP}.accumulate: k must be an int >= 0, got {k!r}")
+    k = int(k)
     backend = _backend(backend, x, labels)
     if backend == "reference":
         return R.accumulate_reference(x, labels, k)
     mode = choose_accumulate_mode(mode, backend, x.dtype)
     _check_kernel_inputs(backend, x=x, labels=labels)
-    if labels.dtype != torch.int32:
-        raise ValueError(f"{OP}: labels must be int32, got {labels.dtype}")
+    _check_int32_for_kernels("accumulate", backend, labels=labels)
     n, d = x.shape
     shape = accumulate_shape(n, k, d, x.element_size())
     V.check_fits_uint32(OP, "n * d", n * d)
@@ -288,13 +359,27 @@ def accumulate(x: torch.Tensor, labels: torch.Tensor, k: int, *, mode: str = "au
 # Update, convergence, online steps
 
 
+def _check_same_centroids(op: str, a: torch.Tensor, b: torch.Tensor, a_name: str,
+                          b_name: str) -> None:
+    """Two ``(k, d)`` centroid-shaped tensors: same features (:func:`_check_features`) and
+    the same number of rows."""
+    k, _ = _check_features(op, b, a, x_name=b_name, c_name=a_name)
+    if b.shape[0] != k:
+        raise ValueError(f"{OP}.{op}: {b_name} has {b.shape[0]} rows but {a_name} has {k}; "
+                         "they must match")
+
+
 def finalize(sums: torch.Tensor, counts: torch.Tensor, old_centroids: torch.Tensor, *,
              backend: Optional[str] = None) -> torch.Tensor:
     """New centroids ``sums / counts``; a cluster with count 0 keeps its old centroid."""
+    _check_same_centroids("finalize", old_centroids, sums, "old_centroids", "sums")
+    _check_vector("finalize", "counts", counts, sums.shape[0], "the number of centroids",
+                  sums, integer=True)
     backend = _backend(backend, sums, old_centroids)
     if backend == "reference":
         return R.finalize_reference(sums, counts, old_centroids)
     _check_kernel_inputs(backend, sums=sums, counts=counts, old_centroids=old_centroids)
+    _check_int32_for_kernels("finalize", backend, counts=counts)
     k, d = sums.shape
     out = sums.new_empty(k, d)
     if k * d == 0:
@@ -307,6 +392,7 @@ def finalize(sums: torch.Tensor, counts: torch.Tensor, old_centroids: torch.Tens
 
 def drift(old: torch.Tensor, new: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tensor:
     """``[max, sum]`` over centroids of the squared shift ``||new_c - old_c||^2`` (2 values)."""
+    _check_same_centroids("drift", old, new, "old", "new")
     backend = _backend(backend, old, new)
     if backend == "reference":
         return R.drift_reference(old, new)
@@ -327,6 +413,7 @@ def drift(old: torch.Tensor, new: torch.Tensor, *, backend: Optional[str] = None
 def assign_one(point: torch.Tensor, centroids: torch.Tensor, *,
                backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Nearest centroid of one point ``(d,)``: ``(label int32 (1,), distance (1,))``."""
+    _check_features("assign_one", point, centroids, x_name="point", x_dim=1)
     backend = _backend(backend, point, centroids)
     if backend == "reference":
         return R.assign_one_reference(point, centroids)
@@ -349,6 +436,8 @@ def assign_one(point: torch.Tensor, centroids: torch.Tensor, *,
 def pp_update(x: torch.Tensor, chosen: torch.Tensor, min_dist: torch.Tensor, *,
               backend: Optional[str] = None) -> torch.Tensor:
     """k-means++: ``min(min_dist, ||x - chosen||^2)`` per point (pass +inf at first)."""
+    _check_features("pp_update", chosen, x, x_name="chosen", c_name="x", x_dim=1)
+    _check_vector("pp_update", "min_dist", min_dist, x.shape[0], "the number of points", x)
     backend = _backend(backend, x, chosen, min_dist)
     if backend == "reference":
         return R.pp_update_reference(x, chosen, min_dist)
@@ -370,11 +459,17 @@ def update_affected(centroids: torch.Tensor, counts: torch.Tensor, batch_sums: t
 
     Returns ``(new_centroids, new_counts int32)``.
     """
+    _check_same_centroids("update_affected", centroids, batch_sums, "centroids", "batch_sums")
+    for name, c in (("counts", counts), ("batch_counts", batch_counts)):
+        _check_vector("update_affected", name, c, centroids.shape[0],
+                      "the number of centroids", centroids, integer=True)
     backend = _backend(backend, centroids, batch_sums)
     if backend == "reference":
         return R.update_affected_reference(centroids, counts, batch_sums, batch_counts)
     _check_kernel_inputs(backend, centroids=centroids, counts=counts, batch_sums=batch_sums,
                          batch_counts=batch_counts)
+    _check_int32_for_kernels("update_affected", backend, counts=counts,
+                             batch_counts=batch_counts)
     k, d = centroids.shape
     new_centroids = centroids.new_empty(k, d)
     new_counts = torch.empty(k, dtype=torch.int32, device=centroids.device)

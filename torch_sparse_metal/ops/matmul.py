@@ -23,7 +23,6 @@ validate -> allocate -> early return -> choose the variant -> launch.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -47,13 +46,15 @@ EPILOGUE_SAVE_PREACT = 2
 EPILOGUE_ACT_SHIFT = 4
 VEC_A, VEC_B = 1, 2
 
+# alpha and beta are bound in the kernels' accumulator type (tsm_mm_acc<T>::type in
+# shaders/matmul.h): float, except double for the emulator-only double build.
+ACC_SCALAR = {torch.float64: np.float64}
+
 # dtypes the kernels are instantiated for. bfloat needs MSL 3.1 (macOS 14) on Metal.
 MATMUL_DTYPES: Dict[str, Tuple[torch.dtype, ...]] = {
     "metal": (torch.float32, torch.float16, torch.bfloat16),
     "emulator": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
 }
-
-UINT32_MAX = 2**32 - 1
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -117,12 +118,10 @@ def capabilities(backend: str) -> Dict[str, bool]:
     (``TSM_FORCE_NO_SIMDGROUP_MATRIX=1`` forces the fallback). The emulator runs
     simdgroup_matrix, and honours the same environment override so both paths are testable.
     """
+    from .._metal_backend import FORCE_NO_SIMDGROUP_MATRIX, _env_flag, device_capabilities
     if backend == "metal":
-        from .._metal_backend import device_capabilities
         return {"supports_simdgroup_matrix": bool(device_capabilities()["supports_apple7"])}
-    forced = os.environ.get("TSM_FORCE_NO_SIMDGROUP_MATRIX", "").strip().lower() in (
-        "1", "true", "yes", "on")
-    return {"supports_simdgroup_matrix": not forced}
+    return {"supports_simdgroup_matrix": not _env_flag(FORCE_NO_SIMDGROUP_MATRIX)}
 
 
 # Below this many multiply-adds a dispatch is all overhead and the 64 x 64 tiles would be
@@ -193,7 +192,7 @@ def as_operand(op: str, name: str, t: torch.Tensor) -> Operand:
     else:
         t = t.contiguous()
         ld, transposed, extent = cols, False, rows * cols
-    if extent - 1 > UINT32_MAX:
+    if extent - 1 > V.UINT32_MAX:
         raise ValueError(f"{op}: {name} spans {extent} elements in memory; the kernels "
                          "index with 32-bit offsets (at most 2**32)")
     return Operand(_flat_view(t, extent), max(ld, 1), transposed, _aligned(t, ld))
@@ -210,7 +209,7 @@ def bias_operand(op: str, bias: torch.Tensor, m: int, n: int) -> Tuple[torch.Ten
     sr, sc = expanded.stride()
     sr, sc = (sr if m > 1 else 0), (sc if n > 1 else 0)
     extent = (m - 1) * sr + (n - 1) * sc + 1
-    if extent - 1 > UINT32_MAX:
+    if extent - 1 > V.UINT32_MAX:
         expanded = expanded.contiguous()
         sr, sc, extent = n, 1, m * n
     return _flat_view(expanded, extent), sr, sc
@@ -263,8 +262,8 @@ def addmm(bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Tensor, *,
 
     ``bias`` broadcasts to the ``m x n`` output (``(n,)``, ``(1, n)``, ``(m, 1)``,
     ``(m, n)``, a scalar) and is read in place; None means no bias term. As in torch,
-    ``beta = 0`` ignores ``bias`` entirely (NaNs in it do not propagate).
-    Differentiable in ``bias``, ``a`` and ``b``.
+    ``beta = 0`` ignores ``bias`` entirely (NaNs in it do not propagate; its gradient
+    is zeros, as torch's). Differentiable in ``bias``, ``a`` and ``b``.
     """
     return _matmul(OP_ADDMM, bias, a, b, alpha=alpha, beta=beta, activation=activation,
                    kernel=kernel)
@@ -281,8 +280,8 @@ def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Ten
     n = b.shape[1]
     if bias is not None:
         bias_operand(op, bias, m, n)  # validates the broadcast
-    if bias is not None and beta == 0.0:
-        bias = None  # torch.addmm: beta = 0 ignores the input
+    # torch.addmm: beta = 0 ignores the input (NaNs in it do not propagate), but the bias
+    # stays an input of the graph, so its gradient is zeros, as torch's, not None.
 
     backend = resolve_backend(op, (a, b, bias))
     if backend == "reference" or m == 0 or n == 0 or k == 0:
@@ -290,19 +289,13 @@ def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Ten
         # answer: zeros, or the scaled bias through the activation.
         return addmm_reference(bias.expand(m, n) if bias is not None else None, a, b,
                                alpha=alpha, beta=beta, activation=activation)
-    supported = MATMUL_DTYPES[backend]
-    if a.dtype not in supported:
-        raise ValueError(f"{op}: dtype {a.dtype} is not supported by backend {backend!r}; "
-                         f"supported: {', '.join(str(d) for d in supported)}")
+    V.check_kernel_dtype(op, a.dtype, backend, table=MATMUL_DTYPES)
     if kernel == "simdgroup":
         check_simdgroup(op, a.dtype, backend)
     for name, size in (("m", m), ("n", n), ("k", k)):
-        if size > UINT32_MAX:
-            raise ValueError(f"{op}: {name} = {size} does not fit in 32 bits")
-    if m * n - 1 > UINT32_MAX:
-        raise ValueError(f"{op}: the output has {m * n} elements; the kernels index with "
-                         "32-bit offsets")
-    return _MatmulFunction.apply(a, b, bias, alpha, beta, activation, kernel, backend)
+        V.check_fits_uint32(op, name, size)
+    V.check_fits_uint32(op, "the output's last flat offset (m * n - 1)", m * n - 1)
+    return _MatmulFunction.apply(a, b, bias, alpha, beta, activation, kernel, backend, op)
 
 
 def check_simdgroup(op: str, dtype: torch.dtype, backend: str) -> None:
@@ -328,15 +321,18 @@ def resolve_kernel(kernel: Optional[str], m: int, n: int, k: int, dtype: torch.d
 
 class _MatmulFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, bias, alpha, beta, activation, kernel, backend):
+    def forward(ctx, a, b, bias, alpha, beta, activation, kernel, backend, op):
         need_a, need_b, need_bias = ctx.needs_input_grad[:3]
         need_any = need_a or need_b or need_bias
         ctx.alpha, ctx.beta, ctx.activation = alpha, beta, activation
-        ctx.kernel, ctx.backend = kernel, backend  # backward runs where forward did
+        ctx.kernel, ctx.backend, ctx.op = kernel, backend, op  # backward runs where forward did
         ctx.bias_shape = None if bias is None else bias.shape
-        out, preact = launch_matmul(a, b, bias, alpha=alpha, beta=beta, activation=activation,
+        # beta = 0: the bias is an input (its gradient is zeros) but the kernel never reads it.
+        ctx.bias_read = bias is not None and beta != 0.0
+        out, preact = launch_matmul(a, b, bias if ctx.bias_read else None, alpha=alpha,
+                                    beta=beta, activation=activation,
                                     save_preact=need_any and activation == "gelu",
-                                    kernel=kernel, backend=backend)
+                                    kernel=kernel, backend=backend, op=op)
         act_saved = None
         if need_any and activation is not None:
             act_saved = preact if activation == "gelu" else out
@@ -356,26 +352,28 @@ class _MatmulFunction(torch.autograd.Function):
         # reading the transposed views in place (the variant flips, nothing is copied).
         if need_a:
             grad_a, _ = launch_matmul(g, b.t(), None, alpha=ctx.alpha, beta=0.0,
-                                      kernel=ctx.kernel, backend=ctx.backend)
+                                      kernel=ctx.kernel, backend=ctx.backend, op=ctx.op)
         if need_b:
             grad_b, _ = launch_matmul(a.t(), g, None, alpha=ctx.alpha, beta=0.0,
-                                      kernel=ctx.kernel, backend=ctx.backend)
-        if need_bias:
+                                      kernel=ctx.kernel, backend=ctx.backend, op=ctx.op)
+        if need_bias and not ctx.bias_read:
+            grad_bias = g.new_zeros(ctx.bias_shape)  # beta = 0: the bias was not read
+        elif need_bias:
             grad_bias = g.sum_to_size(ctx.bias_shape)
             if ctx.beta != 1.0:
                 grad_bias = grad_bias * ctx.beta
-        return grad_a, grad_b, grad_bias, None, None, None, None, None
+        return grad_a, grad_b, grad_bias, None, None, None, None, None, None
 
 
 def launch_matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], *,
                   alpha: float = 1.0, beta: float = 1.0, activation: Optional[str] = None,
                   save_preact: bool = False, kernel: Optional[str] = None,
-                  backend: str) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                  backend: str, op: str = OP_MM) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """One dispatch: ``(C, pre-activation if save_preact else None)``; no autograd.
 
-    ``a``, ``b``, ``bias`` are validated, non-empty and of one dtype and device.
+    ``a``, ``b``, ``bias`` are validated, non-empty and of one dtype and device; ``op``
+    (the public op that asked) starts every error message.
     """
-    op = "matmul"
     m, k = a.shape
     n = b.shape[1]
     rung = RUNGS[resolve_kernel(kernel, m, n, k, a.dtype, backend)]
@@ -394,10 +392,11 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]
     if save_preact:
         flags |= EPILOGUE_SAVE_PREACT
     vec = (VEC_A if A.vec_ok else 0) | (VEC_B if B.vec_ok else 0)
+    acc = ACC_SCALAR.get(a.dtype, np.float32)  # alpha, beta in tsm_mm_acc<T>::type
     args = (A.flat, B.flat, bias_flat, out, preact if save_preact else placeholder,
             np.uint32(m), np.uint32(n), np.uint32(k), np.uint32(A.ld), np.uint32(B.ld),
             np.uint32(n), np.uint32(bias_rs), np.uint32(bias_cs),
-            np.float32(alpha), np.float32(beta), np.uint32(flags), np.uint32(vec))
+            acc(alpha), acc(beta), np.uint32(flags), np.uint32(vec))
     _launch.launch(rung.shader, matmul_kernel_name(rung.name, A.transposed, B.transposed,
                                                    a.dtype),
                    args, threads=rung.grid(m, n), group_size=rung.group_size, backend=backend)

@@ -18,7 +18,7 @@ from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
 from .._activations import ACTIVATION_CODES, check_activation
-from .._kernel_names import kernel_name
+from .._kernel_names import kernel_name, kernel_names_for
 from ..reference.activations import activation_grad_reference, apply_activation
 from ..reference.sparse_linear import csr_row_ids, sparse_linear_reference
 
@@ -31,8 +31,7 @@ GROUP_SIZE = 256
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
     """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
-    return tuple(kernel_name(base, dtype)
-                 for base in KERNELS for dtype in V.KERNEL_DTYPES[backend])
+    return kernel_names_for(KERNELS, backend)
 
 
 class BySource(NamedTuple):
@@ -289,6 +288,9 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
             torch.sum(grad_out, dim=0, out=grad_bias)
         return grad_input, grad_values, grad_bias
 
+    if backend == "metal":
+        from .._metal_backend import require_native_float_atomics
+        require_native_float_atomics(f"{OP} backward")
     # nnz > 0 here, so in_features and out_features are both > 0.
     neurons = max(in_features if (need_input or need_values) else 0,
                   out_features if need_bias else 0)

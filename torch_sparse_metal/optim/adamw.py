@@ -34,7 +34,9 @@ and the kernel binds those five plus two small tables, whatever the number of pa
   tensor and stays zero (zero gradient and moments: the update adds 0).
 * per-tensor scalars that change every step (the bias corrections) are computed on the
   host in double exactly as torch does, and uploaded as one small table per step (a host
-  to device copy on MPS; on the emulator the table is the NumPy array's memory).
+  to device copy on MPS; on the emulator the table is the NumPy array's memory). Options
+  that differ between param groups (``maximize``, ``amsgrad``) are columns of that table
+  too, so one dispatch serves groups with different options.
 
 Per step: one ``torch.cat``, one small table upload, one kernel dispatch.
 """
@@ -49,8 +51,9 @@ import torch
 
 from .. import _launch
 from .. import _validation as V
+from .._metal_backend import require_native_float_atomics
 from .._backend import resolve_backend
-from .._kernel_names import kernel_name
+from .._kernel_names import kernel_name, kernel_names_for
 
 OP = "AdamW"
 SHADER = "adamw.metal"
@@ -59,7 +62,7 @@ GROUP_SIZE = 256
 CHUNK = 32  # elements per chunk = SIMD-group width (TSM_ADAMW_CHUNK in the shader)
 # Columns of the hyper-parameter table (TsmAdamwColumn in the shader).
 HYPER_COLUMNS = ("active", "decay", "one_minus_beta1", "beta2", "one_minus_beta2",
-                 "step_size", "bc2_sqrt", "eps", "sign")
+                 "step_size", "bc2_sqrt", "eps", "sign", "amsgrad")
 
 # Each parameter an AdamW owns carries (weak ref to the optimizer, index of its slot in
 # the optimizer's grad_sq buffer) under this attribute, for SparseLinear.grad_norm. (A
@@ -70,8 +73,7 @@ _SLOT_ATTR = "_tsm_grad_sq_slot"
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
     """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
-    return tuple(kernel_name(base, dtype)
-                 for base in KERNELS for dtype in V.KERNEL_DTYPES[backend])
+    return kernel_names_for(KERNELS, backend)
 
 
 def grad_norm_of(params) -> Optional[torch.Tensor]:
@@ -97,9 +99,10 @@ class AdamW(torch.optim.Optimizer):
     """``torch.optim.AdamW`` with the same arguments; each ``step()`` is one kernel dispatch.
 
     Matches ``torch.optim.AdamW`` (its single-tensor path) to float32 rounding, including
-    ``amsgrad`` and ``maximize``. All parameters must share one dtype and device; the
-    step runs the kernel on the backend resolved for them (``use_backend``), or plain torch
-    ops on the "reference" backend.
+    ``amsgrad`` and ``maximize`` (each per param group). All parameters must share one
+    dtype and device; the step runs the kernel on the backend resolved for them
+    (``use_backend``), or plain torch ops on the "reference" backend. The kernel needs a
+    Metal 3 GPU (``atomic_float``); ``step`` says so on an older one.
 
     ``capturable``, ``differentiable`` and ``fused`` are not supported (the step already is
     one fused kernel); ``foreach`` is accepted and ignored. ``lr`` and ``betas`` must be
@@ -212,6 +215,27 @@ class AdamW(torch.optim.Optimizer):
         if "step" in state and not isinstance(state["step"], torch.Tensor):
             state["step"] = torch.tensor(float(state["step"]), dtype=torch.float32)
 
+    def _max_view(self, i: int) -> torch.Tensor:
+        """Parameter ``i``'s max_exp_avg_sq view; allocates the flat buffer if it has none.
+
+        The buffer is one element when no group had amsgrad at build time (the kernel
+        never reads it then); a group switched to amsgrad later gets the full buffer here,
+        before the kernel can read it.
+        """
+        if self._views["max_exp_avg_sq"][i] is None:
+            params, total = self._params(), int(self._offsets[-1])
+            buf = self._flat["param"].new_zeros(total)
+            views = [buf[off:off + n].view(p.shape) for p, n, off in
+                     zip(params, self._numels, self._offsets[:-1].tolist())]
+            for j, p in enumerate(params):
+                state = self.state.get(p)
+                if state and "max_exp_avg_sq" in state:
+                    views[j].copy_(state["max_exp_avg_sq"].reshape(p.shape))
+                    state["max_exp_avg_sq"] = views[j]
+            self._flat["max_exp_avg_sq"] = buf
+            self._views["max_exp_avg_sq"] = views
+        return self._views["max_exp_avg_sq"][i]
+
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
         # torch's loader installs new state tensors: copy them into the flat buffers.
@@ -236,6 +260,9 @@ class AdamW(torch.optim.Optimizer):
                     f"{OP}: parameter {i} (shape {tuple(p.shape)}) no longer lives in the "
                     "optimizer's flat buffer: it was re-allocated (.to(), or load_state_dict "
                     "with another nnz) after the optimizer was built; build a new optimizer")
+        if any(g["amsgrad"] for g in self.param_groups) \
+                and self._flat["max_exp_avg_sq"].numel() != self._flat["param"].numel():
+            self._max_view(0)  # amsgrad turned on since the build (load_state_dict, ...)
         hyper = np.zeros((len(params), len(HYPER_COLUMNS)), dtype=np.float64)
         pieces: List[torch.Tensor] = []
         already_flat = True
@@ -265,7 +292,10 @@ class AdamW(torch.optim.Optimizer):
                         state["exp_avg"] = self._views["exp_avg"][i]
                         state["exp_avg_sq"] = self._views["exp_avg_sq"][i]
                         if group["amsgrad"]:
-                            state["max_exp_avg_sq"] = self._views["max_exp_avg_sq"][i]
+                            state["max_exp_avg_sq"] = self._max_view(i)
+                    elif group["amsgrad"] and "max_exp_avg_sq" not in state:
+                        # amsgrad switched on after this parameter's first step.
+                        state["max_exp_avg_sq"] = self._max_view(i)
                     state["step"] += 1
                     step = state["step"].item()
                     # As torch computes them: Python floats (double).
@@ -273,7 +303,8 @@ class AdamW(torch.optim.Optimizer):
                     bias_correction2 = 1 - beta2 ** step
                     hyper[i] = (1.0, 1 - lr * wd, 1 - beta1, beta2, 1 - beta2,
                                 lr / bias_correction1, math.sqrt(bias_correction2), eps,
-                                -1.0 if group["maximize"] else 1.0)
+                                -1.0 if group["maximize"] else 1.0,
+                                1.0 if group["amsgrad"] else 0.0)
                 i += 1
         if not any(p.grad is not None for p in params):
             return loss
@@ -282,17 +313,20 @@ class AdamW(torch.optim.Optimizer):
         if not already_flat:
             torch.cat(pieces, out=flat["grad"])
         backend = resolve_backend(OP, (flat["param"],))
-        amsgrad = any(g["amsgrad"] for g in self.param_groups)
         if backend == "reference":
-            self._step_reference(hyper, amsgrad)
+            self._step_reference(hyper)
         else:
             V.check_kernel_dtype(OP, flat["param"].dtype, backend)
+            if backend == "metal":
+                # atomic_float adds the per-tensor gradient squares
+                require_native_float_atomics(OP, "Use torch.optim.AdamW, or "
+                                                 "tsm.use_backend('reference') for the step")
             np_dtype = np.float64 if flat["param"].dtype == torch.float64 else np.float32
             table = torch.from_numpy(hyper.astype(np_dtype)).to(flat["param"].device)
             args = (flat["param"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"],
                     flat["max_exp_avg_sq"], self._chunk_tensor, table, self._grad_sq,
                     np.uint32(flat["param"].numel()), np.uint32(len(params)),
-                    np.uint32(self._parity), np.uint32(amsgrad))
+                    np.uint32(self._parity))
             _launch.launch(SHADER, kernel_name("adamw_step", flat["param"].dtype), args,
                            threads=flat["param"].numel(), group_size=GROUP_SIZE,
                            backend=backend)
@@ -300,12 +334,13 @@ class AdamW(torch.optim.Optimizer):
         self._parity = 1 - self._parity
         return loss
 
-    def _step_reference(self, hyper: np.ndarray, amsgrad: bool) -> None:
+    def _step_reference(self, hyper: np.ndarray) -> None:
         """The kernel's math with torch ops per tensor (the "reference" backend)."""
         flat = self._flat
         self._grad_sq[1 - self._parity].zero_()
         for i, (n, off) in enumerate(zip(self._numels, self._offsets[:-1].tolist())):
-            active, decay, w, beta2, omb2, step_size, bc2_sqrt, eps, sign = hyper[i].tolist()
+            (active, decay, w, beta2, omb2, step_size, bc2_sqrt, eps, sign,
+             amsgrad) = hyper[i].tolist()
             if not active:
                 continue
             sl = slice(off, off + n)

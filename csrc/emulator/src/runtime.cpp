@@ -140,15 +140,16 @@ char* allocate_stack(size_t bytes) {
   return static_cast<char*>(p);
 }
 
-u3 ceil_div(u3 a, u3 b) {
-  return {(a.x + b.x - 1) / b.x, (a.y + b.y - 1) / b.y, (a.z + b.z - 1) / b.z};
-}
 
 std::string fmt3(u3 v) {
   return "(" + std::to_string(v.x) + ", " + std::to_string(v.y) + ", " + std::to_string(v.z) + ")";
 }
 
 }  // namespace
+
+u3 ceil_div(u3 a, u3 b) {
+  return {(a.x + b.x - 1) / b.x, (a.y + b.y - 1) / b.y, (a.z + b.z - 1) / b.z};
+}
 
 // Describe thread i of threadgroup `group` (position), given the dispatch geometry.
 ThreadInfo thread_info(u3 grid, u3 group_size, u3 groups, u3 group, uint32_t i) {
@@ -193,6 +194,11 @@ void fiber_entry() {
       w->fault_raised = true;
       w->fault = KernelFault{"launch", e.what()};
     }
+  } catch (...) {  // nothing may unwind out of a fiber's entry: that would terminate
+    if (!w->fault_raised) {
+      w->fault_raised = true;
+      w->fault = KernelFault{"launch", "a kernel threw an unknown exception"};
+    }
   }
   f->state = State::Done;
   // Returning resumes uc_link, the scheduler.
@@ -231,8 +237,7 @@ std::string site_name(const std::vector<uint32_t>& path) {
 void suspend(Worker* w) {
   Fiber* f = w->current;
   end_segment();
-  swapcontext(&f->context, &w->scheduler);
-  if (w->fault_raised) raise("aborted", "");  // another thread faulted: unwind quietly
+  swapcontext(&f->context, &w->scheduler);  // never resumed after another thread faulted
 }
 
 // Release the SIMD collectives that can complete; true if any did. Called only when no
@@ -391,11 +396,9 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
   w->static_tg.clear();
   w->static_tg_total = 0;
   if (t_sanitizer) {
-    const uint32_t linear = group.x + groups.x * (group.y + groups.y * group.z);
-    std::vector<uint64_t> bytes(w->dynamic_tg.size());
-    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = w->dynamic_tg_bytes[i];
-    t_sanitizer->begin_group(linear, (n + kSimdWidth - 1) / kSimdWidth, w->dynamic_tg_ptrs.data(),
-                             bytes.data(), int(bytes.size()), w->threadgroup_names);
+    t_sanitizer->begin_group((n + kSimdWidth - 1) / kSimdWidth, w->dynamic_tg_ptrs.data(),
+                             w->dynamic_tg_bytes.data(), int(w->dynamic_tg_bytes.size()),
+                             w->threadgroup_names);
   }
   if (fibers) {
     run_group_fibers(w, grid, group_size, groups, group, n);
@@ -701,10 +704,6 @@ extern "C" {
 
 __attribute__((visibility("default"))) int tsm_num_kernels() { return tsm_kernel_count; }
 
-__attribute__((visibility("default"))) const tsm_emu::KernelEntry* tsm_kernel(int i) {
-  return (i >= 0 && i < tsm_kernel_count) ? &tsm_kernel_table[i] : nullptr;
-}
-
 __attribute__((visibility("default"))) const char* tsm_kernel_name(int i) {
   return tsm_kernel_table[i].name;
 }
@@ -721,9 +720,7 @@ __attribute__((visibility("default"))) void tsm_kernel_param(int k, int i, int32
   out[5] = e.types[i].is_const;
 }
 
-// Returns 0, or writes "kind\tmessage" into `error` and returns 1.
-__attribute__((visibility("default"))) int tsm_dispatch(int k, tsm_launch* l, char* error,
-                                                        int error_len) {
+static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
   using namespace tsm_emu;
   static std::mutex one_dispatch_at_a_time;  // workers' stacks are reused between dispatches
   std::lock_guard<std::mutex> lock(one_dispatch_at_a_time);
@@ -766,7 +763,7 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, tsm_launch* l, ch
   bool faulted = false;
   KernelFault first_fault;
 
-  auto work = [&](Worker* w) {
+  auto work_body = [&](Worker* w) {
     t_worker = w;
     t_sanitizer = sanitizer.get();
     w->kernel = &tsm_kernel_table[k];
@@ -826,6 +823,22 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, tsm_launch* l, ch
     t_worker = nullptr;
     t_sanitizer = nullptr;
   };
+  // Whatever escapes a worker (its set-up allocating, say) becomes the dispatch's fault:
+  // an exception leaving a thread's function, or a C function, would terminate Python.
+  auto work = [&](Worker* w) {
+    try {
+      work_body(w);
+    } catch (...) {
+      std::lock_guard<std::mutex> g(fault_lock);
+      if (!faulted) {
+        faulted = true;
+        first_fault = KernelFault{"launch", "the emulator's worker failed (out of memory?)"};
+      }
+      stop = true;
+      t_worker = nullptr;
+      t_sanitizer = nullptr;
+    }
+  };
 
   if (workers == 1) {
     work(pool[0].get());
@@ -843,6 +856,20 @@ __attribute__((visibility("default"))) int tsm_dispatch(int k, tsm_launch* l, ch
     std::memcpy(l->counters, values, sizeof values);
   }
   return 0;
+}
+
+// Returns 0, or writes "kind\tmessage" into `error` and returns 1. No C++ exception may
+// leave: the caller is ctypes.
+__attribute__((visibility("default"))) int tsm_dispatch(int k, tsm_launch* l, char* error,
+                                                        int error_len) {
+  try {
+    return dispatch(k, l, error, error_len);
+  } catch (std::exception& e) {
+    std::snprintf(error, size_t(error_len), "launch\t%s", e.what());
+  } catch (...) {
+    std::snprintf(error, size_t(error_len), "launch\tunknown failure in the emulator");
+  }
+  return 1;
 }
 
 }  // extern "C"

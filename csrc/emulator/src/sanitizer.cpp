@@ -9,10 +9,7 @@ namespace tsm_emu {
 namespace {
 constexpr unsigned kMemDevice = 1, kMemThreadgroup = 2;  // metal::mem_flags
 constexpr unsigned char kPoison = 0xA5;
-
-u3 ceil_div3(u3 a, u3 b) {
-  return {(a.x + b.x - 1) / b.x, (a.y + b.y - 1) / b.y, (a.z + b.z - 1) / b.z};
-}
+constexpr size_t kMaxAccessesBetweenStops = size_t(1) << 20;
 
 std::unique_ptr<Region> make_region(void* base, size_t bytes, RegionKind kind, int index,
                                     std::string name) {
@@ -28,7 +25,7 @@ std::unique_ptr<Region> make_region(void* base, size_t bytes, RegionKind kind, i
 
 Sanitizer::Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
                      const char* const* names, int num_buffers)
-    : grid_(grid), group_size_(group_size), groups_(ceil_div3(grid, group_size)) {
+    : grid_(grid), group_size_(group_size), groups_(ceil_div(grid, group_size)) {
   for (int i = 0; i < num_buffers; ++i)
     buffers_.push_back(make_region(buffers[i], size_t(bytes[i]), R_BUFFER, i,
                                    names && names[i] ? names[i] : ""));
@@ -51,9 +48,8 @@ const Region* Sanitizer::find(const void* address) const {
   return nullptr;
 }
 
-void Sanitizer::begin_group(uint32_t group, uint32_t simdgroups, void* const* args,
-                            const uint64_t* bytes, int num_args, const char* const* names) {
-  (void)group;
+void Sanitizer::begin_group(uint32_t simdgroups, void* const* args, const uint64_t* bytes,
+                            int num_args, const char* const* names) {
   tg_epoch_ = dev_epoch_ = 0;
   sg_tg_epoch_.assign(simdgroups, 0);
   sg_dev_epoch_.assign(simdgroups, 0);
@@ -65,15 +61,11 @@ void Sanitizer::begin_group(uint32_t group, uint32_t simdgroups, void* const* ar
                                             names && names[i] ? names[i] : ""));
     std::memset(args[i], kPoison, size_t(bytes[i]));
   }
-  seen_vars_.clear();
 }
 
 void Sanitizer::static_variable(const void* address, size_t bytes, const char* name) {
-  // Called when a thread reaches the declaration, before it touches the variable: the
-  // first call in each threadgroup starts the variable afresh.
-  for (const void* seen : seen_vars_)
-    if (seen == address) return;
-  seen_vars_.push_back(address);
+  // Called by the first thread of each threadgroup that reaches the declaration (the
+  // runtime remembers which it saw), before any touches the variable: it starts afresh.
   Region* region = nullptr;
   for (auto& r : threadgroup_vars_)
     if (r->base == address) region = r.get();
@@ -124,9 +116,27 @@ void Sanitizer::access(const Region* region, const void* address, size_t bytes, 
   }
   // An atomic through a checked pointer: recorded (it races plain accesses), counted by
   // note_atomic when the operation runs.
-  Touch t{const_cast<char*>(a), bytes, const_cast<Region*>(region), atomic, {}};
-  if (!atomic) t.before.assign(a, a + bytes);
-  touches.push_back(std::move(t));
+  // Metal promises no forward progress between threads: a thread spinning on memory that
+  // another thread sets never yields to it here (threads run one at a time). Report the
+  // spin instead of hanging the process.
+  if (touches.size() >= kMaxAccessesBetweenStops) {
+    std::string msg = thread_name(who.group, who.thread) + " made " + std::to_string(touches.size()) +
+                      " memory accesses without reaching a barrier, a SIMD-group function or its "
+                      "end: a spin-wait on another thread? Metal guarantees no forward progress "
+                      "between threads, so such a kernel can hang on the GPU too";
+    fault("hang", msg.c_str());
+  }
+  touches.emplace_back();
+  Touch& t = touches.back();
+  t.address = const_cast<char*>(a);
+  t.bytes = bytes;
+  t.region = const_cast<Region*>(region);
+  t.atomic = atomic;
+  if (atomic) return;
+  if (bytes <= sizeof t.before)
+    std::memcpy(t.before, a, bytes);
+  else
+    t.before_big.assign(a, a + bytes);
 }
 
 void Sanitizer::note_atomic(const void* address, size_t bytes, std::vector<Touch>& touches) {
@@ -157,7 +167,8 @@ void Sanitizer::race(const Region& r, size_t offset, size_t element_bytes, const
                      const Access& now) {
   const bool device = r.kind == R_BUFFER;
   auto how = [](const Access& a) {
-    return a.atomic ? " updated it atomically" : (a.write ? " wrote it" : " read it");
+    return a.atomic ? " updated it atomically"
+                    : (a.write ? " wrote it" : " read it (or stored the value already there)");
   };
   std::string msg = describe(r) + " element " + std::to_string(offset / element_bytes) + " (byte offset " +
                     std::to_string(offset) + "): " + thread_name(earlier.group, earlier.thread) +
@@ -183,9 +194,9 @@ void Sanitizer::record(Region& r, size_t offset, size_t bytes, const Access& bas
     now.mask = mask;
     now.write = write;
     Cell& c = r.shadow[word];
-    if (r.kind != R_BUFFER && !now.atomic) {
+    if (r.kind != R_BUFFER) {
       if (write) {
-        c.written |= mask;
+        c.written |= mask;  // atomic stores initialize memory too
       } else if (mask & ~c.written) {
         std::string msg = thread_name(now.group, now.thread) + " reads " + describe(r) + " element " +
                           std::to_string(offset / bytes) + " (byte offset " + std::to_string(offset) +
@@ -237,7 +248,7 @@ void Sanitizer::end_segment(const ThreadId& who, std::vector<Touch>& touches) {
       record(*t.region, size_t(t.address - t.region->base), t.bytes, base, true);
       continue;
     }
-    const bool write = std::memcmp(t.before.data(), t.address, t.bytes) != 0;
+    const bool write = std::memcmp(t.snapshot(), t.address, t.bytes) != 0;
     if (device) {
       (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes;
     } else {

@@ -64,7 +64,9 @@ struct Touch {
   size_t bytes;
   Region* region;
   bool atomic;
-  std::vector<unsigned char> before;
+  unsigned char before[32];            // the bytes at first touch (elements up to 32 bytes)
+  std::vector<unsigned char> before_big;  // larger elements (structs)
+  const unsigned char* snapshot() const { return bytes <= sizeof before ? before : before_big.data(); }
 };
 
 struct ThreadId {
@@ -93,8 +95,8 @@ class Sanitizer {
   const Region* threadgroup_arg(int index) const;
   const Region* find(const void* address) const;
 
-  void begin_group(uint32_t group, uint32_t simdgroups, void* const* args, const uint64_t* bytes,
-                   int num_args, const char* const* names);
+  void begin_group(uint32_t simdgroups, void* const* args, const uint64_t* bytes, int num_args,
+                   const char* const* names);
   void static_variable(const void* address, size_t bytes, const char* name);
 
   void access(const Region* region, const void* address, size_t bytes, bool atomic,
@@ -125,7 +127,6 @@ class Sanitizer {
 
   u3 grid_, group_size_, groups_;
   std::vector<std::unique_ptr<Region>> buffers_, threadgroup_args_, threadgroup_vars_;
-  std::vector<const void*> seen_vars_;  // threadgroup variables declared in this threadgroup
   uint32_t tg_epoch_ = 0, dev_epoch_ = 0;
   std::vector<uint32_t> sg_tg_epoch_, sg_dev_epoch_;
   uint64_t cas_calls_ = 0;
@@ -136,6 +137,7 @@ class Sanitizer {
 };
 
 // From runtime.cpp.
+u3 ceil_div(u3 a, u3 b);
 ThreadInfo thread_info(u3 grid, u3 group_size, u3 groups, u3 group, uint32_t index);
 std::string where_info(const ThreadInfo& t);
 

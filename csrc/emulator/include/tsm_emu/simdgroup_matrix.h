@@ -104,8 +104,8 @@ inline vec<T, 2> multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, con
   const Operands<T> mine{a, b, c};
   const auto x = tsm_emu::simd_exchange(&mine, sizeof mine, site);
   if (x.active != 0xFFFFFFFFull)
-    tsm_emu::fault("launch", "a simdgroup_matrix multiply needs all 32 lanes of the SIMD-group "
-                             "active (uniform control flow, threadgroup size a multiple of 32)");
+    tsm_emu::fault("inactive_lane", "a simdgroup_matrix multiply needs all 32 lanes of the SIMD-group "
+                                    "active (uniform control flow, threadgroup size a multiple of 32)");
   T A[8][8], B[8][8], Cm[8][8];
   for (unsigned l = 0; l < 32; ++l) {
     Operands<T> o;
