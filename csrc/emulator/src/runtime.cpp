@@ -31,6 +31,72 @@ extern const int tsm_kernel_count;
 namespace tsm_emu {
 namespace {
 
+// ---- fiber contexts -------------------------------------------------------------------
+//
+// A fiber switch happens at every barrier and SIMD-group function of every Metal thread,
+// so it must be cheap. glibc's swapcontext saves the signal mask with a system call on
+// every switch; on x86-64 a few instructions that save the callee-saved registers and the
+// floating-point control words do the same job in user space. Elsewhere, or with
+// TSM_EMU_UCONTEXT=1, the portable ucontext functions are used.
+#if defined(__x86_64__) && defined(__linux__)
+#define TSM_EMU_HAVE_ASM_SWITCH 1
+extern "C" void tsm_emu_switch(void** save_sp, void* load_sp);
+__asm__(
+    ".text\n"
+    ".globl tsm_emu_switch\n"
+    ".hidden tsm_emu_switch\n"
+    ".type tsm_emu_switch,@function\n"
+    "tsm_emu_switch:\n"
+    "  pushq %rbp\n"
+    "  pushq %rbx\n"
+    "  pushq %r12\n"
+    "  pushq %r13\n"
+    "  pushq %r14\n"
+    "  pushq %r15\n"
+    "  subq $8, %rsp\n"
+    "  stmxcsr (%rsp)\n"
+    "  fnstcw 4(%rsp)\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  ldmxcsr (%rsp)\n"
+    "  fldcw 4(%rsp)\n"
+    "  addq $8, %rsp\n"
+    "  popq %r15\n"
+    "  popq %r14\n"
+    "  popq %r13\n"
+    "  popq %r12\n"
+    "  popq %rbx\n"
+    "  popq %rbp\n"
+    "  ret\n"
+    ".size tsm_emu_switch, .-tsm_emu_switch\n");
+#else
+#define TSM_EMU_HAVE_ASM_SWITCH 0
+#endif
+
+bool use_asm_switch() {
+  static const bool yes = [] {
+    const char* env = getenv("TSM_EMU_UCONTEXT");
+    return TSM_EMU_HAVE_ASM_SWITCH && !(env && env[0] == '1');
+  }();
+  return yes;
+}
+
+// Where a suspended fiber (or the scheduler) resumes.
+struct Context {
+  ucontext_t uc;         // portable path
+  void* sp = nullptr;    // user-space switch: the saved stack pointer
+};
+
+void switch_context(Context* save, Context* load) {
+#if TSM_EMU_HAVE_ASM_SWITCH
+  if (use_asm_switch()) {
+    tsm_emu_switch(&save->sp, load->sp);
+    return;
+  }
+#endif
+  swapcontext(&save->uc, &load->uc);
+}
+
 constexpr uint32_t kSimdWidth = 32;
 constexpr uint32_t kMaxThreadsPerThreadgroup = 1024;
 constexpr size_t kMaxThreadgroupMemory = 32 * 1024;
@@ -48,7 +114,7 @@ struct Exchange {
 };
 
 struct Fiber {
-  ucontext_t context;
+  Context context;
   State state = State::Runnable;
   // Where in the kernel source the fiber waits: the call sites of the helper functions it
   // is inside (outermost first), then the barrier's or collective's own (tsm_emu::Site).
@@ -68,7 +134,7 @@ struct Worker {
   std::vector<Fiber> fibers;
   std::vector<char*> stacks;
   size_t stack_bytes = 0;
-  ucontext_t scheduler;
+  Context scheduler;
   // One per SIMD-group: a round releases at most one collective per SIMD-group, and its
   // lanes read their values as soon as they resume, before any later round.
   std::vector<std::unique_ptr<Exchange>> exchange;
@@ -201,7 +267,36 @@ void fiber_entry() {
     }
   }
   f->state = State::Done;
-  // Returning resumes uc_link, the scheduler.
+  // Back to the scheduler for good: with ucontext returning would do it (uc_link); the
+  // user-space switch has no caller to return to.
+  switch_context(&f->context, &w->scheduler);
+}
+
+// Prepare `c` to run fiber_entry on [stack, stack + bytes) when first switched to.
+void start_context(Context* c, char* stack, size_t bytes, Context* scheduler) {
+#if TSM_EMU_HAVE_ASM_SWITCH
+  if (use_asm_switch()) {
+    // The frame tsm_emu_switch pops: control words, r15..rbp, then the return address
+    // (fiber_entry); above it, in the top slot, a zero where fiber_entry's own return
+    // address would be. `ret` then leaves rsp at top - 8: aligned as right after a call.
+    uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
+    uint64_t* frame = reinterpret_cast<uint64_t*>(top) - 9;
+    uint32_t control[2];
+    __asm__ volatile("stmxcsr %0" : "=m"(control[0]));
+    __asm__ volatile("fnstcw %0" : "=m"(control[1]));
+    std::memcpy(&frame[0], control, sizeof control);
+    for (int r = 1; r <= 6; ++r) frame[r] = 0;  // r15 r14 r13 r12 rbx rbp
+    frame[7] = reinterpret_cast<uint64_t>(&fiber_entry);
+    frame[8] = 0;  // fiber_entry never returns
+    c->sp = frame;
+    return;
+  }
+#endif
+  getcontext(&c->uc);
+  c->uc.uc_stack.ss_sp = stack;
+  c->uc.uc_stack.ss_size = bytes;
+  c->uc.uc_link = &scheduler->uc;
+  makecontext(&c->uc, fiber_entry, 0);
 }
 
 [[noreturn]] void raise(std::string kind, std::string message) {
@@ -237,7 +332,7 @@ std::string site_name(const std::vector<uint32_t>& path) {
 void suspend(Worker* w) {
   Fiber* f = w->current;
   end_segment();
-  swapcontext(&f->context, &w->scheduler);  // never resumed after another thread faulted
+  switch_context(&f->context, &w->scheduler);  // never resumed after another thread faulted
 }
 
 // Release the SIMD collectives that can complete; true if any did. Called only when no
@@ -361,11 +456,7 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
     f.calls.clear();
     f.touches.clear();
     f.info = thread_info(grid, group_size, groups, group, i);
-    getcontext(&f.context);
-    f.context.uc_stack.ss_sp = w->stacks[i] + guard;
-    f.context.uc_stack.ss_size = w->stack_bytes - guard;
-    f.context.uc_link = &w->scheduler;
-    makecontext(&f.context, fiber_entry, 0);
+    start_context(&f.context, w->stacks[i] + guard, w->stack_bytes - guard, &w->scheduler);
   }
   for (;;) {
     bool ran = false, live = false;
@@ -373,7 +464,7 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
       Fiber& f = w->fibers[i];
       if (f.state == State::Runnable) {
         w->current = &f;
-        swapcontext(&w->scheduler, &f.context);
+        switch_context(&w->scheduler, &f.context);
         w->current = nullptr;
         ran = true;
         if (w->fault_raised) throw w->fault;
