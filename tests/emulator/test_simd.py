@@ -792,3 +792,24 @@ def test_collective_in_a_helper_after_a_branch_sees_all_lanes():
     lane = np.arange(32)
     np.testing.assert_array_equal(o.numpy()[:, 0], np.where(lane % 2 == 0, 16.0, 0.0))
     np.testing.assert_array_equal(o.numpy()[:, 1], 32.0)
+
+
+# ---- collectives inside loops: iterations are told apart --------------------------------
+LOOP_SOURCE = HEADER + r"""
+kernel void skip_an_iteration(device float* o [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  for (uint i = 0; i < 2; ++i) {
+    if (lane == 1 && i == 0) continue;   // lane 1 sits out iteration 0's collective
+    o[lane * 2 + i] = simd_sum(1.0f);
+  }
+}
+"""
+
+
+def test_a_lane_skipping_an_iteration_does_not_join_the_next_ones_collective():
+    lib = compile_shader(LOOP_SOURCE)
+    o = torch.full((64,), -1.0)
+    lib.skip_an_iteration(o, threads=32, group_size=32)
+    got = o.view(32, 2).numpy()
+    np.testing.assert_array_equal(got[:, 1], 32.0)           # iteration 1: every lane
+    np.testing.assert_array_equal(np.delete(got[:, 0], 1), 31.0)  # iteration 0: 31 lanes
+    assert got[1, 0] == -1.0                                 # lane 1 wrote nothing there

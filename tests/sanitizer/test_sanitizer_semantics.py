@@ -849,3 +849,25 @@ def test_the_same_race_is_reported_when_an_older_epoch_read_the_element_first(li
     fault = fault_of(lib.read_then_write_after_stop, torch.zeros(64), x, 1, threads=64,
                      group_size=64)
     assert fault.kind == "threadgroup_race"
+
+
+LOOP_BARRIER_SOURCE = HEADER + r"""
+// Thread 0 reaches the barrier in iteration 1, the others in iteration 0: divergence,
+// though it is one barrier call in the source.
+kernel void barrier_in_different_iterations(device float* out [[buffer(0)]],
+                                            uint lid [[thread_position_in_threadgroup]]) {
+  for (uint i = 0; i < 2; ++i) {
+    if ((lid == 0) == (i == 0)) continue;
+    threadgroup_barrier(mem_flags::mem_none);
+  }
+  out[lid] = 1.0f;
+}
+"""
+
+
+def test_barrier_reached_in_different_iterations_is_divergence():
+    lib = compile_shader(LOOP_BARRIER_SOURCE, sanitize=True)
+    with pytest.raises(KernelFault) as info:
+        call_with_timeout(lib.barrier_in_different_iterations, torch.zeros(4), threads=4,
+                          group_size=4)
+    assert info.value.kind == "barrier_divergence"

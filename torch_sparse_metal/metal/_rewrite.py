@@ -504,6 +504,48 @@ def _call_pattern(names) -> "re.Pattern[str]":
                       r")\s*(?:<[^<>;{}()]*>)?\s*\(")
 
 
+def _loop_frames(masked: str, bodies, reaches, lines, starts, per_line) -> List[Tuple[int, int, str]]:
+    """Loops whose braced body reaches a collective get a ``tsm_emu::LoopFrame`` per
+    iteration (the loop's site and the iteration's number), so the same collective in two
+    iterations is two sites, and lanes that skip ahead wait for the iteration before."""
+    edits = []
+    number = 0
+    for m in re.finditer(r"\b(?:for|while)\s*\(|\bdo\s*\{", masked):
+        if not any(a < m.start() < b for a, b in bodies):
+            continue
+        if masked[m.end() - 1] == "(":
+            close = _match_close(masked, m.end() - 1, "(", ")")
+            brace = re.match(r"\s*\{", masked[close + 1:])
+            if not brace:
+                continue  # a body without braces, or the `while (...);` of a do-while
+            body_open = close + 1 + brace.end() - 1
+            body_close = _match_close(masked, body_open, "{", "}")
+            end = body_close + 1
+        else:  # do { ... } while (...);
+            body_open = m.end() - 1
+            body_close = _match_close(masked, body_open, "{", "}")
+            tail = re.match(r"\s*while\s*\(", masked[body_close + 1:])
+            if not tail:
+                continue
+            cond_close = _match_close(masked, body_close + 1 + tail.end() - 1, "(", ")")
+            semicolon = re.match(r"\s*;", masked[cond_close + 1:])
+            if not semicolon:
+                continue
+            end = cond_close + 1 + semicolon.end()
+        if not reaches.search(masked[body_open:body_close]):
+            continue
+        line = lines[bisect.bisect_right(starts, m.start()) - 1]
+        per_line[line] = per_line.get(line, 0) + 1
+        site = (line << 12) | min(per_line[line], 0xFFF)
+        counter = f"tsm_emu_iteration_{number}_"
+        number += 1
+        edits.append((m.start(), m.start(), f"{{ unsigned {counter} = 0; "))
+        edits.append((end, end, " }"))
+        edits.append((body_open + 1, body_open + 1,
+                      f" ::tsm_emu::LoopFrame tsm_emu_loop_frame_(::tsm_emu::Site{{{site}u}}, {counter}++);"))
+    return edits
+
+
 def _add_collective_sites(src: str) -> str:
     """Give every barrier and SIMD-group call its own site: line << 12 | k, the k-th such
     call on its line, so two collectives on one line stay apart even without a column.
@@ -538,6 +580,8 @@ def _add_collective_sites(src: str) -> str:
         site = (line << 12) | min(per_line[line], 0xFFF)
         empty = not masked[open_paren + 1:close].strip()
         inserts.append((close, close, f"{'' if empty else ', '}::tsm_emu::Site{{{site}u}}"))
+    inserts += _loop_frames(masked, bodies, _call_pattern(set(collective_names()) | reaching),
+                            lines, starts, per_line)
     param = "::tsm_emu::Site caller_site_ = TSM_EMU_SITE_HERE"
     for d in helpers:
         if d.name not in reaching:

@@ -126,6 +126,23 @@ struct CallFrame {
   CallFrame(const CallFrame&) = delete;
   CallFrame& operator=(const CallFrame&) = delete;
 };
+
+// Likewise one per iteration of a loop whose body reaches a collective: the loop's site and
+// the iteration's number, so a lane that skipped an iteration (`continue`) does not meet
+// the others at the next iteration's collective, and a barrier in different iterations is
+// divergence.
+struct LoopFrame {
+  LoopFrame(Site loop, uint32_t iteration) {
+    enter_call(loop.value);
+    enter_call(iteration);
+  }
+  ~LoopFrame() {
+    leave_call();
+    leave_call();
+  }
+  LoopFrame(const LoopFrame&) = delete;
+  LoopFrame& operator=(const LoopFrame&) = delete;
+};
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site);
 // `flags` are the barrier's mem_flags: in a sanitized dispatch, mem_threadgroup orders
 // threadgroup memory and mem_device orders device memory between the threads it joins.
