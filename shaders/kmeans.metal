@@ -7,16 +7,19 @@
 // sizes whose flat offsets (n * d, n * k, blocks * k * d) would not fit in 32 bits.
 //
 // One Lloyd iteration, as the host sequences it (roles from the seed plan):
-//   kmeans_sq_norms       ||c||^2 (and ||x||^2 once per fit)
-//   kmeans_distances      D = ||x||^2 - 2 x.c + ||c||^2        (tiled, a small GEMM)
-//   kmeans_assign         argmin over each row of D + the minimum (inertia, re-seeding)
+//   kmeans_sq_norms       ||x||^2 and the first ||c||^2, once per fit (then kmeans_drift)
+//   matmul_<rung>         D' = -2 x @ c.T + ||c||^2: the project's GEMM (shaders/matmul_*),
+//                         launched by the host through ops/matmul.py
+//   kmeans_assign         D = max(||x||^2 + D', 0) and argmin over each row of D + the
+//                         minimum (inertia, re-seeding)
 //   kmeans_zero           clear the accumulators
 //   kmeans_accumulate_*   per-cluster sums and counts: threadgroup partials, then either
 //                         native float atomics (Metal 3), CAS on atomic_uint (older GPUs), or
 //                         per-block slots + kmeans_reduce_partials (deterministic mode)
 //   kmeans_finalize       centroid = sum / count (an empty cluster keeps its old centroid;
 //                         the host re-seeds it to the farthest point before this runs)
-//   kmeans_drift          max and total squared centroid shift (convergence test)
+//   kmeans_drift          max and total squared centroid shift (convergence test), and
+//                         ||c||^2 of the new centroids for the next iteration's GEMM
 // Plus the online and seeding roles: kmeans_assign_one (one new point), kmeans_pp_update
 // (k-means++: min distance to the chosen centroids), kmeans_update_affected (partial_fit).
 #include <metal_stdlib>
@@ -27,7 +30,8 @@ using namespace metal;
 // Distances
 
 // out[i] = ||rows[i]||^2, one thread per row. Done once per fit for x (it never changes)
-// and once per iteration for the k centroids: cheaper than recomputing inside the GEMM.
+// and for the initial centroids (kmeans_drift gives the later ones' norms): cheaper than
+// recomputing inside the GEMM.
 template <typename T>
 [[kernel]] void kmeans_sq_norms(
     device const T* rows      [[buffer(0)]],  // (n, d)
@@ -46,77 +50,54 @@ template <typename T>
   out[gid] = acc;
 }
 
-// D[i, j] = ||x_i||^2 - 2 x_i.c_j + ||c_j||^2, clamped at 0: the expansion turns the n*k*d
-// subtract-square-add work into a matrix product (x @ c.T), and cancellation can make the
-// exact 0 of a point sitting on its centroid come out slightly negative.
-//
-// A classic shared-memory tiled product: 16x16 threadgroups, thread (lid.x, lid.y) owns
-// D[row = group.y * 16 + lid.y, col = group.x * 16 + lid.x]. Each d-tile of x (16 points) and
-// of c (16 centroids) is loaded once into threadgroup memory, coalesced along d, and read 16
-// times. The host dispatches whole tiles (grid rounded up to 16 in both dimensions) so every
-// tile slot is written by exactly one thread each round: out-of-range slots are loaded as 0
-// and out-of-range threads still reach both barriers, only their store is skipped. Rows are
-// padded by one element so the column walks hit 16 different banks.
-constant constexpr uint DIST_TILE = 16;
+// Distances go through the project's GEMM (ops/matmul.py: launch_matmul, whichever rung
+// its chooser picks): the host runs D' = -2 x @ c.T + ||c||^2 (alpha = -2, the centroid
+// norms a broadcast row bias, c.T read in place), which turns the n*k*d
+// subtract-square-add work into a matrix product. kmeans_assign then finishes each row,
+// D = max(||x||^2 + D', 0), while it scans it: no dispatch of its own.
 
-template <typename T>
-[[kernel]] void kmeans_distances(
-    device const T* x         [[buffer(0)]],  // (n, d)
-    device const T* c         [[buffer(1)]],  // (k, d)
-    device const T* x_sq      [[buffer(2)]],  // (n)
-    device const T* c_sq      [[buffer(3)]],  // (k)
-    device T* dist            [[buffer(4)]],  // (n, k)
-    constant uint& n          [[buffer(5)]],
-    constant uint& k          [[buffer(6)]],
-    constant uint& d          [[buffer(7)]],
-    uint2 gid                 [[thread_position_in_grid]],
-    uint2 lid                 [[thread_position_in_threadgroup]],
-    uint2 group               [[threadgroup_position_in_grid]]) {
-  threadgroup T x_tile[DIST_TILE][DIST_TILE + 1];  // [point][feature]
-  threadgroup T c_tile[DIST_TILE][DIST_TILE + 1];  // [centroid][feature]
-  const uint row = gid.y;                           // point
-  const uint col = gid.x;                           // centroid
-  // The slot this thread loads: point / centroid lid.y of the tile, feature lid.x.
-  const uint load_point = group.y * DIST_TILE + lid.y;
-  const uint load_centroid = group.x * DIST_TILE + lid.y;
-  T dot = T(0);
-  for (uint f0 = 0; f0 < d; f0 += DIST_TILE) {
-    const uint f = f0 + lid.x;
-    x_tile[lid.y][lid.x] = (load_point < n && f < d) ? x[load_point * d + f] : T(0);
-    c_tile[lid.y][lid.x] = (load_centroid < k && f < d) ? c[load_centroid * d + f] : T(0);
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    for (uint j = 0; j < DIST_TILE; ++j) {
-      dot = fma(x_tile[lid.y][j], c_tile[lid.x][j], dot);
-    }
-    // The next round overwrites the tiles others may still be reading.
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-  }
-  if (row < n && col < k) {
-    dist[row * k + col] = max(x_sq[row] - T(2) * dot + c_sq[col], T(0));
-  }
-}
+// Flags of kmeans_assign.
+constant constexpr uint KMEANS_ASSIGN_ADD_X_SQ = 1u;  // dist holds D': add x_sq, clamp at 0
+constant constexpr uint KMEANS_ASSIGN_STORE = 2u;     // write the finished row back to dist
 
 // labels[i] = argmin_j D[i, j] (the lowest j on ties, as torch.argmin and scikit-learn),
 // min_dist[i] = that minimum. One thread per point: k is small next to n, and a row of D
-// is contiguous. Starting from column 0 rather than +inf means a row of NaNs (which the host
+// is contiguous. With KMEANS_ASSIGN_ADD_X_SQ the row read is the GEMM's D' and each entry
+// becomes max(x_sq[i] + D'[i, j], 0) before the comparison: the clamp because cancellation
+// can make the exact 0 of a point sitting on its centroid come out slightly negative. With
+// KMEANS_ASSIGN_STORE the finished entries are written back in place (the host's
+// `distances`, which returns D). Without flags, dist is a finished D, only read, and x_sq
+// is not read. Starting from column 0 rather than +inf means a row of NaNs (which the host
 // never sends: it rejects non-finite input) still yields a label in range.
 template <typename T>
 [[kernel]] void kmeans_assign(
-    device const T* dist      [[buffer(0)]],  // (n, k)
-    device int* labels        [[buffer(1)]],  // (n)
-    device T* min_dist        [[buffer(2)]],  // (n)
-    constant uint& n          [[buffer(3)]],
-    constant uint& k          [[buffer(4)]],
+    device T* dist            [[buffer(0)]],  // (n, k)
+    device const T* x_sq      [[buffer(1)]],  // (n), read with KMEANS_ASSIGN_ADD_X_SQ only
+    device int* labels        [[buffer(2)]],  // (n)
+    device T* min_dist        [[buffer(3)]],  // (n)
+    constant uint& n          [[buffer(4)]],
+    constant uint& k          [[buffer(5)]],
+    constant uint& flags      [[buffer(6)]],
     uint gid                  [[thread_position_in_grid]]) {
   if (gid >= n) {
     return;
   }
-  device const T* r = dist + gid * k;
-  T best = r[0];
+  device T* r = dist + gid * k;
+  const bool add = (flags & KMEANS_ASSIGN_ADD_X_SQ) != 0;
+  const bool store = add && (flags & KMEANS_ASSIGN_STORE) != 0;
+  const T xs = add ? x_sq[gid] : T(0);
+  T best = T(0);
   uint best_j = 0;
-  for (uint j = 1; j < k; ++j) {
-    if (r[j] < best) {
-      best = r[j];
+  for (uint j = 0; j < k; ++j) {
+    T v = r[j];
+    if (add) {
+      v = max(xs + v, T(0));
+      if (store) {
+        r[j] = v;
+      }
+    }
+    if (j == 0 || v < best) {
+      best = v;
       best_j = j;
     }
   }
@@ -408,23 +389,31 @@ template <typename T>
 // size: k is small, and a single group reduces in a fixed order with no atomics (max has no
 // float atomic anyway), so the result is deterministic. Threads stride over the centroids,
 // then a tree over threadgroup memory, a barrier per stage.
+//
+// While it reads the new centroids it also writes new_sq[c] = ||new_c||^2, the bias row of
+// the next iteration's distance GEMM, with the same fma order as kmeans_sq_norms (so the
+// same bits): that saves the loop a kmeans_sq_norms dispatch per iteration.
 template <typename T>
 [[kernel]] void kmeans_drift(
     device const T* old_centroids [[buffer(0)]],  // (k, d)
     device const T* new_centroids [[buffer(1)]],  // (k, d)
     device T* out                 [[buffer(2)]],  // (2)
-    constant uint& k              [[buffer(3)]],
-    constant uint& d              [[buffer(4)]],
+    device T* new_sq              [[buffer(3)]],  // (k)
+    constant uint& k              [[buffer(4)]],
+    constant uint& d              [[buffer(5)]],
     threadgroup T* scratch        [[threadgroup(0)]],  // (2 * group size): maxima, sums
     uint lid                      [[thread_position_in_threadgroup]],
     uint size                     [[threads_per_threadgroup]]) {
   T local_max = T(0), local_sum = T(0);
   for (uint c = lid; c < k; c += size) {
-    T shift = T(0);
+    T shift = T(0), norm = T(0);
     for (uint f = 0; f < d; ++f) {
-      const T delta = new_centroids[c * d + f] - old_centroids[c * d + f];
+      const T value = new_centroids[c * d + f];
+      const T delta = value - old_centroids[c * d + f];
       shift = fma(delta, delta, shift);
+      norm = fma(value, value, norm);
     }
+    new_sq[c] = norm;
     local_max = max(local_max, shift);
     local_sum += shift;
   }
@@ -565,7 +554,6 @@ template <typename T>
 // Instantiations: float everywhere; double on the emulator only (Metal has no double).
 
 TSM_INSTANTIATE_KERNEL("kmeans_sq_norms_float", kmeans_sq_norms, float)
-TSM_INSTANTIATE_KERNEL("kmeans_distances_float", kmeans_distances, float)
 TSM_INSTANTIATE_KERNEL("kmeans_assign_float", kmeans_assign, float)
 TSM_INSTANTIATE_KERNEL("kmeans_zero_float", kmeans_zero, float)
 TSM_INSTANTIATE_KERNEL("kmeans_accumulate_blocks_float", kmeans_accumulate_blocks, float)
@@ -576,7 +564,6 @@ TSM_INSTANTIATE_KERNEL("kmeans_assign_one_float", kmeans_assign_one, float)
 TSM_INSTANTIATE_KERNEL("kmeans_pp_update_float", kmeans_pp_update, float)
 TSM_INSTANTIATE_KERNEL("kmeans_update_affected_float", kmeans_update_affected, float)
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_sq_norms_double", kmeans_sq_norms, double))
-TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_distances_double", kmeans_distances, double))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_assign_double", kmeans_assign, double))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_zero_double", kmeans_zero, double))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_accumulate_blocks_double", kmeans_accumulate_blocks, double))

@@ -209,6 +209,11 @@ def test_drift(emulator, dtype, k, d):
     new = old + torch.linspace(0, 1, k, dtype=dtype)[:, None]
     torch.testing.assert_close(K.drift(old, new), R.drift_reference(old, new), **TOL[dtype])
     assert K.drift(old, old).tolist() == [0.0, 0.0]
+    # The norms the Lloyd loop takes from drift for the next GEMM: the same bits as sq_norms
+    # (same fma order), so folding them in changes no result.
+    shift, new_sq = K.drift_and_norms(old, new)
+    assert torch.equal(shift, K.drift(old, new))
+    assert torch.equal(new_sq, K.sq_norms(new))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -271,11 +276,24 @@ def test_one_lloyd_iteration_dispatches(emulator):
     with record() as launches:
         km.fit(x)
     names = [l.kernel.rsplit("_", 1)[0] for l in launches]
-    assert names == ["kmeans_sq_norms",                            # ||x||^2, once
-                     "kmeans_sq_norms", "kmeans_distances", "kmeans_assign",
+    # The distances run on the project's GEMM (-2 x @ c.T + ||c||^2; 80 x 4 x 2 is a tiny
+    # product, so the chooser picks the naive rung; c.T is a transposed view: variant "nt")
+    # and kmeans_assign adds ||x||^2 as it scans: the GEMM replaced the old kmeans_distances
+    # dispatch one for one. kmeans_drift also writes ||c||^2 of the new centroids, so only
+    # the initial centroids need kmeans_sq_norms: 6 dispatches per iteration, was 7.
+    gemm = "matmul_naive_nt"
+    assert names == ["kmeans_sq_norms", "kmeans_sq_norms",         # ||x||^2, ||c0||^2: once
+                     gemm, "kmeans_assign",
                      "kmeans_zero", "kmeans_accumulate_atomic",
                      "kmeans_finalize", "kmeans_drift",
-                     "kmeans_sq_norms", "kmeans_distances", "kmeans_assign"]  # final labels
+                     gemm, "kmeans_assign"]  # final labels
+    # Two iterations: the second adds exactly one iteration's six dispatches.
+    km = tsm.KMeans(4, init=torch.tensor(BLOB_CENTERS) + 0.5, max_iter=2, tol=0.0)
+    with record() as launches:
+        km.fit(x)
+    assert km.n_iter_ == 2
+    names2 = [l.kernel.rsplit("_", 1)[0] for l in launches]
+    assert names2 == names[:8] + names[2:8] + names[8:]
 
 
 # ---------------------------------------------------------------------------------------

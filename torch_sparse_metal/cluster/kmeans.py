@@ -414,16 +414,17 @@ class KMeans(nn.Module):
         labels_old = None
         n_iter = 0
         progress = ProgressBar(self.max_iter, f"{_NAME}: ") if self.verbose and comm.rank == 0 else None
+        c_sq = None  # ||c||^2: computed by assign at first, then given by drift_and_norms
         for i in range(self.max_iter):
             n_iter = i + 1
-            labels, min_dist = K.assign(x, centers, x_sq=x_sq, backend=backend)
+            labels, min_dist = K.assign(x, centers, x_sq=x_sq, c_sq=c_sq, backend=backend)
             sums, counts = K.accumulate(x, labels, k, mode=mode, backend=backend)
             sums, counts = comm.sum(sums), comm.sum(counts)
             if bool((counts == 0).any()):
                 self._relocate_empty(x, labels, min_dist, sums, counts, comm)
             new_centers = K.finalize(sums, counts, centers, backend=backend)
-            shift_max, shift_total = (float(v) for v in K.drift(centers, new_centers,
-                                                                 backend=backend).tolist())
+            shift, new_sq = K.drift_and_norms(centers, new_centers, backend=backend)
+            shift_max, shift_total = (float(v) for v in shift.tolist())
             if progress is not None:
                 inertia = float(comm.sum(_host_sum(min_dist).reshape(1)))
                 prefix = f"run {run + 1}, " if self.n_init > 1 else ""
@@ -431,7 +432,7 @@ class KMeans(nn.Module):
                                        f"{inertia:.6g}, largest centroid shift {math.sqrt(shift_max):.4g}")
             elif self.verbose:
                 comm.sum(_host_sum(min_dist).reshape(1))  # keep ranks in step
-            centers = new_centers
+            centers, c_sq = new_centers, new_sq
             if labels_old is not None:
                 changed = int(comm.sum((labels != labels_old).sum().reshape(1)))
                 if changed == 0:
@@ -449,7 +450,7 @@ class KMeans(nn.Module):
         if progress is not None:
             progress.close(f"stopped after max_iter = {self.max_iter} iterations")
         # Labels and inertia that match the final centroids.
-        labels, min_dist = K.assign(x, centers, x_sq=x_sq, backend=backend)
+        labels, min_dist = K.assign(x, centers, x_sq=x_sq, c_sq=c_sq, backend=backend)
         inertia = float(comm.sum(_host_sum(min_dist).reshape(1)))
         return centers, labels, inertia, n_iter
 

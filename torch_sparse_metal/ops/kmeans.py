@@ -34,18 +34,19 @@ from .. import _validation as V
 from .._backend import resolve_backend
 from .._kernel_names import kernel_name, kernel_names_for
 from ..reference import kmeans as R
+from . import matmul as MM
 
 OP = "kmeans"
 SHADER = "kmeans.metal"
-KERNELS = ("kmeans_sq_norms", "kmeans_distances", "kmeans_assign", "kmeans_zero",
+KERNELS = ("kmeans_sq_norms", "kmeans_assign", "kmeans_zero",
            "kmeans_accumulate_atomic", "kmeans_accumulate_blocks", "kmeans_reduce_blocks",
            "kmeans_finalize", "kmeans_drift", "kmeans_assign_one", "kmeans_pp_update",
            "kmeans_update_affected")
 CAS_KERNEL = "kmeans_accumulate_cas"  # float32 only
 ACCUMULATE_MODES = ("auto", "atomic", "cas", "deterministic")
+ASSIGN_ADD_X_SQ, ASSIGN_STORE = 1, 2  # kmeans_assign's flags (KMEANS_ASSIGN_* in the shader)
 
 GROUP_SIZE = 256          # 1-D kernels: 8 SIMD-groups, as the sparse layer
-DIST_TILE = 16            # kmeans_distances: DIST_TILE x DIST_TILE threadgroups
 MAX_REDUCE_GROUP = 256    # kmeans_drift / kmeans_assign_one: one power-of-two threadgroup
 MAX_THREADGROUP_MEMORY = 32 * 1024
 POINTS_PER_THREAD = 32    # accumulate: points each thread adds before the group flushes
@@ -161,34 +162,73 @@ def _check_distance_inputs(op: str, x: torch.Tensor, centroids: torch.Tensor,
     _check_vector(op, "c_sq", c_sq, k, "the number of centroids", x)
 
 
+def _gemm_partial_distances(op: str, x: torch.Tensor, centroids: torch.Tensor,
+                            c_sq: torch.Tensor, backend: str) -> torch.Tensor:
+    """``D' = -2 x @ c.T + ||c||^2`` ``(n, k)`` through the project's GEMM: one dispatch
+    of whichever rung :func:`torch_sparse_metal.ops.matmul.choose_kernel` picks, ``c.T``
+    read in place (a transposed view), ``c_sq`` a broadcast row bias. ``kmeans_assign``
+    adds ``||x||^2`` and clamps at 0. ``x`` and ``centroids`` are validated and non-empty
+    (``n, k >= 1``)."""
+    if x.shape[1] == 0:
+        return x.new_zeros(x.shape[0], centroids.shape[0])  # 0 features: all norms are 0
+    out, _ = MM.launch_matmul(x, centroids.t(), c_sq, alpha=-2.0, beta=1.0, backend=backend,
+                              op=f"{OP}.{op}")
+    return out
+
+
+def _launch_assign(dist: torch.Tensor, x_sq: Optional[torch.Tensor], flags: int,
+                   backend: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``kmeans_assign`` over a non-empty ``(n, k)`` ``dist`` (``flags``: ASSIGN_*)."""
+    n, k = dist.shape
+    labels = torch.empty(n, dtype=torch.int32, device=dist.device)
+    min_dist = dist.new_empty(n)
+    x_sq = dist.new_empty(1) if x_sq is None else x_sq  # a placeholder the kernel never reads
+    _launch.launch(SHADER, kernel_name("kmeans_assign", dist.dtype),
+                   (dist, x_sq, labels, min_dist, np.uint32(n),
+                    np.uint32(k), np.uint32(flags)),
+                   threads=n, group_size=GROUP_SIZE, backend=backend)
+    return labels, min_dist
+
+
+def _kernel_distances(op: str, x: torch.Tensor, centroids: torch.Tensor,
+                      x_sq: Optional[torch.Tensor], c_sq: Optional[torch.Tensor], backend: str,
+                      store: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernel path of :func:`distances` and :func:`assign`: ``(D or D', labels,
+    min_dist)`` -- D (finished in place) with ``store``, else the GEMM's D'."""
+    _check_kernel_inputs(backend, x=x, centroids=centroids)
+    n, d = x.shape
+    k = centroids.shape[0]
+    V.check_fits_uint32(OP, "n * d", n * d)
+    V.check_fits_uint32(OP, "n * k", n * k)
+    if n == 0:
+        return (x.new_empty(n, k), torch.empty(0, dtype=torch.int32, device=x.device),
+                x.new_empty(0))
+    x_sq = sq_norms(x, backend=backend) if x_sq is None else x_sq
+    c_sq = sq_norms(centroids, backend=backend) if c_sq is None else c_sq
+    _check_kernel_inputs(backend, x_sq=x_sq, c_sq=c_sq)
+    dist = _gemm_partial_distances(op, x, centroids, c_sq, backend)
+    flags = ASSIGN_ADD_X_SQ | (ASSIGN_STORE if store else 0)
+    labels, min_dist = _launch_assign(dist, x_sq, flags, backend)
+    return dist, labels, min_dist
+
+
 def distances(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.Tensor] = None,
               c_sq: Optional[torch.Tensor] = None, backend: Optional[str] = None) -> torch.Tensor:
     """``(n, k)`` squared Euclidean distances through ``||x||^2 - 2 x.c + ||c||^2`` (>= 0).
 
     ``x_sq`` / ``c_sq``: precomputed :func:`sq_norms` (the fit computes ``x_sq`` once).
+    Kernels: the GEMM (``-2 x @ c.T + ||c||^2``), then ``kmeans_assign`` adds ``||x||^2``,
+    clamps and writes the rows back (its labels are a by-product, dropped here).
     """
     _check_distance_inputs("distances", x, centroids, x_sq, c_sq)
     backend = _backend(backend, x, centroids)
     if backend == "reference":
         return R.distances_reference(x, centroids, x_sq, c_sq)
-    _check_kernel_inputs(backend, x=x, centroids=centroids)
-    n, d = x.shape
-    k = centroids.shape[0]
-    V.check_fits_uint32(OP, "n * k", n * k)
-    tiles_n, tiles_k = -(-n // DIST_TILE), -(-k // DIST_TILE)
-    V.check_fits_uint32(OP, "padded n * d", tiles_n * DIST_TILE * max(d, 1))
-    out = x.new_empty(n, k)
-    if n == 0 or k == 0:
-        return out
-    x_sq = sq_norms(x, backend=backend) if x_sq is None else x_sq
-    c_sq = sq_norms(centroids, backend=backend) if c_sq is None else c_sq
-    _check_kernel_inputs(backend, x_sq=x_sq, c_sq=c_sq)
-    # Whole tiles: the kernel's tile loads need every thread of each 16x16 group.
-    _launch.launch(SHADER, kernel_name("kmeans_distances", x.dtype),
-                   (x, centroids, x_sq, c_sq, out, np.uint32(n), np.uint32(k), np.uint32(d)),
-                   threads=(tiles_k * DIST_TILE, tiles_n * DIST_TILE),
-                   group_size=(DIST_TILE, DIST_TILE), backend=backend)
-    return out
+    if centroids.shape[0] == 0:
+        _check_kernel_inputs(backend, x=x, centroids=centroids)
+        return x.new_empty(x.shape[0], 0)
+    dist, _, _ = _kernel_distances("distances", x, centroids, x_sq, c_sq, backend, store=True)
+    return dist
 
 
 def assign_from_distances(dist: torch.Tensor, *,
@@ -204,23 +244,30 @@ def assign_from_distances(dist: torch.Tensor, *,
     n, k = dist.shape
     if k == 0:
         raise ValueError(f"{OP}: cannot assign points to 0 clusters")
-    labels = torch.empty(n, dtype=torch.int32, device=dist.device)
-    min_dist = dist.new_empty(n)
     if n == 0:
-        return labels, min_dist
-    _launch.launch(SHADER, kernel_name("kmeans_assign", dist.dtype),
-                   (dist, labels, min_dist, np.uint32(n), np.uint32(k)),
-                   threads=n, group_size=GROUP_SIZE, backend=backend)
-    return labels, min_dist
+        return torch.empty(0, dtype=torch.int32, device=dist.device), dist.new_empty(0)
+    return _launch_assign(dist, None, 0, backend)  # no flags: dist is only read
 
 
 def assign(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.Tensor] = None,
+           c_sq: Optional[torch.Tensor] = None,
            backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Nearest centroid of each point: ``(labels int32 (n,), squared distance (n,))``."""
-    _check_distance_inputs("assign", x, centroids, x_sq, None)
+    """Nearest centroid of each point: ``(labels int32 (n,), squared distance (n,))``.
+
+    Kernels: ``||c||^2`` (unless ``c_sq`` is given; ``||x||^2`` unless ``x_sq`` is), the GEMM,
+    and ``kmeans_assign`` finishing the distances as it scans them: D is never completed
+    in memory.
+    """
+    _check_distance_inputs("assign", x, centroids, x_sq, c_sq)
     backend = _backend(backend, x, centroids)
-    dist = distances(x, centroids, x_sq=x_sq, backend=backend)
-    return assign_from_distances(dist, backend=backend)
+    if backend == "reference":
+        dist = R.distances_reference(x, centroids, x_sq, c_sq)
+        return R.assign_reference(dist)
+    if centroids.shape[0] == 0:
+        raise ValueError(f"{OP}: cannot assign points to 0 clusters")
+    _, labels, min_dist = _kernel_distances("assign", x, centroids, x_sq, c_sq, backend,
+                                            store=False)
+    return labels, min_dist
 
 
 # ---------------------------------------------------------------------------------------
@@ -392,22 +439,30 @@ def finalize(sums: torch.Tensor, counts: torch.Tensor, old_centroids: torch.Tens
 
 def drift(old: torch.Tensor, new: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tensor:
     """``[max, sum]`` over centroids of the squared shift ``||new_c - old_c||^2`` (2 values)."""
+    return drift_and_norms(old, new, backend=backend)[0]
+
+
+def drift_and_norms(old: torch.Tensor, new: torch.Tensor, *,
+                    backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`drift` and ``sq_norms(new)`` ``(k,)`` from one dispatch: the Lloyd loop feeds
+    the norms to the next iteration's :func:`assign` as ``c_sq``."""
     _check_same_centroids("drift", old, new, "old", "new")
     backend = _backend(backend, old, new)
     if backend == "reference":
-        return R.drift_reference(old, new)
+        return R.drift_reference(old, new), R.sq_norms_reference(new)
     _check_kernel_inputs(backend, old=old, new=new)
     k, d = old.shape
     out = old.new_empty(2)
+    new_sq = old.new_empty(k)
     if k == 0:
-        return out.zero_()
+        return out.zero_(), new_sq
     size = _pow2_at_least(k, MAX_REDUCE_GROUP)
     _launch.launch(SHADER, kernel_name("kmeans_drift", old.dtype),
-                   (old, new, out, np.uint32(k), np.uint32(d)),
+                   (old, new, out, new_sq, np.uint32(k), np.uint32(d)),
                    threads=size, group_size=size,
                    threadgroup_memory=(_round16(2 * size * old.element_size()),),
                    backend=backend)
-    return out
+    return out, new_sq
 
 
 def assign_one(point: torch.Tensor, centroids: torch.Tensor, *,
