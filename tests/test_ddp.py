@@ -24,8 +24,14 @@ def test_ddp_two_processes_match_one_process_on_the_whole_batch(tmp_path):
     """Two ranks on half batches, gradients all-reduced (averaged) by DDP like any
     parameter's, equal one process on the whole batch (mean loss = mean of the halves')."""
     out = tmp_path / "ddp.pt"
-    subprocess.run([sys.executable, str(Path(_ddp_train.__file__)), str(out), str(free_port())],
-                   check=True, timeout=300)
+    command = [sys.executable, str(Path(_ddp_train.__file__)), str(out)]
+    try:
+        subprocess.run(command + [str(free_port())], check=True, timeout=300)
+    except subprocess.CalledProcessError as first:
+        # Process-group start-up or teardown over loopback can fail once on a loaded
+        # machine; the results are checked in full below, so retrying hides nothing.
+        print(f"two-rank run failed once ({first!r}); retrying", file=sys.stderr)
+        subprocess.run(command + [str(free_port())], check=True, timeout=300)
     result = torch.load(out)
     a, b = result["checks"]
     torch.testing.assert_close(a, b, rtol=0, atol=0)   # the ranks stayed identical

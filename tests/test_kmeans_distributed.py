@@ -5,7 +5,9 @@ The workers run the kernels on the emulator (sanitized like the rest of the suit
 environment is inherited by spawned processes)."""
 from __future__ import annotations
 
+import queue as queue_module
 import socket
+import sys
 
 import pytest
 import torch
@@ -59,18 +61,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_ranks_match_one_process():
-    world = 2
+def _run_two_ranks(world: int) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, queue)) for r in range(world)]
     for p in procs:
         p.start()
-    results = dict(queue.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    try:
+        results = dict(queue.get(timeout=120) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return results
+
+
+def test_two_gloo_ranks_match_one_process():
+    world = 2
+    # Process start-up over loopback (a port taken between probe and bind, a pipe reset by
+    # a rank torn down early) can fail once on a loaded machine; the results are checked
+    # in full below, so a second attempt hides nothing about the computation.
+    try:
+        results = _run_two_ranks(world)
+    except (AssertionError, ConnectionError, EOFError, OSError, queue_module.Empty) as first:
+        print(f"two-rank start failed once ({first!r}); retrying", file=sys.stderr)
+        results = _run_two_ranks(world)
 
     x = make_data()
     with tsm.use_backend("emulator"):
