@@ -91,10 +91,6 @@ RUNGS: Dict[str, Rung] = {r.name: r for r in (
 KERNELS = tuple(RUNGS)
 VARIANTS = ("nn", "nt", "tn", "tt")  # transposed (t) or not (n): A then B
 
-# The emulator cannot run simdgroup_matrix<double, 8, 8> (its SIMD-group exchange carries
-# at most 32 bytes per lane; a double multiply-accumulate needs 48), so float64 -- which
-# exists only on the emulator -- never takes the simdgroup rung.
-_NO_SIMDGROUP_DTYPES = (torch.float64,)
 
 
 def matmul_kernel_name(rung: str, trans_a: bool, trans_b: bool, dtype: torch.dtype) -> str:
@@ -107,8 +103,7 @@ def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
     """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
     return tuple(matmul_kernel_name(r, ta, tb, d)
                  for r in KERNELS for ta in (False, True) for tb in (False, True)
-                 for d in MATMUL_DTYPES[backend]
-                 if not (RUNGS[r].needs_simdgroup_matrix and d in _NO_SIMDGROUP_DTYPES))
+                 for d in MATMUL_DTYPES[backend])
 
 
 def capabilities(backend: str) -> Dict[str, bool]:
@@ -141,8 +136,8 @@ def choose_kernel(m: int, n: int, k: int, dtype: torch.dtype, *,
     """
     if m * n * k < SMALL_PRODUCT_FMAS or m == 1 or n == 1:
         return "naive"
-    if dtype in _NO_SIMDGROUP_DTYPES:
-        return "register"
+    if dtype == torch.float64:
+        return "register"  # float64 exists only on the emulator, where the register rung is fastest
     return "simdgroup" if supports_simdgroup_matrix else "shuffle"
 
 
@@ -299,13 +294,10 @@ def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Ten
 
 
 def check_simdgroup(op: str, dtype: torch.dtype, backend: str) -> None:
-    """``kernel="simdgroup"`` needs simdgroup_matrix on the device and a dtype it takes."""
+    """``kernel="simdgroup"`` needs simdgroup_matrix on the device."""
     if not capabilities(backend)["supports_simdgroup_matrix"]:
         raise ValueError(f"{op}: kernel 'simdgroup' needs simdgroup_matrix (an Apple7+ GPU: "
                          "M1 or later); this device has none (or it was forced off)")
-    if dtype in _NO_SIMDGROUP_DTYPES:
-        raise ValueError(f"{op}: kernel 'simdgroup' has no {dtype} version (the emulator "
-                         "has no double simdgroup matrices); use another kernel")
 
 
 def resolve_kernel(kernel: Optional[str], m: int, n: int, k: int, dtype: torch.dtype,
