@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
 from . import _rewrite
@@ -27,8 +27,12 @@ from ._errors import MetalCompileError
 CXX_STANDARD = "-std=c++17"
 # Kernels cast untyped buffers freely, as Metal allows; no fast-math, so float64 gradcheck
 # through the kernels sees exact IEEE arithmetic.
-CXX_FLAGS = ("-O2", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden", "-Wno-attributes",
-             "-Wno-ignored-attributes", "-Wno-unused-result")
+BASE_CXX_FLAGS = ("-O2", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden",
+                  "-Wno-attributes", "-Wno-ignored-attributes", "-Wno-unused-result")
+# Stack-clash protection probes every page of a large frame, so a fiber that overflows its
+# stack hits the guard page below it instead of writing over a neighbouring fiber's stack.
+# Used where the compiler accepts it.
+OPTIONAL_CXX_FLAGS = ("-fstack-clash-protection",)
 PREDEFINED = ("-D__METAL_EMULATOR__=1", "-D__METAL_VERSION__=310", "-D__METAL_MACOS__=1")
 
 
@@ -59,6 +63,18 @@ def compiler() -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def cxx_flags() -> Tuple[str, ...]:
+    """The compile flags: the base ones and the optional ones this compiler accepts."""
+    accepted = []
+    for flag in OPTIONAL_CXX_FLAGS:
+        probe = subprocess.run([compiler(), "-x", "c++", "-Werror", flag, "-fsyntax-only", "-"],
+                               input="int main() { return 0; }\n", capture_output=True, text=True)
+        if probe.returncode == 0:
+            accepted.append(flag)
+    return BASE_CXX_FLAGS + tuple(accepted)
+
+
+@functools.lru_cache(maxsize=None)
 def _toolchain_fingerprint() -> str:
     """Hash of the compiler's identity and every emulator header and runtime source."""
     h = hashlib.sha256()
@@ -68,7 +84,7 @@ def _toolchain_fingerprint() -> str:
         if path.is_file() and path.suffix in ("", ".h", ".cpp", ".inc"):
             h.update(str(path.relative_to(EMULATOR_DIR)).encode())
             h.update(path.read_bytes())
-    h.update(" ".join(CXX_FLAGS + PREDEFINED + (CXX_STANDARD,)).encode())
+    h.update(" ".join(cxx_flags() + PREDEFINED + (CXX_STANDARD,)).encode())
     return h.hexdigest()
 
 
@@ -95,7 +111,7 @@ def _runtime_objects() -> List[Path]:
         out = cache_dir() / f"{source.stem}-{_toolchain_fingerprint()[:16]}.o"
         if not out.exists():
             tmp = _staged(out)
-            _run([compiler(), CXX_STANDARD, *CXX_FLAGS, "-I", str(EMULATOR_INCLUDE_DIR), "-c",
+            _run([compiler(), CXX_STANDARD, *cxx_flags(), "-I", str(EMULATOR_INCLUDE_DIR), "-c",
                   str(source), "-o", str(tmp)], f"compiling the emulator runtime ({source.name})")
             os.replace(tmp, out)
         objects.append(out)
@@ -137,7 +153,7 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
             src = Path(tmp) / "kernel.cpp"
             src.write_text(cxx)
             out = Path(tmp) / "kernel.so"
-            _run([compiler(), CXX_STANDARD, *CXX_FLAGS, "-shared", "-I", str(EMULATOR_INCLUDE_DIR),
+            _run([compiler(), CXX_STANDARD, *cxx_flags(), "-shared", "-I", str(EMULATOR_INCLUDE_DIR),
                   str(src), *map(str, runtime), "-o", str(out), "-lm", "-lpthread"],
                  f"compiling {origin}", source_text, origin)
             staged = _staged(lib)

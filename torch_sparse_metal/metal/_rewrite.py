@@ -252,7 +252,7 @@ def _block_end(masked: str, pos: int) -> int:
 
 def _uses(masked: str, name: str, start: int, end: int) -> List[int]:
     """Offsets of the uses of identifier ``name`` in [start, end), members excluded."""
-    return [m.start() for m in re.finditer(r"(?<![\w.>:])" + re.escape(name) + r"\b(?!\s*::)",
+    return [m.start() for m in re.finditer(r"(?<![\w.:])(?<!->)" + re.escape(name) + r"\b(?!\s*::)",
                                            masked[:end]) if m.start() >= start]
 
 
@@ -314,31 +314,50 @@ def _checked_references(src: str) -> str:
 _SUBSCRIPTED_NAME = re.compile(r"&\s*(\w+)\s*\[")
 
 
-def _address_space_names(masked: str) -> set:
-    """Names declared as device/constant/threadgroup pointers or threadgroup arrays."""
-    names = set()
-    for m in _ADDRESS_SPACE_POINTER.finditer(masked):
-        name = re.match(r"\s*(\w+)", masked[m.end():])
-        if name:
-            names.add(name.group(1))
-    names.update(re.findall(r"\bthreadgroup\s+" + _TYPE + r"\s+(\w+)\s*\[", masked))
-    return names
+def _threadgroup_array_sizes(src: str) -> str:
+    """``sizeof(t...)`` of a threadgroup array -> ``sizeof(t.storage()...)``: sanitized, the
+    array is a tg_var (a checked pointer in front of the storage) and ``t[0]`` a pointer."""
+    masked = _mask_strings_and_directives(src)
+    names = set(re.findall(r"\bthreadgroup\s+" + _TYPE + r"\s+(\w+)\s*\[", masked))
+    if not names:
+        return src
+    pattern = re.compile(r"\bsizeof\s*\(\s*(" + "|".join(map(re.escape, sorted(names))) + r")\b(?!\s*\.)")
+    return _apply(src, [(m.end(1), m.end(1), ".storage()") for m in pattern.finditer(masked)])
 
 
-def _addresses_without_access(src: str, names: set) -> str:
-    """``&p[i]`` (and ``&t[i][j]``) -> ``(p + (i))`` for the checked pointers and arrays:
-    taking an element's address is pointer arithmetic, not an access of the element, so
-    the sanitizer must not record it (nor fault on a one-past-the-end address)."""
+def _unary_ampersand(masked: str, pos: int) -> bool:
+    """Whether the ``&`` at ``pos`` takes an address (rather than being a binary and)."""
+    i = pos - 1
+    while i >= 0 and masked[i].isspace():
+        i -= 1
+    if i < 0 or masked[i] in "(,=;{}?:!~+-*/%<>|^[":
+        return True
+    if masked[i] == "&":
+        return False  # the second & of &&
+    if masked[i] == ")":  # a cast, (device uint*)&p[i], ends in *; an operand does not
+        depth, k = 0, i
+        while k >= 0:
+            if masked[k] == ")":
+                depth += 1
+            elif masked[k] == "(":
+                depth -= 1
+                if depth == 0:
+                    break
+            k -= 1
+        return masked[k + 1:i].strip().endswith("*")
+    word = re.search(r"(\w+)$", masked[:i + 1])
+    return bool(word) and word.group(1) in ("return", "case")
+
+
+def _addresses_without_access(src: str) -> str:
+    """``&p[i]`` (and ``&t[i][j]``) -> ``tsm_emu::element_address(p, i)``: for a checked
+    pointer or threadgroup array, taking an element's address is pointer arithmetic, not an
+    access the sanitizer should record (and one past the end is a valid address)."""
     masked = _mask_strings_and_directives(src)
     edits = []
     for m in _SUBSCRIPTED_NAME.finditer(masked):
-        if m.group(1) not in names or masked[m.start() + 1:m.start() + 2] == "&":
+        if not _unary_ampersand(masked, m.start()):
             continue
-        i = m.start() - 1
-        while i >= 0 and masked[i].isspace():
-            i -= 1
-        if i >= 0 and (masked[i].isalnum() or masked[i] in "_)]&"):
-            continue  # a binary &, or part of &&
         groups = []  # the [...] subscripts, in order
         pos = m.end() - 1
         while pos < len(masked) and masked[pos] == "[":
@@ -346,12 +365,12 @@ def _addresses_without_access(src: str, names: set) -> str:
             groups.append((pos, close))
             nxt = re.match(r"\s*", masked[close + 1:])
             pos = close + 1 + nxt.end()
-        if re.match(r"\.|->", masked[pos:pos + 2]):
-            continue  # &p[i].field: the address of a member
+        if re.match(r"\.|->|\(", masked[pos:pos + 2]):
+            continue  # &p[i].field, &p[i]->f, &p[i](...): not the element's own address
         last_open, last_close = groups[-1]
         prefix = src[m.start() + 1:last_open].strip()
         index = src[last_open + 1:last_close]
-        edits.append((m.start(), last_close + 1, f"({prefix} + ({index}))"))
+        edits.append((m.start(), last_close + 1, f"::tsm_emu::element_address({prefix}, {index})"))
     return _apply(src, edits)
 
 
@@ -504,10 +523,74 @@ def _call_pattern(names) -> "re.Pattern[str]":
                       r")\s*(?:<[^<>;{}()]*>)?\s*\(")
 
 
+def _statement_end(masked: str, pos: int) -> int:
+    """The offset just past the statement that starts at (or after blanks from) ``pos``."""
+    i = pos
+    while i < len(masked) and masked[i].isspace():
+        i += 1
+    if masked[i] == "{":
+        return _match_close(masked, i, "{", "}") + 1
+    m = re.match(r"(if|for|while|switch)\s*\(", masked[i:])
+    if m:
+        close = _match_close(masked, i + m.end() - 1, "(", ")")
+        end = _statement_end(masked, close + 1)
+        if m.group(1) == "if":
+            other = re.match(r"\s*else\b", masked[end:])
+            if other:
+                end = _statement_end(masked, end + other.end())
+        return end
+    if re.match(r"do\b", masked[i:]):
+        end = _statement_end(masked, i + 2)
+        tail = re.match(r"\s*while\s*\(", masked[end:])
+        close = _match_close(masked, end + tail.end() - 1, "(", ")")
+        return close + 1 + re.match(r"\s*;", masked[close + 1:]).end()
+    depth = 0
+    for j in range(i, len(masked)):
+        c = masked[j]
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == ";" and depth == 0:
+            return j + 1
+    raise ParseError("cannot find the end of a statement", pos)
+
+
+def _braced_loops(src: str) -> str:
+    """Give every loop body braces, and move a collective out of a ``while`` condition:
+    ``while (c) {b}`` -> ``for (;;) { if (!(c)) break; b }``. Loop frames then cover the
+    whole of each iteration, the condition's collectives included."""
+    masked = _mask_strings_and_directives(src)
+    bodies = [(d.body_open, d.body_close) for d in _function_definitions(masked)]
+    collective = _call_pattern(collective_names())
+    edits = []
+    for m in re.finditer(r"\b(for|while)\s*\(", masked):
+        if not any(a < m.start() < b for a, b in bodies):
+            continue
+        close = _match_close(masked, m.end() - 1, "(", ")")
+        after = re.match(r"\s*", masked[close + 1:]).end() + close + 1
+        if masked[after] == ";":
+            continue  # the `while (...);` of a do-while
+        braced = masked[after] == "{"
+        end = _statement_end(masked, after)
+        condition = masked[m.end():close]
+        if m.group(1) == "while" and collective.search(condition):
+            cond_src = src[m.end():close]
+            edits.append((m.start(), after + (1 if braced else 0),
+                          f"for (;;) {{ if (!({cond_src})) break;"))
+            if not braced:
+                edits.append((end, end, " }"))
+        elif not braced:
+            edits.append((after, after, "{ "))
+            edits.append((end, end, " }"))
+    return _apply(src, edits)
+
+
 def _loop_frames(masked: str, bodies, reaches, lines, starts, per_line) -> List[Tuple[int, int, str]]:
-    """Loops whose braced body reaches a collective get a ``tsm_emu::LoopFrame`` per
-    iteration (the loop's site and the iteration's number), so the same collective in two
-    iterations is two sites, and lanes that skip ahead wait for the iteration before."""
+    """Loops whose body reaches a collective get a ``tsm_emu::LoopFrame`` per iteration
+    (the loop's site and the iteration's number), so the same collective in two iterations
+    is two sites, and lanes that skip ahead wait for the iteration before. Bodies have
+    braces by now (``_braced_loops``)."""
     edits = []
     number = 0
     for m in re.finditer(r"\b(?:for|while)\s*\(|\bdo\s*\{", masked):
@@ -517,7 +600,7 @@ def _loop_frames(masked: str, bodies, reaches, lines, starts, per_line) -> List[
             close = _match_close(masked, m.end() - 1, "(", ")")
             brace = re.match(r"\s*\{", masked[close + 1:])
             if not brace:
-                continue  # a body without braces, or the `while (...);` of a do-while
+                continue  # the `while (...);` of a do-while
             body_open = close + 1 + brace.end() - 1
             body_close = _match_close(masked, body_open, "{", "}")
             end = body_close + 1
@@ -570,7 +653,21 @@ def _add_collective_sites(src: str) -> str:
     inserts = []
     definitions = {d.open_paren for d in defs}
     bodies = [(d.body_open, d.body_close) for d in defs]
-    for m in _call_pattern(set(collective_names()) | reaching).finditer(masked):
+    # A helper with default arguments keeps its calls as they are (an added site would bind
+    # to a defaulted parameter): they get the site's default, the call's line.
+    defaulted = {d.name for d in helpers if d.name in reaching and
+                 any("=" in p for p in _split_top_level(masked[d.open_paren + 1:d.close_paren]))}
+    # Prototypes of the helpers take the added parameter too, with its default there only.
+    prototypes = []
+    for m in _call_pattern(reaching).finditer(masked):
+        open_paren = m.end() - 1
+        if open_paren in definitions or any(a < m.start() < b for a, b in bodies):
+            continue
+        close = _match_close(masked, open_paren, "(", ")")
+        if re.match(r"\s*;", masked[close + 1:]):
+            prototypes.append((m.group(1), open_paren, close))
+    declared = {name for name, _, _ in prototypes}
+    for m in _call_pattern((set(collective_names()) | reaching) - defaulted).finditer(masked):
         open_paren = m.end() - 1
         if open_paren in definitions or not any(a < m.start() < b for a, b in bodies):
             continue  # a definition or a declaration, not a call
@@ -582,15 +679,21 @@ def _add_collective_sites(src: str) -> str:
         inserts.append((close, close, f"{'' if empty else ', '}::tsm_emu::Site{{{site}u}}"))
     inserts += _loop_frames(masked, bodies, _call_pattern(set(collective_names()) | reaching),
                             lines, starts, per_line)
-    param = "::tsm_emu::Site caller_site_ = TSM_EMU_SITE_HERE"
+    def add_parameter(open_paren: int, close_paren: int, param: str) -> None:
+        params = masked[open_paren + 1:close_paren]
+        if not params.strip() or params.strip() == "void":
+            inserts.append((open_paren + 1, close_paren, param))
+        else:
+            inserts.append((close_paren, close_paren, ", " + param))
+
+    with_default = "::tsm_emu::Site caller_site_ = TSM_EMU_SITE_HERE"
+    for name, open_paren, close in prototypes:
+        add_parameter(open_paren, close, with_default)
     for d in helpers:
         if d.name not in reaching:
             continue
-        params = masked[d.open_paren + 1:d.close_paren]
-        if not params.strip() or params.strip() == "void":
-            inserts.append((d.open_paren + 1, d.close_paren, param))
-        else:
-            inserts.append((d.close_paren, d.close_paren, ", " + param))
+        add_parameter(d.open_paren, d.close_paren,
+                      "::tsm_emu::Site caller_site_" if d.name in declared else with_default)
         inserts.append((d.body_open + 1, d.body_open + 1,
                         " ::tsm_emu::CallFrame tsm_emu_call_frame_(caller_site_);"))
     return _apply(src, inserts)
@@ -601,11 +704,12 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
 
     ``sanitize``: address-space pointers and threadgroup arrays become checked types.
     """
-    src = _add_collective_sites(src)
+    src = _add_collective_sites(_braced_loops(src))
     if sanitize:
         src = _checked_threadgroup_scalars(src)
         src = _checked_references(src)
-        src = _addresses_without_access(src, _address_space_names(_mask_strings_and_directives(src)))
+        src = _threadgroup_array_sizes(src)
+        src = _addresses_without_access(src)
         src = _checked_pointers(src)
     masked = _mask_strings_and_directives(src)
     src = _rewrite_threadgroup_declarations(src, masked, sanitize)

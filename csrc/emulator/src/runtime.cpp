@@ -935,7 +935,10 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     work(pool[0].get());
   } else {
     std::vector<std::thread> threads;
-    for (unsigned i = 1; i < workers; ++i) threads.emplace_back(work, pool[i].get());
+    try {
+      for (unsigned i = 1; i < workers; ++i) threads.emplace_back(work, pool[i].get());
+    } catch (...) {  // out of threads: run with the ones started (joinable threads must be joined)
+    }
     work(pool[0].get());
     for (auto& t : threads) t.join();
   }

@@ -9,7 +9,10 @@ namespace tsm_emu {
 namespace {
 constexpr unsigned kMemDevice = 1, kMemThreadgroup = 2;  // metal::mem_flags
 constexpr unsigned char kPoison = 0xA5;
-constexpr size_t kMaxAccessesBetweenStops = size_t(1) << 20;
+// A spin-wait repeats one access; a thread this far into repeating it is not coming back.
+constexpr uint64_t kMaxRepeats = uint64_t(1) << 22;
+// The per-thread access log between two stops, as a memory bound (about 1 GB).
+constexpr size_t kMaxLoggedAccesses = size_t(1) << 24;
 
 std::unique_ptr<Region> make_region(void* base, size_t bytes, RegionKind kind, int index,
                                     std::string name) {
@@ -116,22 +119,36 @@ void Sanitizer::access(const Region* region, const void* address, size_t bytes, 
   }
   // An atomic through a checked pointer: recorded (it races plain accesses), counted by
   // note_atomic when the operation runs.
-  // Metal promises no forward progress between threads: a thread spinning on memory that
-  // another thread sets never yields to it here (threads run one at a time). Report the
-  // spin instead of hanging the process.
-  if (touches.size() >= kMaxAccessesBetweenStops) {
-    std::string msg = thread_name(who.group, who.thread) + " made " + std::to_string(touches.size()) +
-                      " memory accesses without reaching a barrier, a SIMD-group function or its "
-                      "end: a spin-wait on another thread? Metal guarantees no forward progress "
-                      "between threads, so such a kernel can hang on the GPU too";
-    fault("hang", msg.c_str());
+  // The same access again (a loop re-reading one element, a spin-wait): counted on the
+  // logged one, whose first snapshot is all a write check needs.
+  if (!touches.empty()) {
+    Touch& last = touches.back();
+    if (last.address == a && last.bytes == bytes && last.region == region && last.atomic == atomic) {
+      // Metal promises no forward progress between threads: a thread spinning on memory
+      // another thread sets never yields to it here (threads run one at a time). Report the
+      // spin instead of hanging the process.
+      if (++last.count >= kMaxRepeats) {
+        std::string msg = thread_name(who.group, who.thread) + " accessed " + describe(*region) +
+                          " element " + std::to_string((a - region->base) / bytes) + " " +
+                          std::to_string(last.count) + " times in a row without reaching a "
+                          "barrier, a SIMD-group function or its end: a spin-wait on another "
+                          "thread? Metal guarantees no forward progress between threads, so such "
+                          "a kernel can hang on the GPU too";
+        fault("hang", msg.c_str());
+      }
+      return;
+    }
   }
+  if (touches.size() >= kMaxLoggedAccesses)
+    fault("launch", "the sanitizer's log of one thread's accesses between two barriers is full "
+                    "(16M accesses): run this kernel unsanitized, or on smaller data");
   touches.emplace_back();
   Touch& t = touches.back();
   t.address = const_cast<char*>(a);
   t.bytes = bytes;
   t.region = const_cast<Region*>(region);
   t.atomic = atomic;
+  t.count = 1;
   if (atomic) return;
   if (bytes <= sizeof t.before)
     std::memcpy(t.before, a, bytes);
@@ -250,11 +267,12 @@ void Sanitizer::end_segment(const ThreadId& who, std::vector<Touch>& touches) {
     }
     const bool write = std::memcmp(t.snapshot(), t.address, t.bytes) != 0;
     if (device) {
-      (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes;
+      (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes * t.count;
     } else {
-      ++counters_.threadgroup_accesses;
+      counters_.threadgroup_accesses += t.count;
       const uintptr_t first = uintptr_t(t.address) / 4, last = (uintptr_t(t.address) + t.bytes - 1) / 4;
-      bank_log_[who.simdgroup][who.thread % 32].emplace_back(first, uint32_t(last - first + 1));
+      for (uint64_t r = 0; r < t.count; ++r)
+        bank_log_[who.simdgroup][who.thread % 32].emplace_back(first, uint32_t(last - first + 1));
     }
     record(*t.region, size_t(t.address - t.region->base), t.bytes, base, write);
   }

@@ -64,6 +64,7 @@ struct Touch {
   size_t bytes;
   Region* region;
   bool atomic;
+  uint64_t count;                       // the same access repeated back to back
   unsigned char before[32];            // the bytes at first touch (elements up to 32 bytes)
   std::vector<unsigned char> before_big;  // larger elements (structs)
   const unsigned char* snapshot() const { return bytes <= sizeof before ? before : before_big.data(); }

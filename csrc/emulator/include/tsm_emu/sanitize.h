@@ -50,8 +50,10 @@ namespace sanitize_detail {
 // The pointer and its region. ptr<T> derives from ptr<const T> (which holds these), so a
 // template parameter `ptr<const T>` deduces from a ptr<float> argument through the base
 // class, as `device const T*` deduces from a `device float*` in MSL.
+struct ptr_marker {};  // every ptr<T> (and so every tg_var) derives from it
+
 template <class T>
-struct ptr_data {
+struct ptr_data : ptr_marker {
   ptr_data() = default;
   ptr_data(T* p, const Region* r) : p_(p), r_(r) {}
   T* p_ = nullptr;
@@ -73,6 +75,11 @@ class ptr : public sanitize_detail::ptr_base<T> {
   ptr(T* p, const Region* r) : base(p, r) {}
   // From a raw pointer, such as &buffer[i]: its region is found by address.
   ptr(T* p) : base(p, p ? region_of(p) : nullptr) {}
+  // From an element, for a `device T&` parameter of a helper given `out[i]`.
+  ptr(T& element) : ptr(&element) {}
+  // A C-style cast of a raw pointer to another pointee type, (device uint*)&out[i].
+  template <class U, class = std::enable_if_t<!std::is_convertible<U*, T*>::value>>
+  explicit ptr(U* p) : ptr(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(p))) {}
   template <class U, class = std::enable_if_t<std::is_convertible<U*, T*>::value &&
                                               !std::is_same<std::remove_cv_t<U>, std::remove_cv_t<T>>::value>>
   ptr(const ptr<U>& other) : base(other.get(), other.region()) {}
@@ -126,6 +133,9 @@ class tg_var : public ptr<std::remove_extent_t<A>> {
  public:
   A& storage() { return storage_; }
   void bind() { static_cast<ptr<E>&>(*this) = ptr<E>(&storage_[0], region_of(&storage_)); }
+  // for (threadgroup float& v : t)
+  ptr<E> begin() { return *this; }
+  ptr<E> end() { return ptr<E>(*this) + ptrdiff_t(std::extent<A>::value); }
 
  private:
   alignas(16) A storage_;
@@ -152,6 +162,22 @@ class tg_scalar {
  private:
   T value_;
 };
+
+// &p[i] in a sanitized build: an element's address is pointer arithmetic on a checked
+// pointer or threadgroup array (no access recorded, one past the end allowed); anything
+// else indexable keeps its own meaning.
+template <class P, class I>
+auto element_address(P& p, I i) {
+  if constexpr (std::is_base_of<sanitize_detail::ptr_marker, std::remove_cv_t<P>>::value) {
+    return p + ptrdiff_t(i);
+  } else {
+    return &p[i];
+  }
+}
+template <class P, class I>
+auto element_address(P&& p, I i) -> decltype(p + ptrdiff_t(i)) {  // p[i] of a row: a temporary ptr
+  return p + ptrdiff_t(i);
+}
 
 // reinterpret_cast<device T*>(p) in a sanitized build: the same pointer, same region.
 template <class T, class U>
