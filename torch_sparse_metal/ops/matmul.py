@@ -132,12 +132,13 @@ def choose_kernel(m: int, n: int, k: int, dtype: torch.dtype, *,
       (``m == 1`` or ``n == 1``, where a 64-wide tile is 98% padding): ``naive``;
     * devices with simdgroup_matrix (Apple7+, as llama.cpp decides): ``simdgroup``;
     * others (Intel/AMD Macs, pre-M1 Apple GPUs, or forced off): ``shuffle``;
-    * float64 (emulator only, for gradcheck) cannot use simdgroup matrices: ``register``.
+    * float64 (emulator only, for gradcheck): ``register``, the emulator's fastest rung
+      (``kernel="simdgroup"`` runs in float64 too).
     """
     if m * n * k < SMALL_PRODUCT_FMAS or m == 1 or n == 1:
         return "naive"
     if dtype == torch.float64:
-        return "register"  # float64 exists only on the emulator, where the register rung is fastest
+        return "register"
     return "simdgroup" if supports_simdgroup_matrix else "shuffle"
 
 
