@@ -95,6 +95,19 @@ def _match_close(text: str, start: int, open_ch: str, close_ch: str) -> int:
     raise ParseError(f"unbalanced {open_ch}{close_ch}", start)
 
 
+def _match_open(text: str, close: int) -> int:
+    """The offset of the "(" matching the ")" at ``close`` (-1 if there is none)."""
+    depth = 0
+    for i in range(close, -1, -1):
+        if text[i] == ")":
+            depth += 1
+        elif text[i] == "(":
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
 def _split_top_level(text: str) -> List[str]:
     parts, depth, cur = [], 0, []
     for c in text:
@@ -335,16 +348,7 @@ def _unary_ampersand(masked: str, pos: int) -> bool:
     if masked[i] == "&":
         return False  # the second & of &&
     if masked[i] == ")":  # a cast, (device uint*)&p[i], ends in *; an operand does not
-        depth, k = 0, i
-        while k >= 0:
-            if masked[k] == ")":
-                depth += 1
-            elif masked[k] == "(":
-                depth -= 1
-                if depth == 0:
-                    break
-            k -= 1
-        return masked[k + 1:i].strip().endswith("*")
+        return masked[_match_open(masked, i) + 1:i].strip().endswith("*")
     word = re.search(r"(\w+)$", masked[:i + 1])
     return bool(word) and word.group(1) in ("return", "case")
 
@@ -498,15 +502,7 @@ def _function_definitions(masked: str) -> List[_Definition]:
         if j < 0 or masked[j] != ")":
             i += 1
             continue
-        depth, k = 0, j
-        while k >= 0:  # back to the matching "("
-            if masked[k] == ")":
-                depth += 1
-            elif masked[k] == "(":
-                depth -= 1
-                if depth == 0:
-                    break
-            k -= 1
+        k = _match_open(masked, j)
         name = re.search(r"(\w+)\s*(?:<[^<>;{}()]*>)?\s*$", masked[max(0, k - 200):k])
         if k < 0 or not name or name.group(1) in _NOT_FUNCTIONS:
             i += 1
