@@ -37,7 +37,7 @@ def test_cli_json(capsys):
 
 def test_shape_parsing():
     assert bench._parse_shapes(["64", "2x3x4"]) == [("64x64x64", 64, 64, 64), ("2x3x4", 2, 3, 4)]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^shape '2x3': expected S or MxNxK$"):
         bench._parse_shapes(["2x3"])
 
 

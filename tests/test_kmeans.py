@@ -398,6 +398,11 @@ def test_empty_cluster_is_reseeded_to_farthest_point(emulator):
     assert bool(torch.isfinite(km.cluster_centers_).all())
     assert sorted(km.labels_.tolist()) == [0, 0, 0, 1, 1]
     assert km.labels_[3] == km.labels_[4] != km.labels_[0]
+    # The fit ends at the k-means fixed point: each centroid the mean of its points.
+    xd = x.double().numpy()
+    lab = km.labels_.numpy()
+    want = np.stack([xd[lab == j].mean(0) for j in range(2)])
+    np.testing.assert_allclose(km.cluster_centers_.double().numpy(), want, rtol=1e-6, atol=1e-7)
     # A centroid far from all data: empty at once, re-seeded, everything finite.
     km = tsm.KMeans(3, init=torch.tensor([[0.0, 0.0], [10.0, 10.0], [1e4, 1e4]])).fit(x)
     assert bool(torch.isfinite(km.cluster_centers_).all())

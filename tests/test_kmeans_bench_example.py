@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,16 @@ def test_kmeans_cli_json(capsys):
     pytest.importorskip("sklearn")
     assert bench_cli.main(["kmeans", "--n", "200", "--d", "3", "--k", "2", "--iters", "1",
                            "--json"]) == 0
-    assert '"rows"' in capsys.readouterr().out
+    result = json.loads(capsys.readouterr().out)
+    assert (result["n"], result["d"], result["k"]) == (200, 3, 2)
+    assert [r["impl"] for r in result["rows"]] == ["sklearn", "reference-cpu", "emulator"]
+    assert all(r["iterations"] == 1 for r in result["rows"])
+    inertias = [r["inertia"] for r in result["rows"]]
+    assert max(inertias) <= 1.0001 * min(inertias)  # same init, same answer
+    # The per-kernel counters cover exactly the dispatches listed for that iteration.
+    dispatched = result["dispatches_one_iteration_fit"]
+    assert {name: c["dispatches"] for name, c in result["counters_one_iteration"].items()} == {
+        name: dispatched.count(name) for name in dispatched}
 
 
 def test_example_saves_centroid_png(tmp_path, capsys):

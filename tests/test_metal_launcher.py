@@ -457,3 +457,23 @@ def test_float_atomics_requirement_names_the_op(monkeypatch):
             mb.require_native_float_atomics("sparse_linear backward")
     finally:
         mb.device_capabilities.cache_clear()
+
+
+def test_inline_shader_expectations_on_the_emulator():
+    """The GPU tests' shader and oracles, checked here: the same source through the
+    emulator (what needs the Apple GPU, the extension and the MPS stream, stays skipped)."""
+    from torch_sparse_metal.metal import compile_shader
+    lib = compile_shader(INLINE_SHADER)
+    n = 1000
+    base_x, base_y = torch.randn(n + 5), torch.zeros(n + 3)
+    x, y = base_x[5:], base_y[3:]
+    lib.axpb(x, y, np.float32(2.0), np.uint32(n), threads=n, group_size=256)
+    torch.testing.assert_close(y, 2.0 * x + 1.0)
+    assert torch.count_nonzero(base_y[:3]) == 0
+    n, g = 512, 64
+    xi, yi = torch.arange(n, dtype=torch.int32), torch.empty(n, dtype=torch.int32)
+    lib.reverse_in_group(xi, yi, threads=n, group_size=g, threadgroup_memory=[g * 4])
+    assert torch.equal(yi, torch.arange(n, dtype=torch.int32).view(-1, g).flip(1).reshape(-1))
+    y = torch.full((4,), 7.0)
+    lib.axpb(y, y, np.float32(2.0), np.uint32(4), threads=0, group_size=32)
+    assert torch.equal(y, torch.full((4,), 7.0))

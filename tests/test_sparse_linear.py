@@ -385,7 +385,15 @@ def test_validation_errors(emulator, args, match):
 
 
 def test_good_call_passes_validation(emulator):
-    tsm.sparse_linear(**_good())
+    # The control for the bad calls above: the same call, unchanged, runs the kernel.
+    args = _good()
+    with tsm.metal.record() as launches:
+        y = tsm.sparse_linear(**args)
+    assert [l.kernel for l in launches] == ["sparse_linear_forward_float"]
+    v = args["values"]
+    dense = torch.zeros(3, 3)
+    dense[0, 0], dense[0, 2], dense[2, 1] = v[0], v[1], v[2]   # rows [[0, 2], [], [1]]
+    torch.testing.assert_close(y, args["input"] @ dense.T + args["bias"], **TOL[torch.float32])
 
 
 def test_pattern_input_width_mismatch(emulator):

@@ -309,7 +309,8 @@ def test_a_new_source_does_invoke_the_compiler(monkeypatch):
 
 
 def test_source_must_be_a_string():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="^compile_shader expects the shader source as a str, "
+                                        "got bytes$"):
         compile_shader(b"kernel void f() {}")
 
 
@@ -431,7 +432,8 @@ def test_record_captures_name_grid_group_and_backend(lib):
         lib.axpy_float(y, x, 1.0, threads=12, group_size=4)
         with record() as inner:
             lib.grid_2d(torch.zeros(35, dtype=torch.int32), threads=(7, 5), group_size=(4, 2))
-        with pytest.raises(LaunchError):
+        with pytest.raises(LaunchError, match=r"^axpy_float: group_size \(2000, 1, 1\) has 2000 "
+                                              "threads; a Metal threadgroup holds 1 to 1024"):
             lib.axpy_float(y, x, 1.0, threads=12, group_size=2000)  # rejected: not launched
         lib.scale_float32(y, 2.0, threads=12)
     lib.scale_float32(y, 2.0, threads=12)  # after the block
