@@ -37,6 +37,14 @@ def check_dim(op: str, name: str, t: torch.Tensor, dim: int) -> None:
         raise ValueError(f"{op}: {name} must be {dim}-D, got shape {tuple(t.shape)}")
 
 
+def check_floating_tensor(op: str, name: str, t: object, dim: int) -> torch.Tensor:
+    """``t`` is a ``dim``-D floating-point tensor (checked in that order)."""
+    check_tensor(op, name, t)
+    check_dim(op, name, t, dim)
+    check_floating(op, name, t)
+    return t
+
+
 def check_length(op: str, name: str, t: torch.Tensor, length: int, what: str) -> None:
     """``t`` is 1-D with ``length`` elements; ``what`` says where the length comes from."""
     check_dim(op, name, t, 1)

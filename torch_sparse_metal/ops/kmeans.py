@@ -135,9 +135,7 @@ def _pow2_at_least(n: int, cap: int) -> int:
 
 def sq_norms(rows: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tensor:
     """``(n, d) -> (n,)`` squared row norms."""
-    V.check_tensor(f"{OP}.sq_norms", "rows", rows)
-    V.check_dim(f"{OP}.sq_norms", "rows", rows, 2)
-    V.check_floating(f"{OP}.sq_norms", "rows", rows)
+    V.check_floating_tensor(f"{OP}.sq_norms", "rows", rows, 2)
     backend = _backend(backend, rows)
     if backend == "reference":
         return R.sq_norms_reference(rows)
@@ -234,9 +232,7 @@ def distances(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.
 def assign_from_distances(dist: torch.Tensor, *,
                           backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(n, k) -> (labels int32 (n,), min_dist (n,))``: argmin (lowest index on ties)."""
-    V.check_tensor(f"{OP}.assign_from_distances", "dist", dist)
-    V.check_dim(f"{OP}.assign_from_distances", "dist", dist, 2)
-    V.check_floating(f"{OP}.assign_from_distances", "dist", dist)
+    V.check_floating_tensor(f"{OP}.assign_from_distances", "dist", dist, 2)
     backend = _backend(backend, dist)
     if backend == "reference":
         return R.assign_reference(dist)
@@ -351,9 +347,7 @@ def accumulate(x: torch.Tensor, labels: torch.Tensor, k: int, *, mode: str = "au
 
     ``labels`` int32 in ``[0, k)`` (a label outside is skipped by the kernels).
     """
-    V.check_tensor(f"{OP}.accumulate", "x", x)
-    V.check_dim(f"{OP}.accumulate", "x", x, 2)
-    V.check_floating(f"{OP}.accumulate", "x", x)
+    V.check_floating_tensor(f"{OP}.accumulate", "x", x, 2)
     _check_vector("accumulate", "labels", labels, x.shape[0], "the number of points", x,
                   integer=True)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
