@@ -26,6 +26,52 @@ def test_pointer_rewrite(msl, cxx):
     assert _checked_pointers(msl) == cxx
 
 
+VOLATILE_SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+kernel void volatile_pointers(device int* a [[buffer(0)]], device int* out [[buffer(1)]],
+                              volatile device atomic_uint* count [[buffer(2)]],
+                              uint lid [[thread_position_in_threadgroup]]) {
+  volatile device int* p = a;
+  device volatile int* q = a;
+  threadgroup int s[32];
+  volatile threadgroup int* t = s;
+  p[lid] = p[lid] + 1;
+  q[lid] += 2;
+  t[lid] = *(q + lid);
+  atomic_fetch_add_explicit(count, 1u, memory_order_relaxed);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[lid] = t[31 - lid];
+}
+
+kernel void volatile_race(device int* a [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  volatile device int* p = a;
+  p[0] = int(lid);
+}
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
+def test_volatile_pointers_compile_and_run_in_both_builds(sanitize):
+    lib = compile_shader(VOLATILE_SOURCE, sanitize=sanitize)
+    a, out, count = torch.arange(32, dtype=torch.int32), torch.zeros(32, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    lib.volatile_pointers(a, out, count, threads=32, group_size=32)
+    np.testing.assert_array_equal(a.numpy(), np.arange(32) + 3)
+    np.testing.assert_array_equal(out.numpy(), np.arange(31, -1, -1) + 3)
+    assert count.item() == 32
+
+
+def test_accesses_through_volatile_pointers_are_checked():
+    lib = compile_shader(VOLATILE_SOURCE, sanitize=True)
+    with pytest.raises(KernelFault) as info:
+        lib.volatile_race(torch.zeros(1, dtype=torch.int32), threads=4, group_size=4)
+    assert info.value.kind == "device_race" and "`a` element 0" in str(info.value)
+    with pytest.raises(KernelFault) as info:
+        lib.volatile_pointers(torch.zeros(31, dtype=torch.int32), torch.zeros(32, dtype=torch.int32),
+                              torch.zeros(1, dtype=torch.int32), threads=32, group_size=32)
+    assert info.value.kind == "out_of_bounds" and "element 31" in str(info.value)
+
+
 SOURCE = r"""
 #include <metal_stdlib>
 using namespace metal;

@@ -27,6 +27,14 @@ void check_access(const Region* region, const void* address, size_t bytes, bool 
 // atomic, not a plain write.
 void note_atomic(const void* address, size_t bytes);
 
+// Addresses of volatile objects go to the functions above as plain addresses.
+inline const void* untyped(const volatile void* p) { return const_cast<const void*>(p); }
+inline const Region* region_of(const volatile void* address) { return region_of(untyped(address)); }
+inline void check_access(const Region* region, const volatile void* address, size_t bytes, bool atomic) {
+  check_access(region, untyped(address), bytes, atomic);
+}
+inline void note_atomic(const volatile void* address, size_t bytes) { note_atomic(untyped(address), bytes); }
+
 template <class T>
 class ptr;
 
@@ -36,7 +44,7 @@ struct element_access {
   // p[i] of a pointer to E: a checked reference, or for an array E (a row of a 2-D array)
   // a checked pointer to its first element, as the array would decay to.
   static E& get(E* p, const Region* r) {
-    check_access(r, p, sizeof(E), false);
+    check_access(r, untyped(p), sizeof(E), false);
     return *p;
   }
 };
@@ -80,8 +88,9 @@ class ptr : public sanitize_detail::ptr_base<T> {
   // A C-style cast of a raw pointer to another pointee type, (device uint*)&out[i].
   template <class U, class = std::enable_if_t<!std::is_convertible<U*, T*>::value>>
   explicit ptr(U* p) : ptr(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(p))) {}
+  // ptr<float> -> ptr<volatile float> (to ptr<const float> it is its own base class).
   template <class U, class = std::enable_if_t<std::is_convertible<U*, T*>::value &&
-                                              !std::is_same<std::remove_cv_t<U>, std::remove_cv_t<T>>::value>>
+                                              !std::is_base_of<ptr, ptr<U>>::value>>
   ptr(const ptr<U>& other) : base(other.get(), other.region()) {}
   // A cast between pointee types, (device uint*)float_ptr, keeps the region.
   template <class U, class = std::enable_if_t<!std::is_convertible<U*, T*>::value>, class = void>
@@ -97,7 +106,7 @@ class ptr : public sanitize_detail::ptr_base<T> {
   }
   decltype(auto) operator*() const { return (*this)[0]; }
   T* operator->() const {
-    check_access(region(), get(), sizeof(T), false);
+    check_access(region(), untyped(get()), sizeof(T), false);
     return get();
   }
 
