@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from torch_sparse_metal.metal import KernelFault, compile_shader
+from torch_sparse_metal.metal._access_rewrite import checked_members, marked_stores
 from torch_sparse_metal.metal._rewrite import _checked_pointers
 
 
@@ -24,6 +25,58 @@ from torch_sparse_metal.metal._rewrite import _checked_pointers
 ])
 def test_pointer_rewrite(msl, cxx):
     assert _checked_pointers(msl) == cxx
+
+
+def _member(address: str, *fields: str) -> str:
+    steps = ", ".join(f"{'[&]' if '[' in f else '[]'}(auto& tsm_m_) -> decltype(auto) {{ return (tsm_m_.{f}); }}"
+                      for f in fields)
+    return f"::tsm_emu::member_of({address}, {steps})"
+
+
+@pytest.mark.parametrize("msl, cxx", [
+    ("y = p[i].a;", f"y = {_member('::tsm_emu::element_address(p, i)', 'a')};"),
+    ("y = t[i][j].a.b[k];", f"y = {_member('::tsm_emu::element_address(t[i], j)', 'a', 'b[k]')};"),
+    ("y = p->a;", f"y = {_member('p', 'a')};"),
+    ("y = (p + 1)->a;", f"y = {_member('(p + 1)', 'a')};"),
+    ("y = (*r).a;", f"y = {_member('r', 'a')};"),
+    ("y = m.ref().a;", f"y = {_member('m.pointer()', 'a')};"),
+    ("y = v[i].xy;", f"y = {_member('::tsm_emu::element_address(v, i)', 'xy')};"),
+    ("p[q[i].a].b = 1;", "::tsm_emu::stored(" + _member(
+        "::tsm_emu::element_address(p, " + _member("::tsm_emu::element_address(q, i)", "a") + ")", "b")
+     + ") = 1;"),
+    # not data members, not evaluated, or not a member access at all: unchanged
+    ("a[i].thread_elements()[0] = 1;", "::tsm_emu::stored(a[i].thread_elements()[0]) = 1;"),
+    ("n = sizeof(p[0].a);", "n = sizeof(p[0].a);"),
+    ("y = f(*p).a;", "y = f(*p).a;"),
+    ("y = this->a;", "y = this->a;"),
+    ("auto f(int x) -> float;", "auto f(int x) -> float;"),
+    ("auto g = [](int x) -> float { return x; };", "auto g = [](int x) -> float { return x; };"),
+])
+def test_member_access_rewrite(msl, cxx):
+    assert marked_stores(checked_members(msl)) == cxx
+
+
+@pytest.mark.parametrize("msl, cxx", [
+    ("t[i] = v;", "::tsm_emu::stored(t[i]) = v;"),
+    ("t[i][j] += v;", "::tsm_emu::updated(t[i][j]) += v;"),
+    ("*p = v; *(p + 1) <<= 2;", "::tsm_emu::stored(*p) = v; ::tsm_emu::updated(*(p + 1)) <<= 2;"),
+    ("(*r) = v;", "::tsm_emu::stored((*r)) = v;"),
+    ("m.ref() = v;", "::tsm_emu::stored(m.ref()) = v;"),
+    ("t[i]++; --t[j];", "::tsm_emu::updated(t[i])++; --::tsm_emu::updated(t[j]);"),
+    ("if (c) t[i] = v;", "if (c) ::tsm_emu::stored(t[i]) = v;"),
+    # plain variables, declarations, comparisons, template defaults: unchanged
+    ("x = t[i]; x += 1; i++; --i;", "x = t[i]; x += 1; i++; --i;"),
+    ("float a[4] = {0}; device float* p = x; float *q = &y;", "float a[4] = {0}; device float* p = x; float *q = &y;"),
+    ("b = t[i] == v || t[i] != w || t[i] <= v || t[i] >= w;", "b = t[i] == v || t[i] != w || t[i] <= v || t[i] >= w;"),
+    ("template <class T, class = void> struct S;", "template <class T, class = void> struct S;"),
+    ("y = a * b[i];", "y = a * b[i];"),
+    # elements of local arrays are registers: unmarked in their block, marked elsewhere
+    ("{ float acc[4][4], b[4]; acc[i][j] += b[j]; b[0] = 1; } { b[0] = 1; }",
+     "{ float acc[4][4], b[4]; acc[i][j] += b[j]; b[0] = 1; } { ::tsm_emu::stored(b[0]) = 1; }"),
+    ("{ threadgroup float t[4]; t[i] = 1; }", "{ threadgroup float t[4]; ::tsm_emu::stored(t[i]) = 1; }"),
+])
+def test_assignment_target_rewrite(msl, cxx):
+    assert marked_stores(msl) == cxx
 
 
 VOLATILE_SOURCE = r"""
