@@ -41,6 +41,7 @@ def _member(address: str, *fields: str) -> str:
     ("y = (*r).a;", f"y = {_member('r', 'a')};"),
     ("y = m.ref().a;", f"y = {_member('m.pointer()', 'a')};"),
     ("y = v[i].xy;", f"y = {_member('::tsm_emu::element_address(v, i)', 'xy')};"),
+    ("y = p[i]\n  .a;\nz;", f"y = {_member('::tsm_emu::element_address(p, i)', 'a')}\n;\nz;"),
     ("p[q[i].a].b = 1;", "::tsm_emu::stored(" + _member(
         "::tsm_emu::element_address(p, " + _member("::tsm_emu::element_address(q, i)", "a") + ")", "b")
      + ") = 1;"),

@@ -208,6 +208,7 @@ def _member_rewrite(src: str, masked: str, m: "re.Match[str]") -> Optional[Tuple
     if not steps:
         return None
     rewritten = f"::tsm_emu::member_of({address}, {', '.join(steps)})"
+    rewritten += "\n" * (src.count("\n", start, end) - rewritten.count("\n"))  # keep the lines
     return src[:start] + rewritten + src[end:], start
 
 

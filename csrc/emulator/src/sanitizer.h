@@ -2,8 +2,8 @@
 //
 // A sanitized dispatch runs on one worker, one Metal thread at a time, so nothing here
 // needs locks. Each access of a thread is checked against its region's bounds when it
-// happens and logged with a snapshot of the bytes (one entry per distinct access between
-// two stops); when the thread stops (barrier, SIMD-group function, end) its logged accesses
+// happens and logged with a snapshot of the bytes (a repeat of a logged access is counted
+// on it, see AccessLog); when the thread stops (barrier, SIMD-group function, end) its logged accesses
 // are classified and compared with the other threads' accesses to the same bytes in the
 // region's shadow. An access is a write if the rewriter marked it as an assignment's target
 // (sanitize.h) or if it changed the bytes; otherwise a read.
@@ -90,10 +90,9 @@ struct Touch {
   const char* element() const { return address - element_offset; }
 };
 
-// One thread's accesses since it last stopped, each distinct access once. Short logs are
-// searched only for the latest access (a loop re-reading one element); past kIndexFrom
-// entries an index finds any earlier one, so a loop over a few elements does not grow the
-// log.
+// One thread's accesses since it last stopped. Short logs are searched only for the latest
+// access (a loop re-reading one element); past kIndexFrom entries an index finds any earlier
+// one, so a loop over a few elements (a spin-wait) does not grow the log.
 struct AccessLog {
   struct Key {
     const char* address;
