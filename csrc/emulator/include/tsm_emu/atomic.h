@@ -135,6 +135,18 @@ inline T atomic_fetch_max_explicit(volatile atomic<T>* a, U v, memory_order) {
                             [&](T current) -> T { return operand > current ? operand : current; });
 }
 
+// Metal's 64-bit atomics (atomic_ulong, device memory): min and max that return nothing.
+template <class U>
+inline void atomic_max_explicit(volatile atomic<unsigned long>* a, U v, memory_order o) {
+  atomic_fetch_max_explicit(a, v, o);
+}
+template <class U>
+inline void atomic_min_explicit(volatile atomic<unsigned long>* a, U v, memory_order o) {
+  atomic_fetch_min_explicit(a, v, o);
+}
+
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_max_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_min_explicit)
 TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_store_explicit)
 TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_load_explicit)
 TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_exchange_explicit)
