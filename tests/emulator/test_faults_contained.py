@@ -1,4 +1,4 @@
-"""A kernel that faults (wild access, stack overflow, integer division by zero) raises
+"""A kernel that faults (wild access, stack overflow) raises
 KernelFault(kind="crash"); the Python process lives on and the library stays usable."""
 import pytest
 import torch
@@ -10,9 +10,6 @@ SOURCE = r"""
 using namespace metal;
 kernel void wild_write(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
   x[i + (i == 77 ? 400000000u : 0u)] = 1.0f;
-}
-kernel void divide(device int* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
-  x[i] = 10 / (x[i] - 3);
 }
 kernel void overflow_fiber_stack(device int* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
   volatile int big[1 << 20];  // 4 MB on a fiber stack of 256 KB
@@ -33,7 +30,6 @@ def lib():
 
 @pytest.mark.parametrize("kernel, make, signal, thread", [
     ("wild_write", lambda: torch.zeros(100), "SIGSEGV", "thread (77, 0, 0)"),
-    ("divide", lambda: torch.arange(100, dtype=torch.int32), "SIGFPE", "thread (3, 0, 0)"),
     ("overflow_fiber_stack", lambda: torch.zeros(64, dtype=torch.int32), "SIGSEGV", "thread ("),
 ])
 def test_fault_is_reported_not_fatal(lib, kernel, make, signal, thread):

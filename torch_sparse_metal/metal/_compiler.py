@@ -6,7 +6,8 @@
    once as Apple's compiler would see the source (``__METAL_VERSION__`` of the language
    version, no ``__METAL_EMULATOR__``) and once as the emulator builds it. Only
    ``<metal_*>`` headers and the user's quoted includes are visible, as in Metal.
-2. :mod:`._frontend` checks the first with clang against Metal's language rules.
+2. :mod:`._frontend` checks the first with clang against Metal's language rules, and
+   reads from clang's AST of the second what C++ would get wrong (integer division).
 3. :mod:`._rewrite` finds the kernels in the second and translates it to C++, appending
    the binding table.
 4. The system C++ compiler builds a shared library from it and the runtime object; the
@@ -168,8 +169,10 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
     if not lib.exists():
         _frontend.check(as_metal, language_version=language_version, origin=origin,
                         main_file=str(path))
+        emulated = _rewrite._apply(preprocessed, _frontend.emulator_edits(
+            preprocessed, language_version=language_version, main_file=str(path)))
         cxx = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
-               _rewrite.rewrite(preprocessed, sanitize=sanitize) + _rewrite.binding_table(kernels))
+               _rewrite.rewrite(emulated, sanitize=sanitize) + _rewrite.binding_table(kernels))
         source_text = path.read_text()
         runtime = _runtime_objects()
         with tempfile.TemporaryDirectory(prefix="tsm-emu-") as tmp:

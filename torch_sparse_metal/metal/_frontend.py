@@ -120,11 +120,54 @@ _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[
 _BFLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?:bf|BF)\b")
 
 
+class _Text:
+    """A text rewritten in steps, and the way back from offsets of the result to offsets of
+    the text it started as (a source map: clang's locations are in the result, the
+    emulator's edits go into the original)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._steps: List[List[Tuple[int, int, int, int]]] = []  # (new start, new end, old start, old end)
+
+    def apply(self, edits: Iterable[Tuple[int, int, str]]) -> None:
+        """Replace non-overlapping [start, end) spans of the current text."""
+        pieces, spans, last, delta = [], [], 0, 0
+        for start, end, replacement in sorted(edits, key=lambda e: (e[0], e[1])):
+            pieces += [self.text[last:start], replacement]
+            spans.append((start + delta, start + delta + len(replacement), start, end))
+            delta += len(replacement) - (end - start)
+            last = end
+        pieces.append(self.text[last:])
+        self.text = "".join(pieces)
+        self._steps.append(spans)
+
+    def original(self, offset: int, *, end: bool = False) -> int:
+        """The offset in the first text of ``offset`` in the current one; inside replaced
+        text, the start of what it replaced (or its end, with ``end``)."""
+        for spans in reversed(self._steps):
+            delta = 0
+            for new_start, new_end, old_start, old_end in spans:
+                if offset < new_start or (offset == new_start and not end):
+                    break
+                if offset < new_end or (offset == new_end and end and new_start < new_end):
+                    offset = old_end if end else old_start
+                    delta = None
+                    break
+                delta = new_end - old_end
+            if delta is not None:
+                offset -= delta
+        return offset
+
+
 @dataclass
 class _Prepared:
-    text: str
+    source: _Text
     kernel_names: Set[str]
-    lints: List[Tuple[int, str]]  # (offset in text, message)
+    lints: List[Tuple[int, str]]  # (offset in the original text, message)
+
+    @property
+    def text(self) -> str:
+        return self.source.text
 
 
 def _vector_aliases(masked: str) -> List[str]:
@@ -135,7 +178,7 @@ def _vector_aliases(masked: str) -> List[str]:
     return sorted(set(alias.findall(masked)) | set(typedef.findall(masked)))
 
 
-def _vector_constructors(src: str) -> str:
+def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
     """``float4(a, b)``, ``vec<T, 4>(x)`` -> ``::metal::__tsm_make_vector<float4>(a, b)``:
     MSL's vector constructors, which C++ has no syntax for."""
     masked = _rewrite._mask_strings_and_directives(src)
@@ -150,11 +193,11 @@ def _vector_constructors(src: str) -> str:
             if re.search(r"(?:\boperator|\btypedef|\busing|\bstruct|\bclass)$", before):
                 continue
             edits.append((m.start(), m.end(), f"::metal::__tsm_make_vector<{src[m.start(1):m.end(1)]}>("))
-    return _rewrite._apply(src, edits)
+    return edits
 
 
 def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]],
-                              lints: List[Tuple[int, str]]) -> str:
+                              lints: List[Tuple[int, str]]) -> List[Tuple[int, int, str]]:
     """``threadgroup T a[N];`` in a kernel body -> a reference to storage in __local (clang
     allows __local variables only in OpenCL kernels); a threadgroup variable with an
     initialiser is reported (Metal rejects it), one outside a kernel left for clang."""
@@ -193,13 +236,13 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
             out.append(f"__local {type_text} {declarator} = "
                        f"::metal::__tsm_threadgroup_storage<{target}>();")
         edits.append((m.start(), end + 1, " ".join(out)))
-    return _rewrite._apply(src, edits)
+    return edits
 
 
 _RECORD = re.compile(r"\b(struct|class)\s+(\w+)\s*(?:<[^{};]*>\s*)?(?:final\s*)?(?::[^{};]*)?\{")
 
 
-def _special_members(src: str) -> str:
+def _special_members(src: str) -> List[Tuple[int, int, str]]:
     """Declare, in every struct and class, the copies from and into objects in the constant
     address space that Metal provides and OpenCL does not (OpenCL's generic address space
     covers device, threadgroup and thread, not constant), and the generic copies that
@@ -241,46 +284,54 @@ def _special_members(src: str) -> str:
         if kind == "class":
             text = f"public: {text} private:"
         edits.append((body_open + 1, body_open + 1, " " + text + " "))
-    return _rewrite._apply(src, edits)
+    return edits
 
 
 def _prepare(preprocessed: str) -> _Prepared:
     """The preprocessed MSL, rewritten (line for line) into C++ for OpenCL that clang parses."""
     lints: List[Tuple[int, str]] = []
+    source = _Text(preprocessed)
     masked = _rewrite._mask_strings_and_directives(preprocessed)
     try:
         kernels = _rewrite.find_kernels(preprocessed)
     except _rewrite.ParseError:
         kernels = []  # the emulator's parser reports it with its own words
     names = {k.cxx.split("<", 1)[0].lstrip(":") for k in kernels}
-    # libclang does not show explicit instantiations: a call of each instantiated kernel
-    # template, in a function of its own, makes the walk below visit the instantiated body.
-    instantiations = " ".join(
-        f"inline void __tsm_instantiation_{i}() {{ {k.cxx}({', '.join(['::metal::__tsm_any()'] * len(k.params))}); }}"
-        for i, k in enumerate(kernels) if "<" in k.cxx)
     for pattern, what in ((r"\blong\s+long\b", "`long long` (Metal's long is 64 bits; there is no long long)"),
                           (r"\blong\s+double\b", "`long double` (Metal has no double)"),
                           (r"\bgoto\b", "`goto`")):
         for m in re.finditer(pattern, masked):
             lints.append((m.start(), f"Metal does not support {what}"))
-    src = _vector_constructors(preprocessed)  # first: the declarations below look like calls
-    masked = _rewrite._mask_strings_and_directives(src)
+    source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
+    masked = _rewrite._mask_strings_and_directives(source.text)
     bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked) if d.is_kernel]
-    src = _threadgroup_declarations(src, bodies, lints)
-    src = _HALF_LITERAL.sub(lambda m: f"((_Float16){m.group(1)}f)", src)
-    src = _BFLOAT_LITERAL.sub(lambda m: f"((__bf16){m.group(1)}f)", src)
-    masked = _rewrite._mask_strings_and_directives(src)
-    edits = [(m.start(), m.end(), _rewrite.blank(m.group())) for m in _rewrite._ATTRIBUTE.finditer(masked)]
-    edits += [(m.start(), m.end(), " " * len(m.group())) for m in re.finditer(r"\b(?:kernel|vertex|fragment)\b", masked)]
+    tg_lints: List[Tuple[int, str]] = []
+    source.apply(_threadgroup_declarations(source.text, bodies, tg_lints))
+    lints += [(source.original(offset), message) for offset, message in tg_lints]
+    masked = _rewrite._mask_strings_and_directives(source.text)
+    edits = [(m.start(), m.end(), f"((_Float16){m.group(1)}f)") for m in _HALF_LITERAL.finditer(masked)]
+    edits += [(m.start(), m.end(), f"((__bf16){m.group(1)}f)") for m in _BFLOAT_LITERAL.finditer(masked)]
+    attributes = [(m.start(), m.end()) for m in _rewrite._ATTRIBUTE.finditer(masked)]
+    edits += [(a, b, _rewrite.blank(masked[a:b])) for a, b in attributes]
+    edits += [(m.start(), m.end(), " " * len(m.group()))
+              for m in re.finditer(r"\b(?:kernel|vertex|fragment)\b", masked)
+              if not any(a <= m.start() < b for a, b in attributes)]
     # `const thread T&` binds temporaries in Metal; clang's __private references do not, so
     # such references are left generic here and their initialisers checked in the AST.
     for m in _REF_THREAD.finditer(masked):
         tail = re.search(r"[*&;,(){}]", masked[m.end():])
         if tail and tail.group() == "&":
             edits.append((m.start(), m.end(), "const" + " " * (len(m.group()) - 5)))
-    src = _rewrite._apply(src, edits)
-    src = _special_members(src)
-    return _Prepared(src + "\n" + instantiations + "\n", names, lints)
+    source.apply(edits)
+    source.apply(_special_members(source.text))
+    # libclang does not show explicit instantiations: a call of each instantiated kernel
+    # template, in a function of its own, makes the walk below visit the instantiated body.
+    calls = " ".join(
+        f"inline void __tsm_instantiation_{i}() {{ {k.cxx}({', '.join(['::metal::__tsm_any()'] * len(k.params))}); }}"
+        for i, k in enumerate(kernels) if "<" in k.cxx)
+    end = len(source.text)
+    source.apply([(end, end, "\n" + calls + "\n")])
+    return _Prepared(source, names, lints)
 
 
 # ---- diagnostics -------------------------------------------------------------------------------
@@ -516,17 +567,25 @@ def check(preprocessed: str, *, language_version: str, origin: str,
             [(d.file, d.line, d.message) for d in diagnostics])
 
 
+def _parse(preprocessed: str, version: int, main_file: str, *, emulator: bool = False):
+    """(prepared text, clang translation unit, the path clang knows it by). ``emulator``:
+    the emulator's view, where double is allowed (its emulator-only kernels)."""
+    prepared = _prepare(preprocessed)
+    path = f"/{hashlib.sha256(preprocessed.encode()).hexdigest()[:16]}/{Path(main_file).name}.msl"
+    args = [*_CLANG_ARGS, "-isystem", str(FRONTEND_INCLUDE_DIR), "-include", "tsm_msl_prelude.h",
+            "-include", "metal_stdlib", f"-D__METAL_VERSION__={version}", "-D__METAL_MACOS__=1",
+            "-D__METAL__=1"]
+    if emulator:
+        args += ["-Xclang", "-cl-ext=+cl_khr_fp64,+__opencl_c_fp64", "-D__METAL_EMULATOR__=1"]
+    tu = _index().parse(path, args=args, unsaved_files=[(path, prepared.text)])
+    return prepared, tu, path
+
+
 def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl>") -> List[Diagnostic]:
     """Every error the check finds in ``preprocessed`` (see :func:`check`), in source order."""
     cindex = _cindex()
     version = language_version_number(language_version)
-    prepared = _prepare(preprocessed)
-    path = f"/{hashlib.sha256(preprocessed.encode()).hexdigest()[:16]}/{main_file}.msl"
-    args = [*_CLANG_ARGS, "-isystem", str(FRONTEND_INCLUDE_DIR), "-include", "tsm_msl_prelude.h",
-            "-include", "metal_stdlib", f"-D__METAL_VERSION__={version}", "-D__METAL_MACOS__=1",
-            "-D__METAL__=1"]
-    tu = _index().parse(path, args=args, unsaved_files=[(path, prepared.text)],
-                        options=cindex.TranslationUnit.PARSE_SKIP_FUNCTION_BODIES * 0)
+    prepared, tu, path = _parse(preprocessed, version, main_file)
     out: List[Diagnostic] = []
 
     def add(location, message: str) -> None:
@@ -540,7 +599,8 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
             continue
         add(d.location, _explain(d.spelling))
     for offset, message in prepared.lints:
-        add(tu.get_location(path, offset), message)
+        file, line = _presumed_line(preprocessed, offset)
+        out.append(Diagnostic(file, line, 0, message))
 
     walker = _Walker(cindex, path)
     k = cindex.CursorKind
@@ -577,6 +637,18 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
     return unique
 
 
+def _presumed_line(text: str, offset: int) -> Tuple[str, int]:
+    """(file, line) of ``offset`` in preprocessed text, from its line markers."""
+    file, line = "<source>", 0
+    for text_line in text[:offset].splitlines(keepends=True)[:-1] if offset else []:
+        m = re.match(r'#\s*(\d+)\s+"([^"]*)"', text_line)
+        if m:
+            file, line = m.group(2), int(m.group(1)) - 1
+        else:
+            line += 1
+    return file, line + 1
+
+
 def _recursive(calls: Dict[str, Set[str]]) -> List[str]:
     """Functions on a cycle of the call graph."""
     on_cycle = []
@@ -592,3 +664,159 @@ def _recursive(calls: Dict[str, Set[str]]) -> List[str]:
             seen.add(f)
             stack.extend(calls.get(f, ()))
     return on_cycle
+
+
+# ---- what the emulator's C++ needs from the AST ------------------------------------------------
+
+_DIVISIONS = {4: "div", 5: "rem", 24: "div_assign", 25: "rem_assign"}  # clang's CXBinaryOperatorKind
+_INTEGERS = {"bool", "char", "signed char", "unsigned char", "short", "unsigned short", "int", "unsigned int",
+             "long", "unsigned long", "long long", "unsigned long long"}
+
+
+def emulator_edits(preprocessed: str, *, language_version: str, main_file: str = "<msl>"
+                   ) -> List[Tuple[int, int, str]]:
+    """Edits of the emulator's view of a shader (offsets into ``preprocessed``) that give its
+    C++ Metal's meaning where C++ differs:
+
+    * every integer (or type-dependent) ``/``, ``%``, ``/=`` and ``%=`` becomes a call of
+      ``tsm_emu::div``/``rem``/... (integer division by zero, and INT_MIN / -1, are undefined
+      in Metal: the emulator gives one documented result on every architecture, and the
+      sanitizer reports them);
+    * functions and member functions overloaded on address space (which the emulator's C++
+      erases) get a name per overload, and each call the overload clang chose; constructors,
+      conversion functions and operators, which have no name to call, keep one definition
+      when the overloads' bodies are the same (MLX's pattern), and are an error otherwise.
+    """
+    cindex = _cindex()
+    prepared, tu, path = _parse(preprocessed, language_version_number(language_version), main_file,
+                                emulator=True)
+    source = prepared.source
+    edits = _address_space_overloads(tu, path, prepared, preprocessed)
+    kind_of = cindex.conf.lib.clang_getCursorBinaryOperatorKind
+    binary = (cindex.CursorKind.BINARY_OPERATOR, cindex.CursorKind.COMPOUND_ASSIGNMENT_OPERATOR)
+    openers: Dict[int, List[Tuple[int, str]]] = {}
+    for top in tu.cursor.get_children():
+        if top.location.file is None or top.location.file.name != path:
+            continue
+        for cursor in top.walk_preorder():
+            if cursor.kind not in binary:
+                continue
+            name = _DIVISIONS.get(kind_of(cursor))
+            if name is None or not _integer_or_dependent(cursor.type):
+                continue
+            operands = list(cursor.get_children())
+            if len(operands) != 2:
+                continue
+            lhs, rhs = operands
+            lhs_end, rhs_start = lhs.extent.end.offset, rhs.extent.start.offset
+            token = next((t for t in cursor.get_tokens()
+                          if lhs_end <= t.extent.start.offset < rhs_start and t.spelling in ("/", "%", "/=", "%=")),
+                         None)
+            if token is None:
+                continue
+            start = source.original(lhs.extent.start.offset)
+            end = source.original(rhs.extent.end.offset, end=True)
+            if "__tsm" in preprocessed[start:end] or start >= end:
+                continue
+            openers.setdefault(start, []).append((end - start, f"::tsm_emu::{name}("))
+            edits.append((source.original(token.extent.start.offset),
+                          source.original(token.extent.end.offset, end=True), ","))
+            edits.append((end, end, ")"))
+    # Nested divisions open at one offset: the outer call first.
+    for offset, calls in openers.items():
+        edits.append((offset, offset, "".join(text for _, text in sorted(calls, reverse=True))))
+    return edits
+
+
+def _integer_or_dependent(type_) -> bool:
+    kind = _type_kind(type_)
+    if kind == "Dependent":
+        return True
+    return _scalar_name(type_) in _INTEGERS
+
+
+_AS_PATTERN = re.compile(r"\b__(global|local|constant|private|generic)\b")
+_AS_TAGS = {"global": "d", "local": "tg", "constant": "c", "private": "t", "generic": "t"}
+_MSL_AS_PATTERN = re.compile(r"\b(device|threadgroup|constant|thread|__global|__local|__constant|__private|__generic)\b")
+
+
+def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: str
+                             ) -> List[Tuple[int, int, str]]:
+    """Edits that keep overloads differing only in address space apart once the emulator's
+    C++ has erased address spaces (see :func:`emulator_edits`)."""
+    k = _cindex().CursorKind
+    functions = (k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR, k.CONVERSION_FUNCTION, k.FUNCTION_TEMPLATE)
+    source = prepared.source
+    decls, refs = [], []
+    for top in tu.cursor.get_children():
+        if top.location.file is None or top.location.file.name != path:
+            continue
+        for cursor in top.walk_preorder():
+            if cursor.kind in functions and not cursor.spelling.startswith("__tsm"):
+                decls.append(cursor)
+            elif cursor.kind in (k.DECL_REF_EXPR, k.MEMBER_REF_EXPR, k.OVERLOADED_DECL_REF):
+                refs.append(cursor)
+    groups: Dict[Tuple[str, str, str], Dict[int, List[object]]] = {}
+    for d in decls:
+        parent = d.semantic_parent
+        key = (parent.get_usr() if parent is not None else "", d.spelling, _AS_PATTERN.sub("", d.type.spelling))
+        groups.setdefault(key, {}).setdefault(d.canonical.location.offset, []).append(d)
+    edits: List[Tuple[int, int, str]] = []
+    renamed: Dict[int, str] = {}  # canonical declaration offset -> new name
+    for (_, name, _), overloads in groups.items():
+        if len(overloads) < 2:
+            continue
+        first = next(iter(overloads.values()))[0]
+        parent = first.semantic_parent
+        constructor = parent is not None and parent.kind in (k.STRUCT_DECL, k.CLASS_DECL, k.CLASS_TEMPLATE) \
+            and name == parent.spelling
+        if constructor or name.startswith("operator"):
+            edits += _keep_one_definition(name, overloads, source, preprocessed)
+            continue
+        for canonical, redeclarations in overloads.items():
+            tags = "_".join(_AS_TAGS[m.group(1)] for m in _AS_PATTERN.finditer(redeclarations[0].type.spelling))
+            new_name = f"{name}__tsm_as_{tags}"
+            renamed[canonical] = new_name
+            for d in redeclarations:
+                at = source.original(d.location.offset)
+                edits.append((at, at + len(name), new_name))
+    if not renamed:
+        return edits
+    for ref in refs:
+        target = ref.referenced
+        if target is None:
+            if ref.kind == k.OVERLOADED_DECL_REF and any(
+                    n.rsplit("__tsm_as_", 1)[0] == ref.spelling for n in renamed.values()):
+                raise _emulator_limit(ref, f"the call of {ref.spelling}, overloaded on address space, "
+                                           f"depends on template parameters; the emulator resolves "
+                                           f"such overloads only where the arguments' types are known")
+            continue
+        template = _cindex().conf.lib.clang_getSpecializedCursorTemplate(target)
+        if template is not None and not template.kind.is_invalid():
+            target = template
+        new_name = renamed.get(target.canonical.location.offset)
+        if new_name and ref.spelling == new_name.rsplit("__tsm_as_", 1)[0]:
+            at = source.original(ref.location.offset)
+            if preprocessed.startswith(ref.spelling, at):
+                edits.append((at, at + len(ref.spelling), new_name))
+    return edits
+
+
+def _keep_one_definition(name: str, overloads: Dict[int, List[object]], source: _Text,
+                         preprocessed: str) -> List[Tuple[int, int, str]]:
+    """Overloads the emulator cannot name apart: identical bodies collapse to the first."""
+    definitions = [d for redeclarations in overloads.values() for d in redeclarations if d.is_definition()]
+    spans = [(source.original(d.extent.start.offset), source.original(d.extent.end.offset, end=True))
+             for d in definitions]
+    bodies = {" ".join(_MSL_AS_PATTERN.sub("", preprocessed[a:b]).split()) for a, b in spans}
+    if len(bodies) > 1:
+        raise _emulator_limit(definitions[0], f"{name} is overloaded on address space with different "
+                                              f"bodies; the emulator, which has one address space, "
+                                              f"can run such overloads only when their bodies agree")
+    return [(a, b, _rewrite.blank(preprocessed[a:b])) for a, b in spans[1:]]
+
+
+def _emulator_limit(cursor, message: str) -> MetalCompileError:
+    file, line, _ = presumed_location(cursor.location)
+    return MetalCompileError.from_diagnostics("the emulator cannot compile this shader",
+                                              [(file, line, message)])
