@@ -102,16 +102,19 @@ def compiler() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def cxx_flags() -> Tuple[str, ...]:
-    """The compile flags: the base ones and the optional ones this compiler accepts."""
+def cxx_flags(command: Tuple[str, ...] = ()) -> Tuple[str, ...]:
+    """The compile flags for the compiler ``command`` (default :func:`compiler`): the base
+    ones and the optional ones it accepts."""
+    command = command or (compiler(),)
     accepted = tuple(flag for flag in OPTIONAL_CXX_FLAGS
-                     if compiles([compiler()], "int main() { return 0; }\n", ["-Werror", flag]))
+                     if compiles(command, "int main() { return 0; }\n", ["-Werror", flag]))
     return BASE_CXX_FLAGS + accepted
 
 
-def compile_flags() -> Tuple[str, ...]:
-    """Everything the kernel library and the runtime sources are compiled with."""
-    return (CXX_STANDARD, *cxx_flags(), "-I", str(EMULATOR_INCLUDE_DIR))
+def compile_flags(command: Sequence[str] = ()) -> Tuple[str, ...]:
+    """Everything the kernel library and the runtime sources are compiled with by the
+    compiler ``command`` (default :func:`compiler`)."""
+    return (CXX_STANDARD, *cxx_flags(tuple(command)), "-I", str(EMULATOR_INCLUDE_DIR))
 
 
 def runtime_sources() -> List[Path]:
@@ -184,9 +187,10 @@ class GeneratedCxx:
 
 
 def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
-                  sanitize: bool = False) -> GeneratedCxx:
+                  sanitize: bool = False, command: Sequence[str] = ()) -> GeneratedCxx:
     """The C++ the emulator compiles for the MSL file at ``path`` (quoted includes resolve
-    next to it and in ``include_dirs``); ``sanitize`` gives the checked variant's."""
+    next to it and in ``include_dirs``); ``sanitize`` gives the checked variant's. The
+    flags are for the compiler ``command`` (default :func:`compiler`; a cross compiler, say)."""
     origin = origin or path.name
     preprocessed = _preprocess(path, [path.parent, *include_dirs, SHADERS_DIR], origin)
     try:
@@ -195,7 +199,7 @@ def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Opti
         raise MetalCompileError.at_offset(str(e), preprocessed, e.offset, origin) from None
     text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
             _rewrite.rewrite(preprocessed, sanitize=sanitize) + _rewrite.binding_table(kernels))
-    return GeneratedCxx(text, compile_flags(), kernels, _rewrite.uses_synchronisation(preprocessed))
+    return GeneratedCxx(text, compile_flags(command), kernels, _rewrite.uses_synchronisation(preprocessed))
 
 
 def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,

@@ -23,6 +23,7 @@
 #define MAP_ANONYMOUS MAP_ANON
 #endif
 
+#include "c_interface.h"
 #include "fiber_switch.h"
 #include "sanitizer.h"
 #include "tsm_emu/runtime.h"
@@ -728,37 +729,19 @@ u3 builtin_value(int which, const ThreadInfo& t) {
 
 }  // namespace tsm_emu
 
-// ---- the C interface Python calls through ctypes ---------------------------------------
-
-struct tsm_launch {
-  void* buffers[31];
-  uint64_t buffer_bytes[31];
-  int32_t num_buffers;
-  uint32_t grid[3];
-  uint32_t group[3];
-  uint64_t threadgroup_bytes[31];
-  int32_t num_threadgroup;
-  int32_t use_fibers;
-  int32_t num_workers;
-  int32_t sanitize;
-  const char* buffer_names[31];
-  const char* threadgroup_names[31];
-  // Out, sanitized dispatches: device bytes read, written, threadgroup accesses, bank
-  // conflicts, barriers, FMAs, atomics (see Counters in sanitizer.h).
-  uint64_t counters[7];
-};
+// ---- the C interface (c_interface.h) Python calls through ctypes ----------------------
 
 extern "C" {
 
-__attribute__((visibility("default"))) int tsm_num_kernels() { return tsm_kernel_count; }
+TSM_EMU_EXPORT int tsm_num_kernels() { return tsm_kernel_count; }
 
-__attribute__((visibility("default"))) const char* tsm_kernel_name(int i) {
+TSM_EMU_EXPORT const char* tsm_kernel_name(int i) {
   return tsm_kernel_table[i].name;
 }
-__attribute__((visibility("default"))) int tsm_kernel_num_params(int i) {
+TSM_EMU_EXPORT int tsm_kernel_num_params(int i) {
   return tsm_kernel_table[i].num_params;
 }
-__attribute__((visibility("default"))) void tsm_kernel_param(int k, int i, int32_t* out) {
+TSM_EMU_EXPORT void tsm_kernel_param(int k, int i, int32_t* out) {
   const tsm_emu::KernelEntry& e = tsm_kernel_table[k];
   out[0] = e.params[i].kind;
   out[1] = e.params[i].index;
@@ -911,7 +894,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
 
 // Returns 0, or writes "kind\tmessage" into `error` and returns 1. No C++ exception may
 // leave: the caller is ctypes.
-__attribute__((visibility("default"))) int tsm_dispatch(int k, tsm_launch* l, char* error,
+TSM_EMU_EXPORT int tsm_dispatch(int k, tsm_launch* l, char* error,
                                                         int error_len) {
   try {
     return dispatch(k, l, error, error_len);
