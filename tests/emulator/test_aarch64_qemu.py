@@ -17,6 +17,7 @@ with _Float16 and stack-clash protection (without it a large frame can step over
 guard region): aarch64-linux-gnu-g++ 13+, or clang++ 19+ with --target=aarch64-linux-gnu
 (Debian 12's cross g++ is version 12). `.ci/run` installs them; skipped when missing.
 """
+import functools
 import os
 import shutil
 import subprocess
@@ -36,6 +37,7 @@ CLANGS = ["clang++"] + [f"clang++-{v}" for v in range(22, 13, -1)]
 EM_AARCH64 = 183  # ELF e_machine
 
 
+@functools.lru_cache(maxsize=None)
 def cross_compiler() -> Optional[List[str]]:
     """The first AArch64 Linux C++ compiler fit for the emulator (see the module's doc)."""
     probe = "#include <thread>\n" + _compiler.FLOAT16_PROBE

@@ -5,8 +5,8 @@
    (MLX-style instantiation macros included) and ``#line`` markers kept.
 2. :mod:`._rewrite` finds the kernels and translates to C++, appending the binding table.
 3. The C++ compiler (``$TSM_EMU_CXX``, else the platform's usual one) builds a shared
-   library from it and the runtime objects; the library is cached under a hash of everything that went into it, so a second run (or
-   a second process) does not recompile.
+   library from it and the runtime objects; the library is cached under a hash of
+   everything that went into it, so a second run (or a second process) does not recompile.
 """
 from __future__ import annotations
 
@@ -96,8 +96,8 @@ def compiler() -> str:
             return candidate
     found = f"{', '.join(present)} found, but without _Float16 in C++" if present else "none found"
     raise MetalCompileError(
-        f"the Metal emulator needs a C++17 compiler with _Float16 (g++ 12+ on x86-64, g++ 13+ on "
-        f"AArch64, clang++ 15+, Apple clang) among {', '.join(default_compilers())} on PATH "
+        f"the Metal emulator needs a C++17 compiler with _Float16 (g++ 12+ on x86-64 or 13+ on "
+        f"AArch64; clang++, 15+ on x86-64) among {', '.join(default_compilers())} on PATH "
         f"({found}); set {COMPILER_VARIABLE} to choose one")
 
 

@@ -68,37 +68,7 @@ struct Fiber {
   std::vector<Touch> touches;         // sanitized dispatches: accesses since it last stopped
 };
 
-size_t stack_size() {
-  static size_t bytes = [] {
-    const char* env = getenv("TSM_EMU_STACK_KB");
-    size_t kb = env ? strtoul(env, nullptr, 10) : 256;
-    return std::max<size_t>(kb, 64) * 1024;
-  }();
-  return bytes;
-}
-
-// A guard region below each fiber stack turns an overflow into a crash at the overflow, not
-// a silent overwrite of a neighbouring fiber's stack. It spans at least 64 KB, not one page:
-// GCC's stack-clash protection on AArch64 probes a large frame every 64 KB, so it would
-// step over a smaller guard. It costs address space only.
-size_t guard_bytes() {
-  static const size_t bytes = [] {
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    return (size_t(64 * 1024) + page - 1) / page * page;
-  }();
-  return bytes;
-}
-
-// A stack of `bytes` usable bytes, [stack, stack + bytes), with its guard region below.
-char* allocate_stack(size_t bytes) {
-  void* p = mmap(nullptr, guard_bytes() + bytes, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) throw KernelFault{"launch", "could not allocate a fiber stack"};
-  mprotect(p, guard_bytes(), PROT_NONE);
-  return static_cast<char*>(p) + guard_bytes();
-}
-
-void free_stack(char* stack, size_t bytes) { munmap(stack - guard_bytes(), guard_bytes() + bytes); }
+void free_stack(char* stack, size_t bytes);
 
 // One worker's state: it runs whole threadgroups one after the other.
 struct Worker {
@@ -159,6 +129,38 @@ void end_segment() {
   std::vector<Touch>* touches;
   if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->end_segment(thread_id(*info), *touches);
 }
+
+size_t stack_size() {
+  static size_t bytes = [] {
+    const char* env = getenv("TSM_EMU_STACK_KB");
+    size_t kb = env ? strtoul(env, nullptr, 10) : 256;
+    return std::max<size_t>(kb, 64) * 1024;
+  }();
+  return bytes;
+}
+
+// A guard region below each fiber stack turns an overflow into a crash at the overflow, not
+// a silent overwrite of a neighbouring fiber's stack. It spans at least 64 KB, not one page:
+// GCC's stack-clash protection on AArch64 probes a large frame every 64 KB, so it would
+// step over a smaller guard. It costs address space only.
+size_t guard_bytes() {
+  static const size_t bytes = [] {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return (size_t(64 * 1024) + page - 1) / page * page;
+  }();
+  return bytes;
+}
+
+// A stack of `bytes` usable bytes, [stack, stack + bytes), with its guard region below.
+char* allocate_stack(size_t bytes) {
+  void* p = mmap(nullptr, guard_bytes() + bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw KernelFault{"launch", "could not allocate a fiber stack"};
+  mprotect(p, guard_bytes(), PROT_NONE);
+  return static_cast<char*>(p) + guard_bytes();
+}
+
+void free_stack(char* stack, size_t bytes) { munmap(stack - guard_bytes(), guard_bytes() + bytes); }
 
 std::string fmt3(u3 v) {
   return "(" + std::to_string(v.x) + ", " + std::to_string(v.y) + ", " + std::to_string(v.z) + ")";
@@ -438,8 +440,8 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
 //
 // A wild read, a stack overflow or an integer division by zero in a kernel must not take
 // the Python process down: while a worker runs kernel code, SIGSEGV/SIGBUS/SIGFPE/SIGILL/
-// SIGTRAP jump back to its dispatch loop, which reports a "crash" fault. Faults outside kernel code
-// go to whatever handler was installed before (Python's faulthandler, say).
+// SIGTRAP jump back to its dispatch loop, which reports a "crash" fault. Faults outside
+// kernel code go to whatever handler was installed before (Python's faulthandler, say).
 
 thread_local sigjmp_buf* t_crash_jump = nullptr;
 thread_local int t_crash_signal = 0;
@@ -894,8 +896,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
 
 // Returns 0, or writes "kind\tmessage" into `error` and returns 1. No C++ exception may
 // leave: the caller is ctypes.
-TSM_EMU_EXPORT int tsm_dispatch(int k, tsm_launch* l, char* error,
-                                                        int error_len) {
+TSM_EMU_EXPORT int tsm_dispatch(int k, tsm_launch* l, char* error, int error_len) {
   try {
     return dispatch(k, l, error, error_len);
   } catch (std::exception& e) {
