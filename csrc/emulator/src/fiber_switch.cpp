@@ -26,15 +26,15 @@ namespace {
 #define TSM_EMU_STRINGIFY(x) TSM_EMU_STRINGIFY_(x)
 #define TSM_EMU_SYMBOL(name) TSM_EMU_STRINGIFY(__USER_LABEL_PREFIX__) #name
 #if defined(__APPLE__)
-#define TSM_EMU_ASM_BEGIN(name) \
-  ".text\n.globl " TSM_EMU_SYMBOL(name) "\n.private_extern " TSM_EMU_SYMBOL(name) "\n.p2align 4\n" TSM_EMU_SYMBOL(name) ":\n"
+#define TSM_EMU_ASM_HIDE(name) ".private_extern " TSM_EMU_SYMBOL(name) "\n"
 #define TSM_EMU_ASM_END(name) ""
 #else
-#define TSM_EMU_ASM_BEGIN(name)                                                                  \
-  ".text\n.globl " TSM_EMU_SYMBOL(name) "\n.hidden " TSM_EMU_SYMBOL(name) "\n.type " TSM_EMU_SYMBOL( \
-      name) ", %function\n.p2align 4\n" TSM_EMU_SYMBOL(name) ":\n"
+#define TSM_EMU_ASM_HIDE(name) \
+  ".hidden " TSM_EMU_SYMBOL(name) "\n.type " TSM_EMU_SYMBOL(name) ", %function\n"
 #define TSM_EMU_ASM_END(name) ".size " TSM_EMU_SYMBOL(name) ", .-" TSM_EMU_SYMBOL(name) "\n"
 #endif
+#define TSM_EMU_ASM_BEGIN(name) \
+  ".text\n.globl " TSM_EMU_SYMBOL(name) "\n" TSM_EMU_ASM_HIDE(name) ".p2align 4\n" TSM_EMU_SYMBOL(name) ":\n"
 #endif
 
 #if TSM_EMU_HAVE_ASM_SWITCH && defined(__x86_64__)
