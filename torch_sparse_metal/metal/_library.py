@@ -21,6 +21,7 @@ MAX_THREADGROUP_MEMORY = 32 * 1024
 
 
 class _Launch(ctypes.Structure):
+    """``struct tsm_launch`` of csrc/emulator/src/c_interface.h."""
     _fields_ = [
         ("buffers", ctypes.c_void_p * MAX_BUFFERS),
         ("buffer_bytes", ctypes.c_uint64 * MAX_BUFFERS),

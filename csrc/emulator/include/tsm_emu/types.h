@@ -191,7 +191,11 @@ constexpr bfloat operator--(bfloat& a, int) { bfloat r = a; --a; return r; }
 // Metal's half literal suffix: 1.5h. (Literal suffixes without '_' are reserved to the
 // standard library in C++, hence the pragma.)
 #pragma GCC diagnostic push
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wuser-defined-literals"
+#else
 #pragma GCC diagnostic ignored "-Wliteral-suffix"
+#endif
 constexpr half operator""h(long double v) { return static_cast<half>(v); }
 #pragma GCC diagnostic pop
 
