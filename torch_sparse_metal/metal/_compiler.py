@@ -129,6 +129,26 @@ def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str) -> str:
     return proc.stdout
 
 
+def _translate(path: Path, include_dirs: Sequence[Path], origin: str,
+               sanitize: bool) -> Tuple[str, List[_rewrite.Kernel], str]:
+    """``(C++ source, kernels, preprocessed MSL)`` for the MSL file at ``path``."""
+    preprocessed = _preprocess(path, [path.parent, *include_dirs, SHADERS_DIR], origin)
+    try:
+        kernels = _rewrite.find_kernels(preprocessed)
+    except _rewrite.ParseError as e:
+        raise MetalCompileError.at_offset(str(e), preprocessed, e.offset, origin) from None
+    cxx = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
+           _rewrite.rewrite(preprocessed, sanitize=sanitize) + _rewrite.binding_table(kernels))
+    return cxx, kernels, preprocessed
+
+
+def generated_cxx(path: Path, *, sanitize: bool = False) -> str:
+    """The C++ the emulator compiles for the MSL file at ``path`` (with ``CXX_STANDARD``,
+    ``BASE_CXX_FLAGS`` and ``-I EMULATOR_INCLUDE_DIR``), for building it elsewhere
+    (``tools/check_macos_build.py`` compiles it for macOS)."""
+    return _translate(path, (), path.name, sanitize)[0]
+
+
 def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
                  sanitize: bool = False) -> CompiledLibrary:
     """Compile the MSL file at ``path`` (quoted includes resolve next to it and in ``include_dirs``).
@@ -136,15 +156,8 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
     ``sanitize`` builds the checked variant (see the sanitizer in the README).
     """
     origin = origin or path.name
-    include_dirs = [path.parent, *include_dirs, SHADERS_DIR]
-    preprocessed = _preprocess(path, include_dirs, origin)
+    cxx, kernels, preprocessed = _translate(path, include_dirs, origin, sanitize)
     source_text = path.read_text()
-    try:
-        kernels = _rewrite.find_kernels(preprocessed)
-    except _rewrite.ParseError as e:
-        raise MetalCompileError.at_offset(str(e), preprocessed, e.offset, origin) from None
-    cxx = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
-           _rewrite.rewrite(preprocessed, sanitize=sanitize) + _rewrite.binding_table(kernels))
     key = hashlib.sha256((_toolchain_fingerprint() + cxx).encode()).hexdigest()[:24]
     lib = cache_dir() / f"{key}.so"
     if not lib.exists():
