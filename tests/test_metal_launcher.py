@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -74,8 +76,36 @@ def test_missing_extension_is_reported_clearly(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     monkeypatch.setattr(mb, "EXTENSION", "torch_sparse_metal._no_such_extension")
     assert mb.is_available() is False
-    with pytest.raises(mb.MetalUnavailableError, match="could not be imported"):
+    with pytest.raises(mb.MetalUnavailableError, match="could not be imported") as info:
         mb.dispatch("any.metal", "k", [], threads=1, group_size=1)
+    assert "pip install --no-build-isolation --no-deps -e ." in str(info.value)
+    assert "xcode-select --install" in str(info.value)
+    assert mb.unavailable_reason() == str(info.value)
+
+
+def test_auto_runs_mps_tensors_on_the_reference_without_the_launcher(monkeypatch):
+    """A Mac whose extension did not build still runs every op (plain torch), and says
+    once how to get the kernels."""
+    from torch_sparse_metal import _backend
+    x = torch.zeros(2).as_subclass(PretendMps)
+    monkeypatch.setattr(_backend, "_warned", threading.Event())
+    monkeypatch.setattr(mb, "unavailable_reason", lambda: "no launcher; rebuild it so")
+    with pytest.warns(RuntimeWarning, match="MPS tensors run on the plain-torch reference, not "
+                                            "the Metal kernels: no launcher; rebuild it so"):
+        assert _backend.resolve_backend("op", [x]) == "reference"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert _backend.resolve_backend("op", [x]) == "reference"
+        monkeypatch.setattr(mb, "unavailable_reason", lambda: None)
+        assert _backend.resolve_backend("op", [x]) == "metal"
+        assert _backend.resolve_backend("op", [torch.zeros(2)]) == "reference"
+
+
+def test_metal_available_is_the_launchers_availability(monkeypatch):
+    import torch_sparse_metal as tsm
+    assert tsm.metal_available is mb.is_available
+    monkeypatch.setattr(mb, "unavailable_reason", lambda: None)
+    assert tsm.metal_available() is True
 
 
 # --------------------------------------------------------------------------------------
@@ -778,6 +808,39 @@ class TestOnTheGpu:
             assert key in caps
         assert caps["max_threads_per_threadgroup"] >= 256
         assert caps["max_threadgroup_memory"] >= 16384
+
+
+@pytest.mark.parametrize("version, bfloat", [("3.0", False), ("3.1", True), ("3.2", True),
+                                             ("4.0", True), ("default", False)])
+def test_bfloat_is_offered_from_msl_3_1(monkeypatch, version, bfloat):
+    monkeypatch.setattr(mb, "_device_info", lambda: dict(FAKE_INFO, metal_language_version=version))
+    mb.device_capabilities.cache_clear()
+    try:
+        assert mb.device_capabilities()["supports_bfloat"] is bfloat
+        if bfloat:
+            mb.require_bfloat("mm")
+        else:
+            with pytest.raises(ValueError, match=rf"^mm: bfloat16 kernels need the Metal Shading "
+                                                 rf"Language 3.1 .* compiles MSL {version}\."):
+                mb.require_bfloat("mm")
+    finally:
+        mb.device_capabilities.cache_clear()
+
+
+def test_matmul_refuses_bfloat16_on_metal_before_msl_3_1(monkeypatch):
+    import torch_sparse_metal as tsm
+    from torch_sparse_metal.ops import matmul as mmops
+    monkeypatch.setattr(mb, "_device_info", lambda: dict(FAKE_INFO, metal_language_version="3.0"))
+    monkeypatch.setattr(mmops, "resolve_backend", lambda op, tensors: "metal")
+    mb.device_capabilities.cache_clear()
+    a = torch.ones(4, 4, dtype=torch.bfloat16)
+    try:
+        with pytest.raises(ValueError, match="^addmm: bfloat16 kernels need"):
+            tsm.addmm(None, a, a)
+        with pytest.raises(ValueError, match="^mm: bfloat16 kernels need"):
+            tsm.mm(a, a)
+    finally:
+        mb.device_capabilities.cache_clear()
 
 
 def test_float_atomics_requirement_names_the_op(monkeypatch):

@@ -36,7 +36,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -48,8 +48,8 @@ from .metal._errors import MetalCompileError, UnknownKernelError
 from .metal._record import as_dim3, record_launch
 from .metal._rewrite import P_BUFFER, P_THREADGROUP
 
-__all__ = ["MetalUnavailableError", "dispatch", "is_available", "device_capabilities",
-           "kernel_info", "PipelineInfo"]
+__all__ = ["MetalUnavailableError", "dispatch", "is_available", "unavailable_reason",
+           "device_capabilities", "kernel_info", "PipelineInfo"]
 
 EXTENSION = "torch_sparse_metal._metal_launcher"
 
@@ -100,17 +100,22 @@ def _extension():
     return module
 
 
+def unavailable_reason() -> Optional[str]:
+    """None when the Metal kernels can run here; otherwise why not, and what to do."""
+    try:
+        _extension()
+    except MetalUnavailableError as exc:
+        return str(exc)
+    if not torch.backends.mps.is_available():
+        return f"{UNAVAILABLE_MESSAGE}: torch's MPS backend is not available here"
+    return None
+
+
 def is_available() -> bool:
     """True on macOS when the extension imports and torch's MPS backend is usable: what
     decides whether the kernels can run on the GPU (``torch.backends.mps.is_available()``
     alone does not know about the extension)."""
-    if sys.platform != "darwin":
-        return False
-    try:
-        _extension()
-    except MetalUnavailableError:
-        return False
-    return bool(torch.backends.mps.is_available())
+    return unavailable_reason() is None
 
 
 def _device_info() -> Dict[str, Any]:
