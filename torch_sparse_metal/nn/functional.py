@@ -18,11 +18,11 @@ from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
 from .._kernel_names import kernel_name, kernel_names_for
+from ..metal._binding import SIMD_WIDTH
 
 OP = "cross_entropy"
 SHADER = "cross_entropy.metal"
 KERNELS = ("cross_entropy_forward",)
-SIMD_WIDTH = 32
 
 __all__ = ["cross_entropy"]
 
