@@ -25,12 +25,12 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 from ._compiler import compile_file, compile_source
-from ._errors import KernelFault, LaunchError, MetalCompileError
+from ._errors import KernelFault, LaunchError, MetalCompileError, UnknownKernelError
 from ._library import Kernel, Library
 from ._record import Launch, record
 
 __all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "Launch", "Library",
-           "Kernel", "KernelFault", "LaunchError", "MetalCompileError"]
+           "Kernel", "KernelFault", "LaunchError", "MetalCompileError", "UnknownKernelError"]
 
 _lock = threading.Lock()
 _libraries: Dict[Tuple[str, Tuple[str, ...], bool], Library] = {}
