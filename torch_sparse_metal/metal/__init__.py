@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 from ._compiler import compile_file, compile_source
-from ._errors import KernelFault, LaunchError, MetalCompileError
+from ._errors import KernelFault, LaunchError, MetalCompileError, UnknownKernelError
 from ._frontend import DEFAULT_LANGUAGE_VERSION, LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS
 from ._library import Kernel, Library
 from ._record import Launch, record
 
 __all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "Launch", "Library",
-           "Kernel", "KernelFault", "LaunchError", "MetalCompileError", "LANGUAGE_VERSIONS",
-           "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS"]
+           "Kernel", "KernelFault", "LaunchError", "MetalCompileError", "UnknownKernelError",
+           "LANGUAGE_VERSIONS", "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS"]
 
 _lock = threading.Lock()
 _libraries: Dict[Tuple[str, Tuple[str, ...], bool, str], Library] = {}

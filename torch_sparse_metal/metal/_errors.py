@@ -87,3 +87,17 @@ class KernelFault(RuntimeError):
 
 class LaunchError(ValueError):
     """A dispatch was asked for with arguments Metal would reject."""
+
+
+class UnknownKernelError(LaunchError, AttributeError):
+    """A library has no kernel of that name; raised by both backends.
+
+    A ``LaunchError`` (so a ``ValueError``) like every other bad launch, and an
+    ``AttributeError`` because the emulator's libraries expose kernels as attributes
+    (``hasattr(lib, name)`` and ``getattr(lib, name, default)`` keep working).
+    """
+
+    def __init__(self, kernel: str, origin: str, available) -> None:
+        super().__init__(f"no kernel named {kernel!r} in {origin}; kernels: "
+                         f"{', '.join(available) or '(none)'}")
+        self.kernel = kernel
