@@ -597,7 +597,13 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
             continue
         if any(rule.search(d.spelling) for rule in _NOT_METAL_RULES):
             continue
-        add(d.location, _explain(d.spelling))
+        location = d.location
+        if location.file is None or location.file.name != path:
+            # Inside Metal's library (a static_assert in a template, say): point at the
+            # user's line that instantiated it.
+            location = next((n.location for n in d.children
+                             if n.location.file is not None and n.location.file.name == path), location)
+        add(location, _explain(d.spelling))
     for offset, message in prepared.lints:
         file, line = _presumed_line(preprocessed, offset)
         out.append(Diagnostic(file, line, 0, message))

@@ -24,7 +24,6 @@
 // Deliberate departures from Metal, all in the permissive direction unless noted:
 //   * a proxy returned by a swizzle converts to vec<T, K> but has no members of its own, so
 //     v.xy.x does not compile: write float2(v.xy).x or v.x.
-//   * float4 v = {1} broadcasts (Metal's initializer list would zero-fill y, z, w).
 //   * vector shifts use the shift count modulo the element width (as OpenCL specifies);
 //     integer division by zero and INT_MIN / -1 follow tsm_emu/integer_division.h, as scalars do.
 //   * bfloat is a class: bfloat op bfloat/integer -> bfloat, bfloat op half/float -> float,
@@ -35,6 +34,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -362,6 +362,15 @@ struct vcore : vstore<T, N, S, A> {
   template <class U, std::enable_if_t<is_scalar<U>::value, int> = 0>
   constexpr vcore(const U& s) : vstore<T, N, S, A>(0) {
     for (int i = 0; i < N; ++i) this->d_[i] = static_cast<T>(s);
+  }
+
+  // Brace initialisation names the leading components and zero-fills the rest, as Metal's
+  // (clang's) vector initialiser lists do: float4 v = {1} is (1, 0, 0, 0), while float4(1)
+  // broadcasts. Narrowing is an error in both.
+  constexpr vcore(std::initializer_list<T> components) : vstore<T, N, S, A>(0) {
+    int k = 0;
+    for (const T& c : components)
+      if (k < N) this->d_[k++] = c;
   }
 
   // Components and smaller vectors, concatenated: float4(a, b, c, d), float4(v2, z, w), ...
