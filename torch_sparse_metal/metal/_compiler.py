@@ -1,12 +1,20 @@
-"""Compiling Metal Shading Language for the CPU: preprocess, rewrite, g++, cache.
+"""Compiling Metal Shading Language for the CPU: preprocess, check, rewrite, compile, cache.
 
 1. The C preprocessor runs over the source with the emulated headers empty
    (``__TSM_EMU_PARSE__``), so what comes out is the user's code alone, macros expanded
-   (MLX-style instantiation macros included) and ``#line`` markers kept.
-2. :mod:`._rewrite` finds the kernels and translates to C++, appending the binding table.
-3. The C++ compiler (``$TSM_EMU_CXX``, else the platform's usual one) builds a shared
+   (MLX-style instantiation macros included) and ``#line`` markers kept. It runs twice:
+   once as Apple's compiler would see the source (``__METAL_VERSION__`` of the language
+   version, no ``__METAL_EMULATOR__``) and once as the emulator builds it. Only
+   ``<metal_*>`` headers and the user's quoted includes are visible, as in Metal.
+2. :mod:`._frontend` checks the first with clang against Metal's language rules, and
+   reads from clang's AST of the second what C++ would get wrong (integer division,
+   overloads on address space).
+3. :mod:`._rewrite` finds the kernels in the second and translates it to C++, appending
+   the binding table.
+4. The C++ compiler (``$TSM_EMU_CXX``, else the platform's usual one) builds a shared
    library from it and the runtime objects; the library is cached under a hash of
-   everything that went into it, so a second run (or a second process) does not recompile.
+   everything that went into it, so a second run (or a second process) neither checks
+   nor recompiles.
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
-from . import _rewrite
+from . import _frontend, _rewrite
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -37,7 +45,10 @@ BASE_CXX_FLAGS = ("-O2", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden",
 # writing over a neighbouring fiber's stack. -fexcess-precision=16 rounds `half` arithmetic
 # after every operation, as the GPU's half ALUs do (clang on x86-64 otherwise keeps floats).
 OPTIONAL_CXX_FLAGS = ("-fstack-clash-protection", "-fexcess-precision=16")
-PREDEFINED = ("-D__METAL_EMULATOR__=1", "-D__METAL_VERSION__=310", "-D__METAL_MACOS__=1")
+# What Apple's compiler predefines for a macOS target; the emulator adds __METAL_EMULATOR__.
+# -undef: none of the host compiler's own (__GNUC__, __x86_64__, ...) reaches user code.
+METAL_PREDEFINED = ("-undef", "-D__METAL__=1", "-D__METAL_MACOS__=1")
+EMULATOR_PREDEFINED = ("-D__METAL_EMULATOR__=1",)
 
 
 @dataclass
@@ -47,6 +58,7 @@ class CompiledLibrary:
     uses_synchronisation: bool
     origin: str
     sanitize: bool
+    language_version: str
 
 
 def cache_dir() -> Path:
@@ -132,7 +144,10 @@ def _toolchain_fingerprint() -> str:
         if path.is_file() and path.suffix in ("", ".h", ".cpp", ".inc"):
             h.update(str(path.relative_to(EMULATOR_DIR)).encode())
             h.update(path.read_bytes())
-    h.update(" ".join(cxx_flags() + PREDEFINED + (CXX_STANDARD,)).encode())
+    # The Python translation and the front end decide the generated code too.
+    for path in (Path(_rewrite.__file__), Path(_frontend.__file__)):
+        h.update(path.read_bytes())
+    h.update(" ".join(cxx_flags() + METAL_PREDEFINED + EMULATOR_PREDEFINED + (CXX_STANDARD,)).encode())
     return h.hexdigest()
 
 
@@ -166,15 +181,39 @@ def _runtime_objects() -> List[Path]:
     return objects
 
 
-def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str) -> str:
-    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-D__TSM_EMU_PARSE__=1", *PREDEFINED,
-           "-I", str(EMULATOR_INCLUDE_DIR)]
+def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str, language_version: str,
+                emulator: bool) -> str:
+    """The user's code with macros expanded, as Metal (``emulator=False``) or the emulator
+    sees it. No system header is reachable: ``-nostdinc``."""
+    version = _frontend.language_version_number(language_version)
+    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-nostdinc", "-nostdinc++", "-D__TSM_EMU_PARSE__=1",
+           *METAL_PREDEFINED, f"-D__METAL_VERSION__={version}",
+           *(EMULATOR_PREDEFINED if emulator else ()), "-I", str(EMULATOR_INCLUDE_DIR)]
     for d in include_dirs:
         cmd += ["-I", str(d)]
     proc = subprocess.run(cmd + [str(path)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise MetalCompileError.from_log("preprocessing", proc.stderr, path.read_text(), origin)
     return proc.stdout
+
+
+@dataclass(frozen=True)
+class _Views:
+    """A shader preprocessed as the emulator builds it and as Apple's compiler sees it."""
+    emulator: str
+    metal: str
+    kernels: List[_rewrite.Kernel]
+
+
+def _views(path: Path, include_dirs: Sequence[Path], origin: str, language_version: str) -> _Views:
+    include_dirs = [path.parent, *include_dirs, SHADERS_DIR]
+    emulator = _preprocess(path, include_dirs, origin, language_version, emulator=True)
+    metal = _preprocess(path, include_dirs, origin, language_version, emulator=False)
+    try:
+        kernels = _rewrite.find_kernels(emulator)
+    except _rewrite.ParseError as e:
+        raise MetalCompileError.at_offset(str(e), emulator, e.offset, origin) from None
+    return _Views(emulator, metal, kernels)
 
 
 @dataclass(frozen=True)
@@ -186,33 +225,46 @@ class GeneratedCxx:
     uses_synchronisation: bool
 
 
-def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
-                  sanitize: bool = False, command: Sequence[str] = ()) -> GeneratedCxx:
-    """The C++ the emulator compiles for the MSL file at ``path`` (quoted includes resolve
-    next to it and in ``include_dirs``); ``sanitize`` gives the checked variant's. The
-    flags are for the compiler ``command`` (default :func:`compiler`; a cross compiler, say)."""
-    origin = origin or path.name
-    preprocessed = _preprocess(path, [path.parent, *include_dirs, SHADERS_DIR], origin)
-    try:
-        kernels = _rewrite.find_kernels(preprocessed)
-    except _rewrite.ParseError as e:
-        raise MetalCompileError.at_offset(str(e), preprocessed, e.offset, origin) from None
+def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_version: str,
+               command: Sequence[str] = ()) -> GeneratedCxx:
+    """Check ``views`` against Metal's rules, then translate the emulator's view to C++."""
+    _frontend.check(views.metal, language_version=language_version, origin=origin, main_file=str(path))
+    emulated = _rewrite._apply(views.emulator, _frontend.emulator_edits(
+        views.emulator, language_version=language_version, main_file=str(path)))
     text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
-            _rewrite.rewrite(preprocessed, sanitize=sanitize) + _rewrite.binding_table(kernels))
-    return GeneratedCxx(text, compile_flags(command), kernels, _rewrite.uses_synchronisation(preprocessed))
+            _rewrite.rewrite(emulated, sanitize=sanitize) + _rewrite.binding_table(views.kernels))
+    return GeneratedCxx(text, compile_flags(command), views.kernels,
+                        _rewrite.uses_synchronisation(views.emulator))
+
+
+def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
+                  sanitize: bool = False, command: Sequence[str] = (),
+                  language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> GeneratedCxx:
+    """The C++ the emulator compiles for the MSL file at ``path`` (quoted includes resolve
+    next to it and in ``include_dirs``), after the source passed the Metal check;
+    ``sanitize`` gives the checked variant's. The flags are for the compiler ``command``
+    (default :func:`compiler`; a cross compiler, say)."""
+    origin = origin or path.name
+    views = _views(path, include_dirs, origin, language_version)
+    return _translate(views, path, origin, sanitize, language_version, command)
 
 
 def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
-                 sanitize: bool = False) -> CompiledLibrary:
+                 sanitize: bool = False,
+                 language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> CompiledLibrary:
     """Compile the MSL file at ``path`` (quoted includes resolve next to it and in ``include_dirs``).
 
-    ``sanitize`` builds the checked variant (see the sanitizer in the README).
+    ``sanitize`` builds the checked variant (see the sanitizer in the README);
+    ``language_version`` ("3.0" ... "4.0") sets ``__METAL_VERSION__`` and the rules checked.
     """
     origin = origin or path.name
-    cxx = generated_cxx(path, include_dirs=include_dirs, origin=origin, sanitize=sanitize)
-    key = hashlib.sha256((_toolchain_fingerprint() + cxx.text).encode()).hexdigest()[:24]
+    views = _views(path, include_dirs, origin, language_version)
+    # Keyed by what went in, so a cache hit needs neither the check nor the translation.
+    key = hashlib.sha256("\0".join((_toolchain_fingerprint(), language_version, str(sanitize),
+                                    views.metal, views.emulator)).encode()).hexdigest()[:24]
     lib = cache_dir() / f"{key}.so"
     if not lib.exists():
+        cxx = _translate(views, path, origin, sanitize, language_version)
         runtime = _runtime_objects()
         with tempfile.TemporaryDirectory(prefix="tsm-emu-") as tmp:
             src = Path(tmp) / "kernel.cpp"
@@ -223,11 +275,12 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
             staged = _staged(lib)
             shutil.copyfile(out, staged)
             os.replace(staged, lib)
-    return CompiledLibrary(lib, cxx.kernels, cxx.uses_synchronisation, origin, sanitize)
+    return CompiledLibrary(lib, views.kernels, _rewrite.uses_synchronisation(views.emulator), origin,
+                           sanitize, language_version)
 
 
-def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False
-                   ) -> CompiledLibrary:
+def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False,
+                   language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> CompiledLibrary:
     """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it)."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     src_dir = cache_dir() / "sources"
@@ -237,4 +290,5 @@ def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: 
         tmp = _staged(path)
         tmp.write_text(source)
         os.replace(tmp, path)
-    return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>", sanitize=sanitize)
+    return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>", sanitize=sanitize,
+                        language_version=language_version)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Optional
 
-FAULT_KINDS = ("out_of_bounds", "threadgroup_race", "device_race", "barrier_divergence",
+FAULT_KINDS = ("out_of_bounds", "integer_division", "threadgroup_race", "device_race", "barrier_divergence",
                "uninitialized_read", "inactive_lane", "hang", "crash")
 
 
@@ -39,6 +40,21 @@ class MetalCompileError(RuntimeError):
         return cls(message, log, line, source_line)
 
     @classmethod
+    def from_diagnostics(cls, what: str, diagnostics) -> "MetalCompileError":
+        """Errors of the front-end check: ``(file, line, message)`` each, in source order;
+        ``line`` and ``source_line`` are the first one's."""
+        shown = []
+        for file, line, message in diagnostics:
+            text = _line_of(file, line)
+            shown.append(f"{file.split('/')[-1]}:{line}: error: {message}" +
+                         (f"\n    {text.strip()}" if text else ""))
+        file, line, message = diagnostics[0]
+        text = _line_of(file, line)
+        log = "\n".join(shown)
+        return cls(f"{what}: {message}\n  at {file.split('/')[-1]} line {line}: "
+                   f"{text.strip() if text else ''}\n\n{log}", log, line, text)
+
+    @classmethod
     def at_offset(cls, message: str, preprocessed: str, offset: int, origin: str) -> "MetalCompileError":
         """An error found by the emulator's own parser at ``offset`` of the preprocessed text."""
         line, file = 0, origin
@@ -51,6 +67,14 @@ class MetalCompileError(RuntimeError):
         text = preprocessed.splitlines()[preprocessed[:offset].count("\n")] if preprocessed else ""
         return cls(f"{origin}: {message}\n  at {file.split('/')[-1]} line {line}: {text.strip()}",
                    "", line, text)
+
+
+def _line_of(path: str, line: int) -> Optional[str]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    return lines[line - 1] if 0 < line <= len(lines) else None
 
 
 class KernelFault(RuntimeError):

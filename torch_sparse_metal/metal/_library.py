@@ -157,6 +157,7 @@ class Library:
         self.path = compiled.path
         self.uses_synchronisation = compiled.uses_synchronisation
         self.sanitize = compiled.sanitize
+        self.language_version = compiled.language_version
         self._dll = ctypes.CDLL(str(compiled.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
         self._dll.tsm_num_kernels.restype = ctypes.c_int
         self._dll.tsm_kernel_name.restype = ctypes.c_char_p
