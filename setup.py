@@ -5,7 +5,10 @@
   install reads them from the checkout; see ``torch_sparse_metal/_paths.py``).
 * On macOS only: the Objective-C++ extension ``torch_sparse_metal._metal_launcher`` from
   ``csrc/metal/launcher.mm``, built with torch's ``BuildExtension``. torch is imported on
-  that branch only, so a Linux build needs no torch at build time.
+  that branch only, so a Linux build needs no torch at build time. A failed build of the
+  extension does not fail the install: it warns, and the package installs with the
+  emulator and reference backends (MPS tensors then run on the reference, with a warning
+  saying how to rebuild).
 
 Develop with ``pip install --no-build-isolation -e .`` (the Mac build compiles against the
 torch already installed, which is the one that will load the extension).
@@ -79,10 +82,33 @@ cmdclass = {"build_py": build_py_with_data, "sdist": sdist_with_sources}
 ext_modules = []
 
 
+def optional_build_ext(base):
+    """``base`` (a build_ext command) made to warn instead of failing when an extension does
+    not build: the Metal launcher is optional, the rest of the package works without it."""
+
+    class OptionalBuildExt(base):
+        def build_extension(self, ext) -> None:
+            try:
+                super().build_extension(ext)
+            except Exception as exc:  # noqa: BLE001 -- compiler, SDK, headers, linker: any cause
+                self.warn(f"torch_sparse_metal: {ext.name} was not built ({type(exc).__name__}: "
+                          f"{exc}). The package installs without it: the emulator and reference "
+                          "backends work, and MPS tensors run on the plain-torch reference. "
+                          "Fix the error above and rerun `pip install --no-build-isolation "
+                          "--no-deps -e .` to build it.")
+
+    return OptionalBuildExt
+
+
 def _metal_extension():
     """The launcher extension and torch's BuildExtension; macOS only (imports torch)."""
-    import torch
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    try:
+        import torch
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError as exc:
+        print(f"torch_sparse_metal: torch is not importable ({exc}); building without the "
+              "Metal launcher (install torch first, then rebuild)", file=sys.stderr)
+        return None, None
 
     if not torch.backends.mps.is_built():
         # BuildExtension only accepts .mm sources when torch was built with MPS.
@@ -106,7 +132,7 @@ if sys.platform == "darwin":  # torch is imported on this branch only
     _extension, _build_ext = _metal_extension()
     if _extension is not None:
         ext_modules.append(_extension)
-        cmdclass["build_ext"] = _build_ext
+        cmdclass["build_ext"] = optional_build_ext(_build_ext)
 
 setup(
     name="torch_sparse_metal",
@@ -117,7 +143,7 @@ setup(
         include=[PACKAGE, f"{PACKAGE}.*"],
         exclude=[f"{PACKAGE}._data", f"{PACKAGE}._data.*", "*.__pycache__"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.1", "numpy"],
+    install_requires=["torch>=2.1", "numpy", "libclang>=17"],
     extras_require={
         "test": ["pytest", "hypothesis", "scipy", "scikit-learn"],
         "demo": ["scikit-learn", "matplotlib"],

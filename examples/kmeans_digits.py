@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32)
     device = "cpu"
-    if args.backend == "auto" and torch.backends.mps.is_available():
+    if args.backend == "auto" and tsm.metal_available():
         device = "mps"
     x = x.to(device)
 

@@ -118,7 +118,7 @@ def plot(history: dict, layers, path: Path) -> Path:
 def main(argv=None) -> float:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    on_mps = args.backend == "auto" and torch.backends.mps.is_available()
+    on_mps = args.backend == "auto" and tsm.metal_available()
     device = torch.device("mps" if on_mps else "cpu")
     x_train, y_train, x_test, y_test = load_data(device, args.seed)
     model = build_model(args.hidden, args.density, args.activation, device, args.seed)

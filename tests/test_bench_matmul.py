@@ -81,3 +81,61 @@ def test_mps_baseline_follows_the_stream_contract():
     helper = code[code.index("StoredMatrix stored_matrix("):]
     assert re.search(r"storage_offset\s*\(\s*\)\s*\)\s*\*", helper[:2000])
     assert 'm.def("mps_matmul", &py_mps_matmul' in LAUNCHER.read_text()
+
+
+# ---- the MPS path's logic, on CPU with a fake synchronisation and clock ------------------
+
+def test_time_per_call_is_n_calls_between_two_synchronisations():
+    events = []
+    ticks = iter([10.0, 10.6])
+
+    def clock():
+        events.append("clock")
+        return next(ticks)
+
+    seconds = bench.time_per_call(lambda: events.append("call"), warmup=2, calls=3,
+                                  sync=lambda: events.append("sync"), clock=clock)
+    assert events == ["call", "call", "sync", "clock", "call", "call", "call", "sync", "clock"]
+    assert seconds == pytest.approx(0.2)
+
+
+def test_mps_rows_keep_going_when_an_implementation_fails():
+    def failing_baseline(a, b, c):
+        raise RuntimeError("MPSMatrixMultiplication init failed\nmore detail")
+
+    syncs = []
+    ticks = iter(float(t) for t in range(100))
+    rows = bench.run_mps([("t", 9, 7, 5)], kernels=("naive", "simdgroup", "tiled"), warmup=1,
+                         repeats=4, device="cpu", backend="emulator",
+                         caps={"name": "Apple M1", "supports_apple7": False},
+                         baseline=failing_baseline, sync=lambda: syncs.append(1),
+                         clock=lambda: next(ticks))
+    assert [r["kernel"] for r in rows] == ["torch.mm", "naive", "tiled", "MPSMatrixMultiplication"]
+    *timed, failed = rows
+    for r in timed:  # each timed: 4 calls in 1 tick of the fake clock
+        assert r["ok"] and r["error"] is None and r["ms"] == pytest.approx(1e3 / 4)
+        assert r["pct_peak"] == pytest.approx(100 * r["tflops"] / 2.6)  # Apple M1: 2.6
+    assert failed["error"] == "RuntimeError: MPSMatrixMultiplication init failed"
+    assert failed["ms"] is None and failed["ok"] is False
+    assert len(syncs) == 3 * 3  # per timed row: after the check, the warm-up, the timed calls
+    table = bench.format_mps_table(rows)
+    assert "failed: RuntimeError: MPSMatrixMultiplication init failed" in table
+    assert table.splitlines()[-1].startswith("ms: per call, over back-to-back calls")
+
+
+def test_peak_table_covers_m1_to_m5_with_a_source_for_every_figure():
+    names = set(bench.FP32_PEAKS)
+    for generation in ("M1", "M2", "M3", "M4", "M5"):
+        assert f"Apple {generation}" in names
+    assert {"Apple M1 Pro", "Apple M1 Max", "Apple M1 Ultra", "Apple M2 Pro", "Apple M2 Max",
+            "Apple M2 Ultra", "Apple M3 Max", "Apple M4 Max"} <= names
+    for name, (peak, source) in bench.FP32_PEAKS.items():
+        if peak is None:
+            assert source.startswith("no public figure"), name
+        else:
+            assert peak > 0 and ("apple" in source.lower() or "github.com" in source), name
+    # Within a generation the bigger chip has the higher peak.
+    peaks = {n: p for n, (p, _) in bench.FP32_PEAKS.items()}
+    assert peaks["Apple M1"] < peaks["Apple M1 Pro"] < peaks["Apple M1 Max"] < peaks["Apple M1 Ultra"]
+    assert peaks["Apple M2"] < peaks["Apple M2 Pro"] < peaks["Apple M2 Max"] < peaks["Apple M2 Ultra"]
+

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +56,8 @@ def test_is_available_is_false_on_another_platform(monkeypatch):
 def test_dispatch_off_macos_raises_the_clear_error(monkeypatch):
     monkeypatch.setattr(sys, "platform", "linux")
     x = torch.zeros(4)
-    with pytest.raises(mb.MetalUnavailableError, match="needs macOS with an Apple GPU") as info:
+    with pytest.raises(mb.MetalUnavailableError,
+                       match="needs macOS 14 or later on Apple silicon") as info:
         mb.dispatch("any.metal", "k", [x, np.int32(4)], threads=4, group_size=4)
     message = str(info.value)
     assert "backend 'emulator' or 'reference'" in message
@@ -73,17 +76,115 @@ def test_missing_extension_is_reported_clearly(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     monkeypatch.setattr(mb, "EXTENSION", "torch_sparse_metal._no_such_extension")
     assert mb.is_available() is False
-    with pytest.raises(mb.MetalUnavailableError, match="could not be imported"):
+    with pytest.raises(mb.MetalUnavailableError, match="could not be imported") as info:
         mb.dispatch("any.metal", "k", [], threads=1, group_size=1)
+    assert "pip install --no-build-isolation --no-deps -e ." in str(info.value)
+    assert "xcode-select --install" in str(info.value)
+    assert mb.unavailable_reason() == str(info.value)
+
+
+def test_auto_runs_mps_tensors_on_the_reference_without_the_launcher(monkeypatch):
+    """A Mac whose extension did not build still runs every op (plain torch), and says
+    once how to get the kernels."""
+    from torch_sparse_metal import _backend
+    x = torch.zeros(2).as_subclass(PretendMps)
+    monkeypatch.setattr(_backend, "_warned", threading.Event())
+    monkeypatch.setattr(mb, "unavailable_reason", lambda: "no launcher; rebuild it so")
+    with pytest.warns(RuntimeWarning, match="MPS tensors run on the plain-torch reference, not "
+                                            "the Metal kernels: no launcher; rebuild it so"):
+        assert _backend.resolve_backend("op", [x]) == "reference"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert _backend.resolve_backend("op", [x]) == "reference"
+        monkeypatch.setattr(mb, "unavailable_reason", lambda: None)
+        assert _backend.resolve_backend("op", [x]) == "metal"
+        assert _backend.resolve_backend("op", [torch.zeros(2)]) == "reference"
+
+
+def test_metal_available_is_the_launchers_availability(monkeypatch):
+    import torch_sparse_metal as tsm
+    assert tsm.metal_available is mb.is_available
+    monkeypatch.setattr(mb, "unavailable_reason", lambda: None)
+    assert tsm.metal_available() is True
 
 
 # --------------------------------------------------------------------------------------
-# Argument handling, against a fake extension
+# Argument handling, against a fake extension whose reflection is what the emulator parses
+# from the same source (so both backends check one description of each kernel)
 # --------------------------------------------------------------------------------------
+
+FAKE_SHADER = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void kern(device float* t [[buffer(0)]], constant int& a [[buffer(1)]],
+                 constant uint& b [[buffer(2)]], constant float& c [[buffer(3)]],
+                 constant half& d [[buffer(4)]], constant long& e [[buffer(5)]],
+                 constant bool& f [[buffer(6)]], threadgroup float* s0 [[threadgroup(0)]],
+                 threadgroup float* s1 [[threadgroup(1)]], uint i [[thread_position_in_grid]]) {
+  if (i == 0) {
+    t[0] = float(a) + float(b) + c + float(d) + float(e) + float(f);
+  }
+}
+
+kernel void pair(constant int& n [[buffer(0)]], device float* x [[buffer(1)]],
+                 uint i [[thread_position_in_grid]]) {
+  if (i < uint(n)) {
+    x[i] = 0.0f;
+  }
+}
+
+kernel void scratch(device float* x [[buffer(0)]], threadgroup float* a [[threadgroup(0)]],
+                    threadgroup float* b [[threadgroup(2)]],
+                    uint l [[thread_position_in_threadgroup]]) {
+  a[l] = x[l];
+  b[l] = x[l];
+}
+"""
+
+# (ParamInfo.scalar, size) -> MTLDataType, as Metal's reflection reports a pointee.
+_METAL_TYPES = {("f", 4): 3, ("h", 2): 16, ("b", 2): 121, ("i", 1): 45, ("i", 2): 37,
+                ("i", 4): 29, ("i", 8): 81, ("u", 1): 49, ("u", 2): 41, ("u", 4): 33,
+                ("u", 8): 85, ("o", 1): 53}
+
+
+def reflection_of(source: str, kernel: str, **overrides) -> dict:
+    """What the extension's pipeline_info() returns for ``kernel``, built from the
+    emulator's parse of ``source``."""
+    from torch_sparse_metal.metal import compile_shader
+    from torch_sparse_metal.metal._rewrite import P_BUFFER, P_THREADGROUP
+    params = compile_shader(source)[kernel].params
+    info = {"buffers": [(p.index, p.name, p.size, _METAL_TYPES.get((p.scalar, p.size), 1))
+                        for p in params if p.kind == P_BUFFER],
+            "threadgroups": [(p.index, p.name, p.size) for p in params
+                             if p.kind == P_THREADGROUP],
+            "max_total_threads_per_threadgroup": 1024, "thread_execution_width": 32,
+            "static_threadgroup_memory": 0}
+    info.update(overrides)
+    return info
+
 
 class FakeExtension:
-    def __init__(self):
+    """The extension's Python interface over FAKE_SHADER (or the reflections given)."""
+
+    class CompileError(RuntimeError):
+        pass
+
+    def __init__(self, reflections=None, compile_log=None):
+        self.reflections = reflections or {k: reflection_of(FAKE_SHADER, k)
+                                           for k in ("kern", "pair", "scratch")}
+        self.compile_log = compile_log
         self.calls = []
+        self.info_calls = []
+
+    def kernel_names(self, source):
+        if self.compile_log is not None:
+            raise self.CompileError(self.compile_log)
+        return list(self.reflections)
+
+    def pipeline_info(self, source, kernel):
+        self.info_calls.append(kernel)
+        return self.reflections[kernel]
 
     def dispatch(self, source, kernel, args, threads, group_size, threadgroup_memory):
         self.calls.append((source, kernel, list(args), threads, group_size, threadgroup_memory))
@@ -97,12 +198,21 @@ class PretendMps(torch.Tensor):
         return torch.device("mps")
 
 
+def _install(monkeypatch, ext, info=None):
+    monkeypatch.setattr(mb, "_extension", lambda: ext)
+    monkeypatch.setattr(mb, "shader_source", lambda name: f"// source of {name}\n")
+    monkeypatch.setattr(mb, "_device_info", lambda: dict(info or FAKE_INFO))
+    mb.kernel_info.cache_clear()
+    mb.device_capabilities.cache_clear()
+
+
 @pytest.fixture
 def fake_ext(monkeypatch):
     ext = FakeExtension()
-    monkeypatch.setattr(mb, "_extension", lambda: ext)
-    monkeypatch.setattr(mb, "shader_source", lambda name: f"// source of {name}\n")
-    return ext
+    _install(monkeypatch, ext)
+    yield ext
+    mb.kernel_info.cache_clear()
+    mb.device_capabilities.cache_clear()
 
 
 def test_scalars_become_their_bytes_and_dims_are_normalised(fake_ext):
@@ -134,14 +244,14 @@ def test_scalars_become_their_bytes_and_dims_are_normalised(fake_ext):
 ])
 def test_bad_arguments_are_rejected_before_the_extension(fake_ext, bad, error, match):
     with pytest.raises(error, match=match):
-        mb.dispatch("s.metal", "kern", [np.int32(1), bad], threads=4, group_size=4)
+        mb.dispatch("s.metal", "pair", [np.int32(1), bad], threads=4, group_size=4)
     assert fake_ext.calls == []
 
 
 def test_non_contiguous_tensors_are_rejected(fake_ext):
     t = torch.zeros(4, 4).t().as_subclass(PretendMps)
     with pytest.raises(ValueError, match="contiguous"):
-        mb.dispatch("s.metal", "kern", [t], threads=4, group_size=4)
+        mb.dispatch("s.metal", "pair", [np.int32(4), t], threads=4, group_size=4)
     assert fake_ext.calls == []
 
 
@@ -162,6 +272,167 @@ def test_too_many_arguments_are_rejected(fake_ext):
     with pytest.raises(ValueError, match="at most 31"):
         mb.dispatch("s.metal", "kern", [np.int32(i) for i in range(32)], threads=1,
                     group_size=1)
+
+
+# Bad launches of FAKE_SHADER's kernels, with what both backends must say. Tensors are
+# made per backend (CPU for the emulator, "mps" for Metal).
+BIND_CASES = [
+    ("pair", ["f"], {}, r"^pair: expected 2 arguments \(one per \[\[buffer\(i\)\]\]\), got 1$"),
+    ("pair", [np.int32(4), "f", "f"], {}, r"^pair: expected 2 arguments"),
+    ("pair", [np.uint32(4), "f"], {},
+     r"^pair: argument 0 \(\[\[buffer\(0\)\]\] `[^`]*\bn\b[^`]*`\): got a NumPy uint32 \(4 "
+     r"bytes\), the kernel declares signed integer of 4 bytes$"),
+    ("pair", [np.int16(4), "f"], {}, r"got a NumPy int16 \(2 bytes\)"),
+    ("kern", ["f", np.int32(1), np.uint32(1), np.int32(1), np.float16(1), np.int64(1),
+              np.bool_(1)], {"threadgroup_memory": [16, 16]},
+     r"^kern: argument 3 .*`[^`]*\bc\b[^`]*`\): got a NumPy int32 \(4 bytes\), the kernel "
+     r"declares float of 4 bytes$"),
+    ("scratch", ["f"], {"threadgroup_memory": [64, 0]},
+     r"^scratch: threadgroup_memory must give the byte length of each of its 3 "
+     r"\[\[threadgroup\(n\)\]\] parameters, got \[64, 0\]$"),
+    ("scratch", ["f"], {"threadgroup_memory": [64, 0, 24]},
+     r"^scratch: threadgroup_memory\[2\] = 24: Metal needs a non-negative multiple of 16"),
+    ("scratch", ["f"], {"group_size": 2048, "threadgroup_memory": [64, 0, 64]},
+     r"^scratch: group_size \(2048, 1, 1\) has 2048 threads; a Metal threadgroup holds 1 to "
+     r"1024 \(the pipeline's maxTotalThreadsPerThreadgroup\)$"),
+]
+
+
+def _args_for(case_args, device_tensor):
+    return [device_tensor() if a == "f" else a for a in case_args]
+
+
+@pytest.mark.parametrize("kernel, args, kwargs, match", BIND_CASES)
+def test_bind_checks_are_the_emulators(fake_ext, kernel, args, kwargs, match):
+    """The same bad launch raises the same LaunchError (a ValueError) on both backends,
+    naming the kernel and the argument."""
+    from torch_sparse_metal.metal import LaunchError, compile_shader
+    launch = dict(threads=4, group_size=4)
+    launch.update(kwargs)
+    with pytest.raises(LaunchError, match=match):
+        compile_shader(FAKE_SHADER)[kernel](*_args_for(args, lambda: torch.zeros(4)), **launch)
+    with pytest.raises(LaunchError, match=match):
+        mb.dispatch("s.metal", kernel,
+                    _args_for(args, lambda: torch.zeros(4).as_subclass(PretendMps)), **launch)
+    assert fake_ext.calls == []
+
+
+def test_threadgroup_memory_is_limited_by_the_device_less_static_memory(monkeypatch):
+    ext = FakeExtension({"scratch": reflection_of(FAKE_SHADER, "scratch",
+                                                  static_threadgroup_memory=1024)})
+    _install(monkeypatch, ext, dict(FAKE_INFO, max_threadgroup_memory=4096))
+    x = torch.zeros(4).as_subclass(PretendMps)
+    mb.dispatch("s.metal", "scratch", [x], threads=4, group_size=4,
+                threadgroup_memory=[2048, 0, 1024])
+    with pytest.raises(ValueError, match="threadgroup_memory totals 3088 bytes; Metal allows 3072"):
+        mb.dispatch("s.metal", "scratch", [x], threads=4, group_size=4,
+                    threadgroup_memory=[2048, 0, 1040])
+    assert len(ext.calls) == 1
+
+
+def test_group_size_is_limited_by_the_pipeline(monkeypatch):
+    ext = FakeExtension({"pair": reflection_of(FAKE_SHADER, "pair",
+                                               max_total_threads_per_threadgroup=512)})
+    _install(monkeypatch, ext)
+    x = torch.zeros(4).as_subclass(PretendMps)
+    with pytest.raises(ValueError, match=r"has 1024 threads; a Metal threadgroup holds 1 to 512"):
+        mb.dispatch("s.metal", "pair", [np.int32(4), x], threads=1024, group_size=(32, 32))
+    mb.dispatch("s.metal", "pair", [np.int32(4), x], threads=1024, group_size=(32, 16))
+    assert mb.kernel_info("s.metal", "pair").max_total_threads_per_threadgroup == 512
+    assert ext.info_calls == ["pair"]  # reflected once, then cached
+
+
+def test_a_simd_width_other_than_32_is_refused(monkeypatch):
+    ext = FakeExtension({"pair": reflection_of(FAKE_SHADER, "pair", thread_execution_width=64)})
+    _install(monkeypatch, ext)
+    with pytest.raises(RuntimeError, match="pair: the pipeline's threadExecutionWidth is 64; "
+                                           "every kernel .* assumes SIMD-groups of 32"):
+        mb.kernel_info("s.metal", "pair")
+
+
+def test_unknown_kernel_is_the_same_error_on_both_backends(fake_ext):
+    from torch_sparse_metal.metal import LaunchError, UnknownKernelError, compile_shader
+    with pytest.raises(UnknownKernelError, match=r"no kernel named 'nope' in s.metal; kernels: "
+                                                 r"kern, pair, scratch$") as metal:
+        mb.dispatch("s.metal", "nope", [], threads=1, group_size=1)
+    lib = compile_shader(FAKE_SHADER)
+    with pytest.raises(UnknownKernelError, match=r"no kernel named 'nope' in .*; kernels: "
+                                                 r"kern, pair, scratch$"):
+        lib.nope
+    assert isinstance(metal.value, LaunchError) and isinstance(metal.value, ValueError)
+    assert isinstance(metal.value, AttributeError)
+    assert not hasattr(lib, "nope") and getattr(lib, "nope", 7) == 7
+    assert fake_ext.calls == []
+
+
+def test_a_metal_compile_error_names_the_shader_file_and_line(monkeypatch):
+    """Apple's compiler names files and lines through the #line markers of shader_source;
+    the error is the emulator's MetalCompileError, pointing at the line's text."""
+    from torch_sparse_metal._paths import SHADERS_DIR
+    from torch_sparse_metal.metal import MetalCompileError
+    header = (SHADERS_DIR / "matmul.h").read_text().splitlines()
+    line = next(i for i, text in enumerate(header, 1) if "struct tsm_mm_acc" in text)
+    log = (f"matmul.h:{line}:8: error: redefinition of 'tsm_mm_acc'\n"
+           "matmul_tiled.metal:19:1: note: in instantiation\n")
+    _install(monkeypatch, FakeExtension(compile_log=log))
+    with pytest.raises(MetalCompileError) as info:
+        mb.kernel_info("matmul_tiled.metal", "matmul_tiled_nn_float")
+    message = str(info.value)
+    assert message.startswith("compiling matmul_tiled.metal for Metal (MSL 3.2) failed: "
+                              "redefinition of 'tsm_mm_acc'\n  at matmul.h line "
+                              f"{line}: struct tsm_mm_acc {{")
+    assert info.value.line == line and info.value.source_line == header[line - 1]
+    assert message.endswith(log.strip()) and info.value.log == log
+    mb.kernel_info.cache_clear()
+    mb.device_capabilities.cache_clear()
+
+
+def test_a_compile_error_without_a_location_keeps_the_whole_log(monkeypatch):
+    from torch_sparse_metal.metal import MetalCompileError
+    _install(monkeypatch, FakeExtension(compile_log="Compiler encountered an internal error"))
+    with pytest.raises(MetalCompileError, match=r"^compiling x.metal for Metal \(MSL 3.2\) "
+                                                r"failed:\nCompiler encountered an internal "
+                                                r"error$") as info:
+        mb.kernel_info("x.metal", "k")
+    assert info.value.line is None
+    mb.kernel_info.cache_clear()
+    mb.device_capabilities.cache_clear()
+
+
+# --------------------------------------------------------------------------------------
+# Shader sources for Metal: includes inlined, #line markers keep files and lines
+# --------------------------------------------------------------------------------------
+
+def test_inlined_sources_keep_each_lines_file_and_number(tmp_path):
+    from torch_sparse_metal import _shaders
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "b.h").write_text("#pragma once\nint b;\n")
+    (tmp_path / "a.h").write_text('#pragma once\n#include "inc/b.h"\nint a;\n')
+    (tmp_path / "k.metal").write_text('#include "a.h"\n#include "inc/b.h"\nint k;\n')
+    flat = _shaders._flatten(tmp_path / "k.metal", set())
+    assert flat.splitlines() == [
+        '#line 1 "k.metal"',
+        '#line 1 "a.h"', "", '#line 1 "b.h"', "", "int b;", '#line 3 "a.h"', "int a;",
+        '#line 2 "k.metal"',
+        '#line 3 "k.metal"',  # b.h again: included once
+        "int k;"]
+
+
+def test_project_shaders_flatten_with_paths_relative_to_shaders():
+    from torch_sparse_metal import _shaders
+    flat = _shaders.shader_source("matmul_tiled.metal")
+    assert flat.startswith('#line 1 "matmul_tiled.metal"\n')
+    for name in ("matmul.h", "activations.h", "tsm_common.h"):
+        assert flat.count(f'#line 1 "{name}"\n') == 1
+    assert '#include "' not in flat and "#pragma once" not in flat
+
+
+def test_a_flattened_shader_is_the_same_program_for_the_emulator():
+    """The string the Metal launcher compiles, given to the emulator: the same kernels."""
+    from torch_sparse_metal import _shaders
+    from torch_sparse_metal.metal import compile_shader, load_shader_file
+    flat = _shaders.shader_source("cross_entropy.metal")
+    assert compile_shader(flat).kernel_names == load_shader_file("cross_entropy.metal").kernel_names
 
 
 # --------------------------------------------------------------------------------------
@@ -317,6 +588,66 @@ def test_launcher_binds_tensors_at_their_storage_offset(launcher_code):
         assert m.group(1) != "0", "a tensor bound at offset 0 ignores views"
 
 
+def _dispatch_block(code: str) -> str:
+    """The body of py_dispatch's dispatch_sync(stream->queue(), ^{ ... }) block."""
+    start = code.index("void py_dispatch(")
+    body = code[start:_block_end(code, code.index("{", start))]
+    queue = re.search(r"dispatch_sync\s*\(\s*stream\s*->\s*queue\s*\(\s*\)\s*,\s*\^", body)
+    brace = body.index("{", queue.end())
+    return body[brace:_block_end(body, brace)]
+
+
+def test_launcher_registers_each_dispatch_with_torchs_profiler(launcher_code):
+    assert re.search(r"#include\s*<ATen/mps/MPSProfiler.h>", LAUNCHER.read_text())
+    block = _dispatch_block(launcher_code)
+    begin = re.search(r"getMPSProfiler\s*\(\s*\)\s*\.\s*beginProfileKernel\s*\(\s*"
+                      r"\(__bridge const void\s*\*\)\s*pipeline\s*,", block)
+    end = re.search(r"getMPSProfiler\s*\(\s*\)\s*\.\s*endProfileKernel\s*\(\s*"
+                    r"\(__bridge const void\s*\*\)\s*pipeline\s*\)", block)
+    assert begin and end
+    # As torch's own kernels: after taking the encoder, around the whole encoding.
+    assert block.index("commandEncoder()") < begin.start() < block.index("setComputePipelineState:")
+    assert block.index("dispatchThreads:") < end.start()
+
+
+def test_launcher_sets_every_declared_threadgroup_length(launcher_code):
+    """Zero included, from the pipeline's reflection: the shared encoder keeps whatever
+    length the previous kernel set at an index left alone."""
+    block = _dispatch_block(launcher_code)
+    loop = re.search(r"for\s*\(\s*const Parameter\s*&\s*p\s*:\s*\*\s*tg_params\s*\)\s*\{"
+                     r"\s*\[encoder setThreadgroupMemoryLength:\(\*tg\)\[p\.index\]\s+"
+                     r"atIndex:p\.index\]\s*;\s*\}", block)
+    assert loop, "setThreadgroupMemoryLength must run, unconditionally, per declared parameter"
+    assert len(re.findall(r"setThreadgroupMemoryLength:", launcher_code)) == 1
+    assert re.search(r"tg_params\s*=\s*&\s*k\.threadgroups", launcher_code)
+
+
+def test_launcher_reflects_each_pipeline_and_checks_bindings_against_it(launcher_code):
+    assert re.search(r"newComputePipelineStateWithFunction:\s*function\s+options:\s*"
+                     r"reflection_options\(\)\s+reflection:\s*&reflection", launcher_code)
+    for fact in ("reflection.bindings", "MTLBindingTypeBuffer", "bufferDataSize",
+                 "bufferDataType", "MTLBindingTypeThreadgroupMemory",
+                 "threadgroupMemoryDataSize", "threadExecutionWidth",
+                 "maxTotalThreadsPerThreadgroup", "MTLPipelineOptionBufferTypeInfo"):
+        assert fact in launcher_code, fact
+    check = launcher_code[launcher_code.index("void check_bindings("):]
+    check = check[:_block_end(check, check.index("{"))]
+    assert re.search(r"bindings\.size\(\)\s*!=\s*k\.buffer_slots", check)
+    assert re.search(r"bytes\.size\(\)\s*!=\s*p->size", check)
+    assert re.search(r"tg\.size\(\)\s*<\s*k\.threadgroup_slots", check)
+    dispatch = launcher_code[launcher_code.index("void py_dispatch("):]
+    assert dispatch.index("check_bindings(") < dispatch.index("dispatch_sync(")
+
+
+def test_launcher_module_exposes_reflection_and_compile_errors(launcher_code):
+    text = LAUNCHER.read_text()
+    assert re.search(r'register_exception<CompileFailure>\(m, "CompileError", PyExc_RuntimeError\)',
+                     text)
+    for name in ("kernel_names", "pipeline_info", "dispatch", "device_info", "mps_matmul"):
+        assert re.search(rf'm\.def\("{name}"', text), name
+    assert re.search(r"throw CompileFailure\(message\)", launcher_code)
+
+
 def test_launcher_requires_arc_and_setup_builds_it_so():
     code = _code_only(LAUNCHER.read_text())
     assert re.search(r"#if\s*!\s*__has_feature\s*\(\s*objc_arc\s*\)\s*\n\s*#error", code)
@@ -411,7 +742,8 @@ class TestOnTheGpu:
         assert torch.equal(y.cpu(), torch.full((4,), 7.0))
 
     def test_unknown_kernel(self, inline_shader):
-        with pytest.raises(ValueError, match="no kernel named 'nope'.*axpb"):
+        from torch_sparse_metal.metal import UnknownKernelError
+        with pytest.raises(UnknownKernelError, match="no kernel named 'nope'.*axpb"):
             inline_shader(INLINE_SHADER_NAME, "nope", [], threads=1, group_size=1,
                           backend="metal")
 
@@ -423,14 +755,45 @@ class TestOnTheGpu:
 
     def test_too_much_threadgroup_memory(self, inline_shader):
         x = torch.zeros(64, dtype=torch.int32, device="mps")
-        with pytest.raises(ValueError, match="threadgroup memory"):
+        with pytest.raises(ValueError, match="threadgroup_memory totals"):
             inline_shader(INLINE_SHADER_NAME, "reverse_in_group", [x, x], threads=64,
                           group_size=64, threadgroup_memory=[1 << 24], backend="metal")
 
-    def test_compile_error_carries_the_compiler_message(self):
-        ext = mb._extension()
-        with pytest.raises(RuntimeError, match="rejected the shader"):
-            ext.dispatch("kernel void broken( { }", "broken", [], (1, 1, 1), (1, 1, 1), [])
+    def test_reflection_of_a_real_pipeline(self, inline_shader):
+        info = mb.kernel_info(INLINE_SHADER_NAME, "axpb")
+        assert {i: (p.name, p.size, p.scalar) for i, p in info.buffers.items()} == {
+            0: ("x", 4, "f"), 1: ("y", 4, "f"), 2: ("a", 4, "f"), 3: ("n", 4, "u")}
+        assert info.threadgroups == {} and info.thread_execution_width == 32
+        assert 32 <= info.max_total_threads_per_threadgroup <= 1024
+        scratch = mb.kernel_info(INLINE_SHADER_NAME, "reverse_in_group").threadgroups
+        assert [(p.index, p.name) for p in scratch.values()] == [(0, "scratch")]
+
+    def test_a_scalar_of_the_wrong_type_is_the_emulators_error(self, inline_shader):
+        from torch_sparse_metal.metal import LaunchError
+        x = torch.zeros(4, device="mps")
+        with pytest.raises(LaunchError, match=r"^axpb: argument 3 .*got a NumPy int32 \(4 bytes\), "
+                                              "the kernel declares unsigned integer"):
+            inline_shader(INLINE_SHADER_NAME, "axpb", [x, x, np.float32(1), np.int32(4)],
+                          threads=4, group_size=4, backend="metal")
+
+    def test_runs_under_torchs_profiler(self, inline_shader):
+        x = torch.ones(256, device="mps")
+        y = torch.empty_like(x)
+        with torch.mps.profiler.profile(mode="interval,event", wait_until_completed=True):
+            inline_shader(INLINE_SHADER_NAME, "axpb", [x, y, np.float32(3.0), np.uint32(256)],
+                          threads=256, group_size=64, backend="metal")
+            torch.mps.synchronize()
+        assert torch.equal(y.cpu(), torch.full((256,), 4.0))
+
+    def test_compile_error_names_the_line(self, monkeypatch):
+        from torch_sparse_metal.metal import MetalCompileError
+        monkeypatch.setattr(mb, "shader_source", lambda name: '#line 1 "broken.metal"\n'
+                            "#include <metal_stdlib>\nkernel void broken( { }\n")
+        mb.kernel_info.cache_clear()
+        with pytest.raises(MetalCompileError, match="compiling broken.metal for Metal") as info:
+            mb.kernel_info("broken.metal", "broken")
+        assert info.value.line == 3
+        mb.kernel_info.cache_clear()
 
     def test_extension_rejects_cpu_tensors_itself(self):
         ext = mb._extension()
@@ -445,6 +808,39 @@ class TestOnTheGpu:
             assert key in caps
         assert caps["max_threads_per_threadgroup"] >= 256
         assert caps["max_threadgroup_memory"] >= 16384
+
+
+@pytest.mark.parametrize("version, bfloat", [("3.0", False), ("3.1", True), ("3.2", True),
+                                             ("4.0", True), ("default", False)])
+def test_bfloat_is_offered_from_msl_3_1(monkeypatch, version, bfloat):
+    monkeypatch.setattr(mb, "_device_info", lambda: dict(FAKE_INFO, metal_language_version=version))
+    mb.device_capabilities.cache_clear()
+    try:
+        assert mb.device_capabilities()["supports_bfloat"] is bfloat
+        if bfloat:
+            mb.require_bfloat("mm")
+        else:
+            with pytest.raises(ValueError, match=rf"^mm: bfloat16 kernels need the Metal Shading "
+                                                 rf"Language 3.1 .* compiles MSL {version}\."):
+                mb.require_bfloat("mm")
+    finally:
+        mb.device_capabilities.cache_clear()
+
+
+def test_matmul_refuses_bfloat16_on_metal_before_msl_3_1(monkeypatch):
+    import torch_sparse_metal as tsm
+    from torch_sparse_metal.ops import matmul as mmops
+    monkeypatch.setattr(mb, "_device_info", lambda: dict(FAKE_INFO, metal_language_version="3.0"))
+    monkeypatch.setattr(mmops, "resolve_backend", lambda op, tensors: "metal")
+    mb.device_capabilities.cache_clear()
+    a = torch.ones(4, 4, dtype=torch.bfloat16)
+    try:
+        with pytest.raises(ValueError, match="^addmm: bfloat16 kernels need"):
+            tsm.addmm(None, a, a)
+        with pytest.raises(ValueError, match="^mm: bfloat16 kernels need"):
+            tsm.mm(a, a)
+    finally:
+        mb.device_capabilities.cache_clear()
 
 
 def test_float_atomics_requirement_names_the_op(monkeypatch):

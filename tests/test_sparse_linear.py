@@ -438,7 +438,8 @@ def test_every_kernel_name_exists_in_the_library():
 
 
 @pytest.mark.mac
-@pytest.mark.skipif(not torch.backends.mps.is_available(), reason="needs an Apple GPU (MPS)")
+@pytest.mark.skipif(not tsm.metal_available(), reason="needs an Apple GPU (MPS) and the built "
+                                                    "Metal launcher")
 def test_gradcheck_float32_on_mps():
     indptr, indices = make_pattern([[0, 2], [], [1, 1, 3], [3, 0, 2]])
     x, values, bias, grad = make_tensors((3,), 4, indptr, indices, True, torch.float32, 7)

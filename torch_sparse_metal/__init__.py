@@ -5,12 +5,14 @@ through the package's Metal emulator for CPU tensors (see :mod:`torch_sparse_met
 """
 from . import metal
 from ._backend import get_backend, use_backend
+from ._metal_backend import is_available as metal_available
 from .ops.sparse_linear import sparse_linear
 from .ops.matmul import addmm, mm
 from . import nn
 from .cluster import KMeans
 from . import optim
 
-__all__ = ["metal", "use_backend", "get_backend", "sparse_linear", "nn", "optim", "KMeans"]
+__all__ = ["metal", "use_backend", "get_backend", "metal_available", "sparse_linear", "nn",
+           "optim", "KMeans"]
 __all__ += ["mm", "addmm"]
 __version__ = "0.1.0"

@@ -8,11 +8,15 @@ restores the previous one on exit::
         ...
 
 ``"auto"`` (the default) runs the Metal kernels on MPS tensors and the plain-torch
-reference everywhere else. ``"emulator"`` runs the same ``.metal`` kernels on CPU tensors
-through the emulator; ``"metal"`` insists on the GPU and fails clearly off a Mac.
+reference everywhere else (also for MPS tensors when the Metal launcher is not built,
+with one warning saying how to build it). ``"emulator"`` runs the same ``.metal`` kernels
+on CPU tensors through the emulator; ``"metal"`` insists on the GPU and fails clearly off
+a Mac.
 """
 from __future__ import annotations
 
+import threading
+import warnings
 from typing import Iterable
 
 import torch
@@ -62,7 +66,7 @@ def resolve_backend(op: str, tensors: Iterable[torch.Tensor]) -> str:
     on_mps = any(t.device.type == "mps" for t in tensors)
     name = _current_name()
     if name == "auto":
-        return "metal" if on_mps else "reference"
+        return _auto_for_mps() if on_mps else "reference"
     if name == "metal" and not on_mps:
         raise ValueError(f"{op}: backend 'metal' needs tensors on the 'mps' device, got "
                          f"{tensors[0].device if tensors else 'no tensors'}")
@@ -72,3 +76,19 @@ def resolve_backend(op: str, tensors: Iterable[torch.Tensor]) -> str:
     if name == "reference":
         return "reference"
     return name
+
+
+_warned = threading.Event()
+
+
+def _auto_for_mps() -> str:
+    """``"metal"`` when the launcher can run; else ``"reference"``, saying once why."""
+    from . import _metal_backend
+    reason = _metal_backend.unavailable_reason()
+    if reason is None:
+        return "metal"
+    if not _warned.is_set():
+        _warned.set()
+        warnings.warn(f"torch_sparse_metal: MPS tensors run on the plain-torch reference, not "
+                      f"the Metal kernels: {reason}", RuntimeWarning, stacklevel=4)
+    return "reference"

@@ -47,3 +47,15 @@ def launch(shader: str, kernel: str, args: Sequence[Arg], *, threads: Dims,
                                 threadgroup_memory=list(threadgroup_memory))
     else:
         raise ValueError(f"launch({kernel}): backend {backend!r} runs no kernels")
+
+
+def max_threads_per_group(shader: str, kernel: str, backend: str) -> int:
+    """The most threads a threadgroup of ``kernel`` may have: on Metal the pipeline's
+    ``maxTotalThreadsPerThreadgroup`` (register use can put it below 1024), on the
+    emulator Metal's limit of 1024. Ops with threadgroups that large size them from this."""
+    if backend == "emulator":
+        return _metal.load_shader_file(shader)[kernel].max_total_threads_per_threadgroup
+    if backend == "metal":
+        from . import _metal_backend
+        return _metal_backend.kernel_info(shader, kernel).max_total_threads_per_threadgroup
+    raise ValueError(f"max_threads_per_group({kernel}): backend {backend!r} runs no kernels")

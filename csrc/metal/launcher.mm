@@ -11,7 +11,17 @@
 //   * the encoder is torch's shared ("coalesced") compute encoder: this file never ends it
 //     and never commits the command buffer; torch does both when it needs to;
 //   * a tensor binds as its storage's MTLBuffer at byte offset
-//     storage_offset * element_size, so views work.
+//     storage_offset * element_size, so views work;
+//   * every dispatch is bracketed by torch's MPSProfiler beginProfileKernel/endProfileKernel,
+//     keyed by the pipeline, as torch's own Metal kernels are, so it shows in
+//     torch.mps.profiler traces and in PYTORCH_MPS_LOG_PROFILE_INFO logs.
+//
+// Bind-time checks: each pipeline is created with its reflection, cached with it. A dispatch
+// binds exactly the declared [[buffer(i)]] (bytes: one value of the declared size) and gives
+// every declared [[threadgroup(n)]] a length, which is always set, 0 included: the encoder is
+// shared, so a slot left alone would keep what the previous kernel on the stream set there.
+// The Python side runs the same checks first, with the emulator's messages (pipeline_info
+// gives it the reflection); the ones here guard the module's own entry point.
 //
 // Memory management: Automatic Reference Counting. setup.py compiles this file with
 // -fobjc-arc and the #error below refuses any other build. Strong references live in the
@@ -40,6 +50,7 @@
 #include <torch/extension.h>
 
 #include <ATen/mps/MPSDevice.h>
+#include <ATen/mps/MPSProfiler.h>
 #include <ATen/mps/MPSStream.h>
 #include <pybind11/stl.h>
 
@@ -51,6 +62,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -229,10 +241,23 @@ const DeviceProbe& device_probe() {
 // Library and pipeline caches.
 // ---------------------------------------------------------------------------------------
 
+// A [[buffer(i)]] or [[threadgroup(i)]] parameter, as the pipeline's reflection gives it.
+struct Parameter {
+  uint64_t index = 0;
+  std::string name;
+  uint64_t size = 0;      // bufferDataSize (the pointee's) / threadgroupMemoryDataSize
+  int64_t data_type = 0;  // MTLDataType of a buffer's pointee; 0 for threadgroup memory
+};
+
 struct Kernel {
   id<MTLComputePipelineState> pipeline = nil;
   uint64_t max_total_threads = 0;
+  uint64_t thread_execution_width = 0;
   uint64_t static_threadgroup_memory = 0;
+  std::vector<Parameter> buffers;       // sorted by index
+  std::vector<Parameter> threadgroups;  // sorted by index
+  size_t buffer_slots = 0;              // highest [[buffer(i)]] + 1: the arguments expected
+  size_t threadgroup_slots = 0;         // highest [[threadgroup(n)]] + 1
 };
 
 struct Library {
@@ -259,6 +284,13 @@ Caches& caches() {
   static Caches* c = new Caches();
   return *c;
 }
+
+// The Metal compiler rejected a shader: raised in Python as _metal_launcher.CompileError
+// with the compiler's output, which torch_sparse_metal._metal_backend turns into the
+// MetalCompileError the emulator raises, naming the shader file and line.
+struct CompileFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 // Returns nil and fills `message` on failure (never throws inside the pool).
 id<MTLLibrary> compile_library(id<MTLDevice> device, const std::string& source,
@@ -287,49 +319,87 @@ id<MTLLibrary> compile_library(id<MTLDevice> device, const std::string& source,
   return library;
 }
 
-// The names a library exports, for the unknown-kernel message.
-std::string function_names(id<MTLLibrary> library) {
-  std::string out;
+std::vector<std::string> function_names(id<MTLLibrary> library) {
+  std::vector<std::string> out;
   @autoreleasepool {
-    NSArray<NSString*>* names = library.functionNames;
-    const NSUInteger n = names ? names.count : 0;
-    const NSUInteger shown = n < 40 ? n : 40;
-    for (NSUInteger i = 0; i < shown; ++i) {
-      if (i) {
-        out += ", ";
-      }
-      out += ns_to_std(names[i]);
-    }
-    if (n > shown) {
-      out += ", ... (" + std::to_string(n - shown) + " more)";
+    for (NSString* name in library.functionNames) {
+      out.push_back(ns_to_std(name));
     }
   }
   return out;
 }
 
+// Reflection with every binding's index, name, size and type. MTLPipelineOptionBindingInfo
+// replaces (and equals) MTLPipelineOptionArgumentInfo from the macOS 15 SDK on.
+MTLPipelineOption reflection_options() {
+#if TSM_SDK_HAS(150000)
+  return static_cast<MTLPipelineOption>(MTLPipelineOptionBindingInfo |
+                                        MTLPipelineOptionBufferTypeInfo);
+#else
+  return static_cast<MTLPipelineOption>(MTLPipelineOptionArgumentInfo |
+                                        MTLPipelineOptionBufferTypeInfo);
+#endif
+}
+
 enum class PipelineFailure { None, UnknownKernel, CreationFailed };
 
-id<MTLComputePipelineState> make_pipeline(id<MTLDevice> device, id<MTLLibrary> library,
-                                          const std::string& kernel, PipelineFailure* failure,
-                                          std::string* message) {
-  id<MTLComputePipelineState> pipeline = nil;
+// Fills `kernel` with the pipeline and its reflection; on failure returns why and fills
+// `message` (never throws inside the pool).
+PipelineFailure make_kernel(id<MTLDevice> device, id<MTLLibrary> library,
+                            const std::string& name, Kernel* kernel, std::string* message) {
   @autoreleasepool {
-    NSString* name = [[NSString alloc] initWithBytes:kernel.data()
-                                              length:kernel.size()
-                                            encoding:NSUTF8StringEncoding];
-    id<MTLFunction> function = name ? [library newFunctionWithName:name] : nil;
+    NSString* ns_name = [[NSString alloc] initWithBytes:name.data()
+                                                 length:name.size()
+                                               encoding:NSUTF8StringEncoding];
+    id<MTLFunction> function = ns_name ? [library newFunctionWithName:ns_name] : nil;
     if (function == nil) {
-      *failure = PipelineFailure::UnknownKernel;
-      return nil;
+      return PipelineFailure::UnknownKernel;
     }
-    NSError* error = nil;
-    pipeline = [device newComputePipelineStateWithFunction:function error:&error];
-    if (pipeline == nil) {
-      *failure = PipelineFailure::CreationFailed;
-      *message = error ? ns_to_std(error.localizedDescription) : std::string("no diagnostic");
+    if (@available(macOS 13.0, *)) {
+      MTLAutoreleasedComputePipelineReflection reflection = nil;
+      NSError* error = nil;
+      id<MTLComputePipelineState> pipeline =
+          [device newComputePipelineStateWithFunction:function
+                                              options:reflection_options()
+                                           reflection:&reflection
+                                                error:&error];
+      if (pipeline == nil || reflection == nil) {
+        *message = error ? ns_to_std(error.localizedDescription) : std::string("no diagnostic");
+        return PipelineFailure::CreationFailed;
+      }
+      kernel->pipeline = pipeline;
+      kernel->max_total_threads = static_cast<uint64_t>(pipeline.maxTotalThreadsPerThreadgroup);
+      kernel->thread_execution_width = static_cast<uint64_t>(pipeline.threadExecutionWidth);
+      kernel->static_threadgroup_memory =
+          static_cast<uint64_t>(pipeline.staticThreadgroupMemoryLength);
+      for (id<MTLBinding> binding in reflection.bindings) {
+        Parameter p;
+        p.index = static_cast<uint64_t>(binding.index);
+        p.name = ns_to_std(binding.name);
+        if (binding.type == MTLBindingTypeBuffer) {
+          id<MTLBufferBinding> buffer = (id<MTLBufferBinding>)binding;
+          p.size = static_cast<uint64_t>(buffer.bufferDataSize);
+          p.data_type = static_cast<int64_t>(buffer.bufferDataType);
+          kernel->buffers.push_back(p);
+        } else if (binding.type == MTLBindingTypeThreadgroupMemory) {
+          id<MTLThreadgroupBinding> memory = (id<MTLThreadgroupBinding>)binding;
+          p.size = static_cast<uint64_t>(memory.threadgroupMemoryDataSize);
+          kernel->threadgroups.push_back(p);
+        }
+      }
+    } else {
+      // Unreachable in practice: torch's MPS backend itself needs a newer macOS.
+      *message = "pipeline reflection (MTLBinding) needs macOS 13 or later";
+      return PipelineFailure::CreationFailed;
     }
   }
-  return pipeline;
+  const auto by_index = [](const Parameter& a, const Parameter& b) { return a.index < b.index; };
+  std::sort(kernel->buffers.begin(), kernel->buffers.end(), by_index);
+  std::sort(kernel->threadgroups.begin(), kernel->threadgroups.end(), by_index);
+  kernel->buffer_slots = kernel->buffers.empty() ? 0 : kernel->buffers.back().index + 1;
+  kernel->threadgroup_slots =
+      kernel->threadgroups.empty() ? 0 : kernel->threadgroups.back().index + 1;
+  return PipelineFailure::None;
 }
 
 Library* library_for(id<MTLDevice> device, const py::str& source) {
@@ -352,9 +422,7 @@ Library* library_for(id<MTLDevice> device, const py::str& source) {
     std::string message;
     id<MTLLibrary> compiled = compile_library(device, text, &message);
     if (compiled == nil) {
-      throw std::runtime_error("_metal_launcher: the Metal compiler rejected the shader "
-                               "source (MSL " + std::string(language_version().name) +
-                               "):\n" + message);
+      throw CompileFailure(message);
     }
     auto entry = std::make_unique<Library>();
     entry->library = compiled;
@@ -375,23 +443,22 @@ const Kernel& kernel_for(id<MTLDevice> device, Library* lib, const std::string& 
   if (found != lib->kernels.end()) {
     return found->second;
   }
-  PipelineFailure failure = PipelineFailure::None;
+  Kernel k;
   std::string message;
-  id<MTLComputePipelineState> pipeline = make_pipeline(device, lib->library, kernel, &failure,
-                                                       &message);
+  const PipelineFailure failure = make_kernel(device, lib->library, kernel, &k, &message);
   if (failure == PipelineFailure::UnknownKernel) {
+    std::string names;
+    for (const std::string& name : function_names(lib->library)) {
+      names += (names.empty() ? "" : ", ") + name;
+    }
     throw py::value_error("_metal_launcher: no kernel named '" + kernel +
-                          "' in the shader; it defines: " + function_names(lib->library));
+                          "' in the shader; it defines: " + names);
   }
-  if (pipeline == nil) {
+  if (failure != PipelineFailure::None) {
     throw std::runtime_error("_metal_launcher: could not create the compute pipeline for '" +
                              kernel + "': " + message);
   }
-  Kernel k;
-  k.pipeline = pipeline;
-  k.max_total_threads = static_cast<uint64_t>(pipeline.maxTotalThreadsPerThreadgroup);
-  k.static_threadgroup_memory = static_cast<uint64_t>(pipeline.staticThreadgroupMemoryLength);
-  return lib->kernels.emplace(kernel, k).first->second;
+  return lib->kernels.emplace(kernel, std::move(k)).first->second;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -455,6 +522,42 @@ std::vector<Binding> parse_args(const std::string& kernel, const py::list& args)
   return out;
 }
 
+// The arguments against the pipeline's reflection. torch's compute encoder is shared by
+// every op on the stream, so an argument index left unbound, or a threadgroup length left
+// unset, would silently hand the kernel whatever the previous dispatch set there.
+// (torch_sparse_metal._metal_backend checks the same first, with the emulator's messages;
+// these guard the extension's own entry point.)
+void check_bindings(const std::string& kernel, const Kernel& k,
+                    const std::vector<Binding>& bindings, const std::vector<uint64_t>& tg) {
+  if (bindings.size() != k.buffer_slots) {
+    throw py::value_error("_metal_launcher(" + kernel + "): expected " +
+                          std::to_string(k.buffer_slots) +
+                          " arguments (one per [[buffer(i)]]), got " +
+                          std::to_string(bindings.size()));
+  }
+  std::vector<const Parameter*> declared(k.buffer_slots, nullptr);
+  for (const Parameter& p : k.buffers) {
+    declared[p.index] = &p;
+  }
+  for (size_t i = 0; i < bindings.size(); ++i) {
+    const Parameter* p = declared[i];
+    if (p == nullptr) {
+      throw py::value_error(where(kernel, i) + " has no [[buffer(" + std::to_string(i) +
+                            ")]] parameter");
+    }
+    if (!bindings[i].is_tensor && bindings[i].bytes.size() != p->size) {
+      throw py::value_error(where(kernel, i) + " (`" + p->name + "`) is " +
+                            std::to_string(bindings[i].bytes.size()) +
+                            " bytes; the kernel declares " + std::to_string(p->size));
+    }
+  }
+  if (tg.size() < k.threadgroup_slots) {
+    throw py::value_error("_metal_launcher(" + kernel + "): threadgroup_memory must give the " +
+                          "byte length of each of its " + std::to_string(k.threadgroup_slots) +
+                          " [[threadgroup(n)]] parameters, got " + std::to_string(tg.size()));
+  }
+}
+
 std::vector<uint64_t> dims3(const std::vector<int64_t>& v, const char* what, int64_t minimum,
                             const std::string& kernel) {
   if (v.size() != 3) {
@@ -472,12 +575,36 @@ std::vector<uint64_t> dims3(const std::vector<int64_t>& v, const char* what, int
 }
 
 // ---------------------------------------------------------------------------------------
-// The two Python entry points.
+// The Python entry points.
 // ---------------------------------------------------------------------------------------
 
+std::vector<std::string> py_kernel_names(const py::str& source) {
+  return function_names(library_for(metal_device(), source)->library);
+}
+
+py::dict py_pipeline_info(const py::str& source, const std::string& kernel) {
+  id<MTLDevice> device = metal_device();
+  const Kernel& k = kernel_for(device, library_for(device, source), kernel);
+  py::list buffers;
+  for (const Parameter& p : k.buffers) {
+    buffers.append(py::make_tuple(p.index, p.name, p.size, p.data_type));
+  }
+  py::list threadgroups;
+  for (const Parameter& p : k.threadgroups) {
+    threadgroups.append(py::make_tuple(p.index, p.name, p.size));
+  }
+  py::dict d;
+  d["buffers"] = buffers;
+  d["threadgroups"] = threadgroups;
+  d["max_total_threads_per_threadgroup"] = k.max_total_threads;
+  d["thread_execution_width"] = k.thread_execution_width;
+  d["static_threadgroup_memory"] = k.static_threadgroup_memory;
+  return d;
+}
+
 void py_dispatch(const py::str& source, const std::string& kernel, const py::list& args,
-              const std::vector<int64_t>& threads, const std::vector<int64_t>& group_size,
-              const std::vector<int64_t>& threadgroup_memory) {
+                 const std::vector<int64_t>& threads, const std::vector<int64_t>& group_size,
+                 const std::vector<int64_t>& threadgroup_memory) {
   // 1. Validate everything that needs no GPU.
   const std::vector<uint64_t> grid = dims3(threads, "threads", 0, kernel);
   const std::vector<uint64_t> group = dims3(group_size, "group_size", 1, kernel);
@@ -488,13 +615,11 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
   }
   std::vector<uint64_t> tg_lengths;
   for (int64_t n : threadgroup_memory) {
-    if (n < 0) {
-      throw py::value_error("_metal_launcher(" + kernel +
-                            "): threadgroup_memory lengths must be >= 0");
+    if (n < 0 || n % kThreadgroupMemoryAlignment != 0) {
+      throw py::value_error("_metal_launcher(" + kernel + "): threadgroup_memory lengths " +
+                            "must be non-negative multiples of 16, got " + std::to_string(n));
     }
-    const uint64_t rounded = (static_cast<uint64_t>(n) + kThreadgroupMemoryAlignment - 1) /
-                             kThreadgroupMemoryAlignment * kThreadgroupMemoryAlignment;
-    tg_lengths.push_back(rounded);
+    tg_lengths.push_back(static_cast<uint64_t>(n));
   }
   std::vector<Binding> bindings = parse_args(kernel, args);
 
@@ -508,6 +633,7 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
   const DeviceProbe& dev = device_probe();
   Library* lib = library_for(device, source);
   const Kernel& k = kernel_for(device, lib, kernel);
+  check_bindings(kernel, k, bindings, tg_lengths);
 
   const uint64_t group_threads = group[0] * group[1] * group[2];
   if (group_threads > k.max_total_threads || group[0] > dev.max_threads_per_threadgroup.width ||
@@ -524,23 +650,34 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
         std::to_string(dev.max_threads_per_threadgroup.depth));
   }
   uint64_t tg_total = k.static_threadgroup_memory;
-  for (uint64_t n : tg_lengths) {
-    tg_total += n;
+  for (const Parameter& p : k.threadgroups) {
+    tg_total += tg_lengths[p.index];
   }
   if (tg_total > dev.max_threadgroup_memory) {
     throw py::value_error("_metal_launcher(" + kernel + "): " + std::to_string(tg_total) +
                           " bytes of threadgroup memory (" +
                           std::to_string(k.static_threadgroup_memory) +
-                          " static + dynamic lengths rounded up to 16) exceed the device "
-                          "limit of " + std::to_string(dev.max_threadgroup_memory));
+                          " static + the dynamic lengths) exceed the device limit of " +
+                          std::to_string(dev.max_threadgroup_memory));
+  }
+  // The tensors, for the profiler's description of the dispatch (as torch's ops give it).
+  std::vector<at::Tensor> tensors;
+  for (const Binding& b : bindings) {
+    if (b.is_tensor) {
+      tensors.push_back(b.tensor);
+    }
   }
 
   // 4. Encode on torch's current stream, in its serial queue, on its shared encoder.
   id<MTLComputePipelineState> pipeline = k.pipeline;
   const MTLSize grid_size = MTLSizeMake(grid[0], grid[1], grid[2]);
   const MTLSize group_dims = MTLSizeMake(group[0], group[1], group[2]);
+  // Blocks capture by copy: pointers to what outlives dispatch_sync.
   const std::vector<Binding>* bound = &bindings;
+  const std::vector<Parameter>* tg_params = &k.threadgroups;
   const std::vector<uint64_t>* tg = &tg_lengths;
+  const std::vector<at::Tensor>* profiled = &tensors;
+  const std::string* name = &kernel;
   std::exception_ptr failure;
   std::exception_ptr* failure_out = &failure;
   at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
@@ -551,6 +688,10 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
       @autoreleasepool {
         try {
           id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
+          // A no-op unless torch.mps.profiler (or PYTORCH_MPS_LOG_PROFILE_INFO) is on; keyed
+          // by the pipeline, as torch's own Metal kernels are.
+          at::mps::getMPSProfiler().beginProfileKernel((__bridge const void*)pipeline, *name,
+                                                       *profiled);
           [encoder setComputePipelineState:pipeline];
           for (size_t i = 0; i < bound->size(); ++i) {
             const Binding& b = (*bound)[i];
@@ -563,12 +704,11 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
               [encoder setBytes:b.bytes.data() length:b.bytes.size() atIndex:i];
             }
           }
-          for (size_t n = 0; n < tg->size(); ++n) {
-            if ((*tg)[n] > 0) {
-              [encoder setThreadgroupMemoryLength:(*tg)[n] atIndex:n];
-            }
+          for (const Parameter& p : *tg_params) {  // every declared one, 0 included
+            [encoder setThreadgroupMemoryLength:(*tg)[p.index] atIndex:p.index];
           }
           [encoder dispatchThreads:grid_size threadsPerThreadgroup:group_dims];
+          at::mps::getMPSProfiler().endProfileKernel((__bridge const void*)pipeline);
         } catch (...) {  // an exception must not unwind through libdispatch
           *failure_out = std::current_exception();
         }
@@ -783,14 +923,24 @@ void py_mps_matmul(const at::Tensor& left, const at::Tensor& right, const at::Te
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Encodes Metal compute dispatches on torch's current MPS stream (see launcher.mm).";
+  py::register_exception<CompileFailure>(m, "CompileError", PyExc_RuntimeError);
+  m.def("kernel_names", &py_kernel_names, py::arg("source"),
+        "kernel_names(source): compile `source` once (CompileError with the compiler's output "
+        "if Metal rejects it) and list the kernels it defines.");
+  m.def("pipeline_info", &py_pipeline_info, py::arg("source"), py::arg("kernel"),
+        "pipeline_info(source, kernel): the pipeline's reflection, cached with it: buffers "
+        "[(index, name, data size, MTLDataType)], threadgroups [(index, name, data size)], "
+        "max_total_threads_per_threadgroup, thread_execution_width, "
+        "static_threadgroup_memory.");
   m.def("dispatch", &py_dispatch, py::arg("source"), py::arg("kernel"), py::arg("args"),
         py::arg("threads"), py::arg("group_size"),
         py::arg("threadgroup_memory") = std::vector<int64_t>{},
         "dispatch(source, kernel, args, threads, group_size, threadgroup_memory=[]): compile "
         "`source` once, then encode dispatchThreads(threads, group_size) of `kernel` on the "
-        "current MPS stream. args[i] binds [[buffer(i)]]: an mps tensor (at its storage "
-        "offset) or bytes (setBytes). threadgroup_memory[n] is the byte length of "
-        "[[threadgroup(n)]]. Does not commit.");
+        "current MPS stream. args[i] binds [[buffer(i)]], one per declared index: an mps "
+        "tensor (at its storage offset) or the bytes of one value of the declared type "
+        "(setBytes). threadgroup_memory[n] is the byte length (a multiple of 16) of "
+        "[[threadgroup(n)]], one per declared index. Does not commit.");
   m.def("mps_matmul", &py_mps_matmul, py::arg("left"), py::arg("right"), py::arg("result"),
         py::arg("transpose_left") = false, py::arg("transpose_right") = false,
         py::arg("alpha") = 1.0, py::arg("beta") = 0.0,

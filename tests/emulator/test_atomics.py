@@ -106,14 +106,14 @@ kernel void plain_increment(device int* a [[buffer(0)]],
   }
 }
 
-// atomic_ulong (Metal 2.4: min and max only).
+// atomic_ulong (Metal 2.4, Apple8+: min and max only, returning nothing).
 kernel void ulong_min_max(device atomic_ulong* acc [[buffer(0)]],
                           device const ulong* x [[buffer(1)]],
                           constant uint& naddr [[buffer(2)]],
                           uint gid [[thread_position_in_grid]]) {
   const uint k = gid % naddr;
-  atomic_fetch_max_explicit(&acc[k], x[gid], memory_order_relaxed);
-  atomic_fetch_min_explicit(&acc[naddr + k], x[gid], memory_order_relaxed);
+  atomic_max_explicit(&acc[k], x[gid], memory_order_relaxed);
+  atomic_min_explicit(&acc[naddr + k], x[gid], memory_order_relaxed);
 }
 """
 

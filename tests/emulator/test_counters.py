@@ -11,21 +11,22 @@ using namespace metal;
 
 // Transpose a 32x32 block through threadgroup memory. Reading a column of an unpadded
 // [32][32] tile puts all 32 lanes of a SIMD-group on one bank; padding a row by one float
-// spreads them over all 32 banks.
+// spreads them over all 32 banks. (Metal declares threadgroup variables in kernels only.)
 template <uint PAD>
-void transpose_block(device const float* in, device float* out, uint2 lid) {
-  threadgroup float tile[32][32 + PAD];
-  tile[lid.y][lid.x] = in[lid.y * 32 + lid.x];             // a row per SIMD-group: no conflict
+void transpose_block(device const float* in, device float* out, uint2 lid, threadgroup float* tile) {
+  tile[lid.y * (32 + PAD) + lid.x] = in[lid.y * 32 + lid.x];  // a row per SIMD-group: no conflict
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  out[lid.y * 32 + lid.x] = tile[lid.x][lid.y];            // a column per SIMD-group
+  out[lid.y * 32 + lid.x] = tile[lid.x * (32 + PAD) + lid.y];  // a column per SIMD-group
 }
 kernel void transpose_unpadded(device const float* in [[buffer(0)]], device float* out [[buffer(1)]],
                                uint2 lid [[thread_position_in_threadgroup]]) {
-  transpose_block<0>(in, out, lid);
+  threadgroup float tile[32 * 32];
+  transpose_block<0>(in, out, lid, tile);
 }
 kernel void transpose_padded(device const float* in [[buffer(0)]], device float* out [[buffer(1)]],
                              uint2 lid [[thread_position_in_threadgroup]]) {
-  transpose_block<1>(in, out, lid);
+  threadgroup float tile[32 * 33];
+  transpose_block<1>(in, out, lid, tile);
 }
 
 kernel void count_things(device const float* x [[buffer(0)]], device atomic_uint* n [[buffer(1)]],

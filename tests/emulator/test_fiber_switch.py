@@ -1,5 +1,7 @@
 """Both ways of switching between Metal threads give the same results: the user-space
-switch (x86-64 Linux) and the portable ucontext one (elsewhere, or TSM_EMU_UCONTEXT=1)."""
+switch (x86-64 and AArch64) and the ucontext one (Linux: other architectures, or
+TSM_EMU_UCONTEXT=1; macOS has none, so there both runs use the user-space switch). The
+AArch64 switch itself runs in test_aarch64_qemu.py."""
 import json
 import os
 import subprocess

@@ -214,6 +214,7 @@ T first_plus_last(threadgroup T* p, uint n) { return p[0] + p[n - 1]; }
 template <typename T>
 T row_sum(threadgroup T* row) { return row[0] + row[3]; }
 
+#ifdef __METAL_EMULATOR__  // double: the emulator's own extension
 kernel void decay(device const double* x [[buffer(0)]], device double* out [[buffer(1)]],
                   uint lid [[thread_position_in_threadgroup]]) {
   threadgroup double t[8];
@@ -226,6 +227,7 @@ kernel void decay(device const double* x [[buffer(0)]], device double* out [[buf
     out[1] = row_sum(m[1]);            // a row of a 2-D array decays too
   }
 }
+#endif
 """
 
 

@@ -101,7 +101,7 @@ kernel void votes(device const int* pred [[buffer(0)]],
   r[2] = simd_all(b) ? 1u : 0u;
   r[3] = simd_any(b) ? 1u : 0u;
   r[4] = simd_is_first() ? 1u : 0u;
-  r[5] = uint(ulong(simd_active_threads_mask()));
+  r[5] = uint(simd_vote::vote_t(simd_active_threads_mask()));
 }
 
 kernel void quads(device const float* x [[buffer(0)]],
@@ -203,7 +203,7 @@ kernel void branches(device const float* x [[buffer(0)]],
   } else if (which == 9) {
     uint bal = 0xFFFFFFFFu;
     if (lane % 2 == 1) {
-      bal = uint(ulong(simd_ballot(v > 4.0f)));
+      bal = uint(simd_vote::vote_t(simd_ballot(v > 4.0f)));
     }
     ob[gid] = bal;
   }
@@ -277,12 +277,12 @@ kernel void quad_votes_and_scans(device const float* x [[buffer(0)]],
   r[1] = quad_all(v > 2.0f) ? 1.0f : 0.0f;
   r[2] = quad_any(v > 2.0f) ? 1.0f : 0.0f;
   r[3] = quad_is_first() ? 1.0f : 0.0f;
-  r[4] = float(ulong(quad_ballot(v > 2.0f)));
+  r[4] = float(quad_vote::vote_t(quad_ballot(v > 2.0f)));
   r[5] = quad_prefix_inclusive_sum(v);
   r[6] = quad_prefix_exclusive_sum(v);
   r[7] = quad_prefix_inclusive_product(v);
   r[8] = quad_prefix_exclusive_product(v);
-  r[9] = float(ulong(quad_active_threads_mask()));
+  r[9] = float(quad_vote::vote_t(quad_active_threads_mask()));
 }
 
 // simd_shuffle_and_fill_up/down (MSL 2.4): lanes whose source falls off the (modulo)

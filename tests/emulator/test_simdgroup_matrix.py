@@ -125,6 +125,7 @@ DOUBLE_SOURCE = r"""
 #include <metal_stdlib>
 using namespace metal;
 // Emulator only (Metal has no double): lets float64 gradcheck run through simdgroup kernels.
+#ifdef __METAL_EMULATOR__
 kernel void double_product(device const double* A [[buffer(0)]], device const double* B [[buffer(1)]],
                            device double* C [[buffer(2)]]) {
   simdgroup_matrix<double, 8, 8> a, b, c;
@@ -133,6 +134,7 @@ kernel void double_product(device const double* A [[buffer(0)]], device const do
   simdgroup_multiply(c, a, b);
   simdgroup_store(c, C, 8);
 }
+#endif
 """
 
 

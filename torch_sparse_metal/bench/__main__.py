@@ -42,7 +42,8 @@ def main(argv=None) -> int:
                      choices=["naive", "tiled", "register", "simdgroup", "shuffle"])
     mat.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
     mat.add_argument("--warmup", type=int, default=3)
-    mat.add_argument("--repeats", type=int, default=10)
+    mat.add_argument("--repeats", type=int, default=10,
+                     help="MPS: calls timed back to back between two synchronisations")
     mat.add_argument("--peak-tflops", type=float, default=None,
                      help="the chip's FP32 peak, for %% of peak (default: from the chip name)")
     mat.add_argument("--csv", default=None, help="MPS: write the rows to this CSV file")

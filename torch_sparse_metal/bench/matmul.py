@@ -10,8 +10,11 @@ Two modes:
   as a performance figure (the emulator's wall time is given only as the cost of the run).
 * ``--device mps`` (the default on a Mac with MPS): every rung, ``torch.mm`` and Apple's
   ``MPSMatrixMultiplication`` (through the extension's ``mps_matmul``) timed on square
-  sizes 256-4096 and transformer shapes; TFLOP/s and percent of the chip's FP32 peak;
-  ``--csv`` and ``--plot`` write the table and a PNG.
+  sizes 256-4096 and transformer shapes: ``--repeats`` calls back to back between two
+  ``torch.mps.synchronize()``, so the time per call is the GPU's; TFLOP/s and percent of
+  the chip's FP32 peak (:data:`FP32_PEAKS`, each figure with its source); an
+  implementation that fails gets a row saying why; ``--csv`` and ``--plot`` write the
+  table and a PNG.
 
 ``--json`` prints the rows as JSON in both modes.
 """
@@ -47,13 +50,30 @@ EMULATOR_SHAPES: Tuple[Shape, ...] = (
     ("skinny", 8, 128, 128),
 )
 
-# Theoretical FP32 peaks (TFLOP/s) as published for each chip (datasheet figures gathered
-# in the project notes, not measurements); --peak-tflops overrides, and unknown chips get
-# no percentage.
-FP32_PEAK_TFLOPS = {"Apple M1": 2.6, "Apple M1 Pro": 5.3, "Apple M1 Max": 10.6,
-                    "Apple M2": 3.6, "Apple M2 Max": 13.6}
+# FP32 peaks in TFLOP/s by the Metal device's name, each with its source. These are the
+# full-core configurations (a binned chip has fewer GPU cores: its true peak is lower, so
+# its "% of peak" reads low). Chips with no public figure map to None: --peak-tflops then.
+_APPLE_M1 = "Apple newsroom, 'Apple unleashes M1' (2020-11-10): 2.6 teraflops"
+_METAL_BENCHMARKS = ("github.com/philipturner/metal-benchmarks, README GPU table "
+                     "(cores x 128 ALUs x 2 FLOP x clock)")
+_APPLE_MAC_PRO = "apple.com/mac-pro (2023): M2 Ultra's 76-core GPU, up to 27.2 teraflops"
+_NO_FIGURE = ("no public figure: Apple states none for this chip and no public measurement "
+              "was found; pass --peak-tflops")
+FP32_PEAKS: Dict[str, Tuple[Optional[float], str]] = {
+    "Apple M1": (2.6, _APPLE_M1),
+    "Apple M1 Pro": (5.3, _METAL_BENCHMARKS),     # 16 cores, 1.296 GHz
+    "Apple M1 Max": (10.6, _METAL_BENCHMARKS),    # 32 cores
+    "Apple M1 Ultra": (21.2, _METAL_BENCHMARKS),  # 64 cores
+    "Apple M2": (3.6, _METAL_BENCHMARKS),         # 10 cores, 1.398 GHz
+    "Apple M2 Pro": (6.8, _METAL_BENCHMARKS),     # 19 cores
+    "Apple M2 Max": (13.6, _METAL_BENCHMARKS),    # 38 cores
+    "Apple M2 Ultra": (27.2, _APPLE_MAC_PRO),     # 76 cores
+    **{f"Apple {chip}": (None, _NO_FIGURE)
+       for chip in ("M3", "M3 Pro", "M3 Max", "M3 Ultra", "M4", "M4 Pro", "M4 Max", "M5")},
+}
 
-CSV_FIELDS = ("shape", "m", "n", "k", "dtype", "kernel", "ms", "tflops", "pct_peak", "ok")
+CSV_FIELDS = ("shape", "m", "n", "k", "dtype", "kernel", "ms", "tflops", "pct_peak", "ok",
+              "error")
 
 
 def _parse_shapes(specs: Optional[Sequence[str]]) -> Optional[List[Shape]]:
@@ -132,19 +152,20 @@ def format_emulator_table(rows: List[Dict[str, object]]) -> str:
 # MPS: timings (a Mac with an Apple GPU; never run on the machines this was written on)
 
 
-def _time_mps(fn: Callable[[], object], warmup: int, repeats: int) -> float:
-    """Median seconds per call, each call synchronised."""
+def time_per_call(fn: Callable[[], object], *, warmup: int, calls: int,
+                  sync: Callable[[], None], clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds per call of ``fn``: ``calls`` calls back to back between two
+    synchronisations, after ``warmup`` calls. The GPU's queue stays full, so this is the
+    GPU's time per call (or the host's, if encoding is the slower), not one launch plus a
+    wait for the GPU to drain each time."""
     for _ in range(warmup):
         fn()
-    torch.mps.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+    sync()
+    start = clock()
+    for _ in range(calls):
         fn()
-        torch.mps.synchronize()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2]
+    sync()
+    return (clock() - start) / calls
 
 
 def _mps_baseline():
@@ -158,18 +179,30 @@ def _mps_baseline():
 
 def run_mps(shapes: Optional[Sequence[Shape]] = None, kernels: Sequence[str] = mmops.KERNELS,
             dtype: torch.dtype = torch.float32, warmup: int = 3, repeats: int = 10,
-            peak_tflops: Optional[float] = None) -> List[Dict[str, object]]:
-    """One row per (shape, implementation): median ms, TFLOP/s, % of FP32 peak."""
-    from .._metal_backend import device_capabilities
+            peak_tflops: Optional[float] = None, *, device: str = "mps", backend: str = "metal",
+            caps: Optional[Dict[str, object]] = None, baseline: Optional[Callable] = None,
+            sync: Optional[Callable[[], None]] = None,
+            clock: Callable[[], float] = time.perf_counter) -> List[Dict[str, object]]:
+    """One row per (shape, implementation): ms per call over ``repeats`` back-to-back calls
+    (:func:`time_per_call`), TFLOP/s, % of the FP32 peak, and a correctness check. An
+    implementation that fails gets a row with its ``error``; the others still run.
 
-    caps = device_capabilities()
-    peak = peak_tflops if peak_tflops is not None else FP32_PEAK_TFLOPS.get(caps["name"])
-    baseline = _mps_baseline()
+    ``baseline``: the extension's ``mps_matmul`` (:func:`_mps_baseline`) for an
+    MPSMatrixMultiplication row. ``device``, ``backend``, ``caps``, ``sync`` and ``clock``
+    default to the real MPS run (the device's capabilities, ``torch.mps.synchronize``);
+    the tests pass CPU stand-ins.
+    """
+    if caps is None:
+        from .._metal_backend import device_capabilities
+        caps = device_capabilities()
+    sync = sync or torch.mps.synchronize
+    peak = peak_tflops if peak_tflops is not None else FP32_PEAKS.get(str(caps["name"]),
+                                                                      (None, ""))[0]
     if shapes is None:
         shapes = [(f"square_{s}", s, s, s) for s in SQUARE_SIZES] + list(TRANSFORMER_SHAPES)
     rows = []
     for label, m, n, k in shapes:
-        a, b = _inputs(m, n, k, dtype, "mps")
+        a, b = _inputs(m, n, k, dtype, device)
         reference = torch.mm(a.float(), b.float())
         impls: Dict[str, Callable[[], torch.Tensor]] = {"torch.mm": lambda: torch.mm(a, b)}
         for kernel in kernels:
@@ -177,27 +210,40 @@ def run_mps(shapes: Optional[Sequence[Shape]] = None, kernels: Sequence[str] = m
                 continue
             impls[kernel] = (lambda kern: lambda: mmops.mm(a, b, kernel=kern))(kernel)
         if baseline is not None and dtype in (torch.float32, torch.float16):
-            c = torch.empty(m, n, dtype=dtype, device="mps")
+            c = torch.empty(m, n, dtype=dtype, device=device)
             impls["MPSMatrixMultiplication"] = lambda: (baseline(a, b, c), c)[1]
-        with _backend.use_backend("metal"):
+        row = {"shape": label, "m": m, "n": n, "k": k, "dtype": str(dtype)}
+        with _backend.use_backend(backend):
             for name, fn in impls.items():
-                out = fn()
-                torch.mps.synchronize()
-                ok = bool(torch.allclose(out.float(), reference, rtol=2e-2, atol=2e-2 * math.sqrt(k)))
-                seconds = _time_mps(fn, warmup, repeats)
+                try:
+                    out = fn()
+                    sync()
+                    ok = bool(torch.allclose(out.float(), reference, rtol=2e-2,
+                                             atol=2e-2 * math.sqrt(k)))
+                    seconds = time_per_call(fn, warmup=warmup, calls=repeats, sync=sync,
+                                            clock=clock)
+                except Exception as exc:  # noqa: BLE001 -- reported in the row, the rest run
+                    rows.append({**row, "kernel": name, "ms": None, "tflops": None,
+                                 "pct_peak": None, "ok": False,
+                                 "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+                    continue
                 tflops = 2 * m * n * k / seconds / 1e12
-                rows.append({"shape": label, "m": m, "n": n, "k": k, "dtype": str(dtype),
-                             "kernel": name, "ms": seconds * 1e3, "tflops": tflops,
-                             "pct_peak": 100 * tflops / peak if peak else None, "ok": ok})
+                rows.append({**row, "kernel": name, "ms": seconds * 1e3, "tflops": tflops,
+                             "pct_peak": 100 * tflops / peak if peak else None, "ok": ok,
+                             "error": None})
     return rows
 
 
 def format_mps_table(rows: List[Dict[str, object]]) -> str:
     lines = [f"{'shape':<16}{'kernel':<26}{'ms':>10}{'TFLOP/s':>10}{'% peak':>8}{'ok':>5}"]
     for r in rows:
+        if r.get("error"):
+            lines.append(f"{r['shape']:<16}{r['kernel']:<26}  failed: {r['error']}")
+            continue
         pct = f"{r['pct_peak']:.1f}" if r["pct_peak"] is not None else "-"
         lines.append(f"{r['shape']:<16}{r['kernel']:<26}{r['ms']:>10.3f}{r['tflops']:>10.3f}"
                      f"{pct:>8}{'yes' if r['ok'] else 'NO':>5}")
+    lines.append("ms: per call, over back-to-back calls between two synchronisations.")
     return "\n".join(lines)
 
 
@@ -219,7 +265,7 @@ def write_plot(rows: List[Dict[str, object]], path: str) -> None:
     width = 0.8 / max(len(impls), 1)
     fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(shapes)), 5))
     for i, impl in enumerate(impls):
-        values = {r["shape"]: r["tflops"] for r in rows if r["kernel"] == impl}
+        values = {r["shape"]: r["tflops"] or 0.0 for r in rows if r["kernel"] == impl}
         xs = [j + i * width for j, s in enumerate(shapes)]
         ax.bar(xs, [values.get(s, 0.0) for s in shapes], width, label=impl)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))])
@@ -248,7 +294,7 @@ def main(args) -> Tuple[List[Dict[str, object]], str]:
         rows = run_emulator(shapes, kernels, dtype)
         return rows, format_emulator_table(rows)
     rows = run_mps(shapes, kernels, dtype, warmup=args.warmup, repeats=args.repeats,
-                   peak_tflops=args.peak_tflops)
+                   peak_tflops=args.peak_tflops, baseline=_mps_baseline())
     if args.csv:
         write_csv(rows, args.csv)
     if args.plot:

@@ -16,6 +16,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from .. import _metal_backend
 from .._backend import use_backend
 from ..metal import instrumented, record
 from ..nn import SparseLinear
@@ -28,7 +29,7 @@ PHASES = ("forward", "loss", "backward", "optimizer")
 def run(widths=(784, 256, 128, 10), density: float = 0.1, batch: int = 128, steps: int = 5,
         backend: str = "auto", seed: int = 0) -> Dict[str, object]:
     """Time ``steps`` training steps (after one warm-up) and return rows per phase."""
-    on_mps = backend in ("auto", "metal") and torch.backends.mps.is_available()
+    on_mps = backend in ("auto", "metal") and _metal_backend.is_available()
     if backend == "auto":
         backend = "metal" if on_mps else "emulator"
     device = torch.device("mps" if backend == "metal" else "cpu")

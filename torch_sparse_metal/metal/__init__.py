@@ -25,15 +25,17 @@ from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
 from ._compiler import compile_file, compile_source
-from ._errors import KernelFault, LaunchError, MetalCompileError
+from ._errors import KernelFault, LaunchError, MetalCompileError, UnknownKernelError
+from ._frontend import DEFAULT_LANGUAGE_VERSION, LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS
 from ._library import Kernel, Library
 from ._record import Launch, record
 
 __all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "Launch", "Library",
-           "Kernel", "KernelFault", "LaunchError", "MetalCompileError"]
+           "Kernel", "KernelFault", "LaunchError", "MetalCompileError", "UnknownKernelError",
+           "LANGUAGE_VERSIONS", "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS"]
 
 _lock = threading.Lock()
-_libraries: Dict[Tuple[str, Tuple[str, ...], bool], Library] = {}
+_libraries: Dict[Tuple[str, Tuple[str, ...], bool, str], Library] = {}
 
 
 _instrumented_depth = [0]
@@ -58,30 +60,38 @@ def instrumented():
             _instrumented_depth[0] -= 1
 
 
-def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: bool = False) -> Library:
+def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: bool = False,
+                   language_version: str = DEFAULT_LANGUAGE_VERSION) -> Library:
     """Compile MSL ``source`` for the emulator (cached by content: no recompilation).
 
+    The source is first checked against Metal's language rules for ``language_version``
+    ("3.0", "3.1", "3.2" or "4.0": ``__METAL_VERSION__`` and what that version allows; the
+    default is what the Metal launcher picks on the newest macOS): what Apple's compiler
+    would reject raises :class:`MetalCompileError` naming the file and line.
     ``sanitize=True``: bounds-checked, race-checked variant (one CPU thread, slower).
     """
     if not isinstance(source, str):
         raise TypeError(f"compile_shader expects the shader source as a str, got {type(source).__name__}")
-    key = (source, tuple(str(d) for d in include_dirs), bool(sanitize))
+    key = (source, tuple(str(d) for d in include_dirs), bool(sanitize), language_version)
     with _lock:
         if key not in _libraries:
             _libraries[key] = Library(compile_source(source, include_dirs=[Path(d) for d in include_dirs],
-                                                     sanitize=bool(sanitize)))
+                                                     sanitize=bool(sanitize),
+                                                     language_version=language_version))
         return _libraries[key]
 
 
-def load_shader_file(name: str, *, sanitize: Optional[bool] = None) -> Library:
+def load_shader_file(name: str, *, sanitize: Optional[bool] = None,
+                     language_version: str = DEFAULT_LANGUAGE_VERSION) -> Library:
     """The emulator library of ``shaders/<name>``, the project's own kernels.
 
     ``sanitize`` defaults to the ``TSM_SANITIZE`` environment variable.
     """
-    return _load_shader_file(name, sanitize_by_default() if sanitize is None else bool(sanitize))
+    return _load_shader_file(name, sanitize_by_default() if sanitize is None else bool(sanitize),
+                             language_version)
 
 
 @functools.lru_cache(maxsize=None)
-def _load_shader_file(name: str, sanitize: bool) -> Library:
+def _load_shader_file(name: str, sanitize: bool, language_version: str) -> Library:
     from .._shaders import shader_path
-    return Library(compile_file(shader_path(name), sanitize=sanitize))
+    return Library(compile_file(shader_path(name), sanitize=sanitize, language_version=language_version))

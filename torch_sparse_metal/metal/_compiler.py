@@ -1,12 +1,20 @@
-"""Compiling Metal Shading Language for the CPU: preprocess, rewrite, g++, cache.
+"""Compiling Metal Shading Language for the CPU: preprocess, check, rewrite, compile, cache.
 
 1. The C preprocessor runs over the source with the emulated headers empty
    (``__TSM_EMU_PARSE__``), so what comes out is the user's code alone, macros expanded
-   (MLX-style instantiation macros included) and ``#line`` markers kept.
-2. :mod:`._rewrite` finds the kernels and translates to C++, appending the binding table.
-3. The system C++ compiler builds a shared library from it and the runtime object; the
-   library is cached under a hash of everything that went into it, so a second run (or
-   a second process) does not recompile.
+   (MLX-style instantiation macros included) and ``#line`` markers kept. It runs twice:
+   once as Apple's compiler would see the source (``__METAL_VERSION__`` of the language
+   version, no ``__METAL_EMULATOR__``) and once as the emulator builds it. Only
+   ``<metal_*>`` headers and the user's quoted includes are visible, as in Metal.
+2. :mod:`._frontend` checks the first with clang against Metal's language rules, and
+   reads from clang's AST of the second what C++ would get wrong (integer division,
+   overloads on address space).
+3. :mod:`._rewrite` finds the kernels in the second and translates it to C++, appending
+   the binding table.
+4. The C++ compiler (``$TSM_EMU_CXX``, else the platform's usual one) builds a shared
+   library from it and the runtime objects; the library is cached under a hash of
+   everything that went into it, so a second run (or a second process) neither checks
+   nor recompiles.
 """
 from __future__ import annotations
 
@@ -15,25 +23,32 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
-from . import _rewrite
+from . import _frontend, _rewrite
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
 # Kernels cast untyped buffers freely, as Metal allows; no fast-math, so float64 gradcheck
-# through the kernels sees exact IEEE arithmetic.
-BASE_CXX_FLAGS = ("-O2", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden",
-                  "-Wno-attributes", "-Wno-ignored-attributes", "-Wno-unused-result")
-# Stack-clash protection probes every page of a large frame, so a fiber that overflows its
-# stack hits the guard page below it instead of writing over a neighbouring fiber's stack.
-# Used where the compiler accepts it.
-OPTIONAL_CXX_FLAGS = ("-fstack-clash-protection",)
-PREDEFINED = ("-D__METAL_EMULATOR__=1", "-D__METAL_VERSION__=310", "-D__METAL_MACOS__=1")
+# through the kernels sees exact IEEE arithmetic. The same arithmetic on every host: no
+# contraction of a * b + c into an fma (the default of clang, and of g++ on AArch64), and
+# MSL's `char` signed (it is unsigned on AArch64 Linux).
+BASE_CXX_FLAGS = ("-O2", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden", "-ffp-contract=off",
+                  "-fsigned-char", "-Wno-attributes", "-Wno-ignored-attributes", "-Wno-unused-result")
+# Used where the compiler accepts them. Stack-clash protection probes every page of a large
+# frame, so a fiber that overflows its stack hits the guard region below it instead of
+# writing over a neighbouring fiber's stack. -fexcess-precision=16 rounds `half` arithmetic
+# after every operation, as the GPU's half ALUs do (clang on x86-64 otherwise keeps floats).
+OPTIONAL_CXX_FLAGS = ("-fstack-clash-protection", "-fexcess-precision=16")
+# What Apple's compiler predefines for a macOS target; the emulator adds __METAL_EMULATOR__.
+# -undef: none of the host compiler's own (__GNUC__, __x86_64__, ...) reaches user code.
+METAL_PREDEFINED = ("-undef", "-D__METAL__=1", "-D__METAL_MACOS__=1")
+EMULATOR_PREDEFINED = ("-D__METAL_EMULATOR__=1",)
 
 
 @dataclass
@@ -43,6 +58,7 @@ class CompiledLibrary:
     uses_synchronisation: bool
     origin: str
     sanitize: bool
+    language_version: str
 
 
 def cache_dir() -> Path:
@@ -53,25 +69,69 @@ def cache_dir() -> Path:
     return path
 
 
+COMPILER_VARIABLE = "TSM_EMU_CXX"  # not $CXX: that one drives the extension's build on macOS
+# The emulator's `half` is the compiler's _Float16 (in C++: g++ 12 on x86-64, g++ 13 on
+# AArch64, clang on AArch64 and, from clang 15, on x86-64).
+FLOAT16_PROBE = "_Float16 h = 1;\nint main() { return int(h * h) - 1; }\n"
+
+
+def default_compilers() -> Tuple[str, ...]:
+    """The compilers tried in order when ``$TSM_EMU_CXX`` is not set."""
+    return ("clang++",) if sys.platform == "darwin" else ("g++", "c++", "clang++")
+
+
+def compiles(command: Sequence[str], source: str, flags: Sequence[str] = ()) -> bool:
+    """Whether the compiler ``command`` (argv prefix) accepts C++17 ``source`` with ``flags``."""
+    try:
+        probe = subprocess.run([*command, "-x", "c++", CXX_STANDARD, *flags, "-fsyntax-only", "-"],
+                               input=source, capture_output=True, text=True)
+    except OSError:
+        return False
+    return probe.returncode == 0
+
+
 @functools.lru_cache(maxsize=None)
 def compiler() -> str:
-    for candidate in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if candidate and shutil.which(candidate):
+    """The emulator's C++ compiler: ``$TSM_EMU_CXX``, else the first of
+    :func:`default_compilers` on PATH that has ``_Float16``."""
+    chosen = os.environ.get(COMPILER_VARIABLE, "").strip()
+    if chosen:
+        if not shutil.which(chosen):
+            raise MetalCompileError(f"{COMPILER_VARIABLE}={chosen!r}: no such compiler on PATH")
+        if not compiles([chosen], FLOAT16_PROBE):
+            raise MetalCompileError(f"{COMPILER_VARIABLE}={chosen!r}: this compiler has no _Float16 in C++ "
+                                    f"for this machine, which the emulator's `half` needs")
+        return chosen
+    present = [c for c in default_compilers() if shutil.which(c)]
+    for candidate in present:
+        if compiles([candidate], FLOAT16_PROBE):
             return candidate
-    raise MetalCompileError("the Metal emulator needs a C++17 compiler (g++ or clang++) on PATH; "
-                            "none was found (set CXX to choose one)")
+    found = f"{', '.join(present)} found, but without _Float16 in C++" if present else "none found"
+    raise MetalCompileError(
+        f"the Metal emulator needs a C++17 compiler with _Float16 (g++ 12+ on x86-64 or 13+ on "
+        f"AArch64; clang++, 15+ on x86-64) among {', '.join(default_compilers())} on PATH "
+        f"({found}); set {COMPILER_VARIABLE} to choose one")
 
 
 @functools.lru_cache(maxsize=None)
-def cxx_flags() -> Tuple[str, ...]:
-    """The compile flags: the base ones and the optional ones this compiler accepts."""
-    accepted = []
-    for flag in OPTIONAL_CXX_FLAGS:
-        probe = subprocess.run([compiler(), "-x", "c++", "-Werror", flag, "-fsyntax-only", "-"],
-                               input="int main() { return 0; }\n", capture_output=True, text=True)
-        if probe.returncode == 0:
-            accepted.append(flag)
-    return BASE_CXX_FLAGS + tuple(accepted)
+def cxx_flags(command: Tuple[str, ...] = ()) -> Tuple[str, ...]:
+    """The compile flags for the compiler ``command`` (default :func:`compiler`): the base
+    ones and the optional ones it accepts."""
+    command = command or (compiler(),)
+    accepted = tuple(flag for flag in OPTIONAL_CXX_FLAGS
+                     if compiles(command, "int main() { return 0; }\n", ["-Werror", flag]))
+    return BASE_CXX_FLAGS + accepted
+
+
+def compile_flags(command: Sequence[str] = ()) -> Tuple[str, ...]:
+    """Everything the kernel library and the runtime sources are compiled with by the
+    compiler ``command`` (default :func:`compiler`)."""
+    return (CXX_STANDARD, *cxx_flags(tuple(command)), "-I", str(EMULATOR_INCLUDE_DIR))
+
+
+def runtime_sources() -> List[Path]:
+    """The emulator runtime's translation units, linked into every kernel library."""
+    return sorted((EMULATOR_DIR / "src").glob("*.cpp"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -84,7 +144,10 @@ def _toolchain_fingerprint() -> str:
         if path.is_file() and path.suffix in ("", ".h", ".cpp", ".inc"):
             h.update(str(path.relative_to(EMULATOR_DIR)).encode())
             h.update(path.read_bytes())
-    h.update(" ".join(cxx_flags() + PREDEFINED + (CXX_STANDARD,)).encode())
+    # The Python translation and the front end decide the generated code too.
+    for path in (Path(_rewrite.__file__), Path(_frontend.__file__)):
+        h.update(path.read_bytes())
+    h.update(" ".join(cxx_flags() + METAL_PREDEFINED + EMULATOR_PREDEFINED + (CXX_STANDARD,)).encode())
     return h.hexdigest()
 
 
@@ -105,22 +168,27 @@ def _run(cmd: Sequence[str], what: str, source_text: Optional[str] = None,
 
 @functools.lru_cache(maxsize=None)
 def _runtime_objects() -> List[Path]:
-    """The emulator runtime (csrc/emulator/src/*.cpp), compiled once per toolchain."""
+    """The emulator runtime (:func:`runtime_sources`), compiled once per toolchain."""
     objects = []
-    for source in sorted((EMULATOR_DIR / "src").glob("*.cpp")):
+    for source in runtime_sources():
         out = cache_dir() / f"{source.stem}-{_toolchain_fingerprint()[:16]}.o"
         if not out.exists():
             tmp = _staged(out)
-            _run([compiler(), CXX_STANDARD, *cxx_flags(), "-I", str(EMULATOR_INCLUDE_DIR), "-c",
-                  str(source), "-o", str(tmp)], f"compiling the emulator runtime ({source.name})")
+            _run([compiler(), *compile_flags(), "-c", str(source), "-o", str(tmp)],
+                 f"compiling the emulator runtime ({source.name})")
             os.replace(tmp, out)
         objects.append(out)
     return objects
 
 
-def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str) -> str:
-    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-D__TSM_EMU_PARSE__=1", *PREDEFINED,
-           "-I", str(EMULATOR_INCLUDE_DIR)]
+def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str, language_version: str,
+                emulator: bool) -> str:
+    """The user's code with macros expanded, as Metal (``emulator=False``) or the emulator
+    sees it. No system header is reachable: ``-nostdinc``."""
+    version = _frontend.language_version_number(language_version)
+    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-nostdinc", "-nostdinc++", "-D__TSM_EMU_PARSE__=1",
+           *METAL_PREDEFINED, f"-D__METAL_VERSION__={version}",
+           *(EMULATOR_PREDEFINED if emulator else ()), "-I", str(EMULATOR_INCLUDE_DIR)]
     for d in include_dirs:
         cmd += ["-I", str(d)]
     proc = subprocess.run(cmd + [str(path)], capture_output=True, text=True)
@@ -129,41 +197,90 @@ def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str) -> str:
     return proc.stdout
 
 
+@dataclass(frozen=True)
+class _Views:
+    """A shader preprocessed as the emulator builds it and as Apple's compiler sees it."""
+    emulator: str
+    metal: str
+    kernels: List[_rewrite.Kernel]
+
+
+def _views(path: Path, include_dirs: Sequence[Path], origin: str, language_version: str) -> _Views:
+    include_dirs = [path.parent, *include_dirs, SHADERS_DIR]
+    emulator = _preprocess(path, include_dirs, origin, language_version, emulator=True)
+    metal = _preprocess(path, include_dirs, origin, language_version, emulator=False)
+    try:
+        kernels = _rewrite.find_kernels(emulator)
+    except _rewrite.ParseError as e:
+        raise MetalCompileError.at_offset(str(e), emulator, e.offset, origin) from None
+    return _Views(emulator, metal, kernels)
+
+
+@dataclass(frozen=True)
+class GeneratedCxx:
+    """A shader translated to C++: the text given to the C++ compiler, with its flags."""
+    text: str
+    flags: Tuple[str, ...]  # also the runtime sources' (see compile_flags)
+    kernels: List[_rewrite.Kernel]
+    uses_synchronisation: bool
+
+
+def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_version: str,
+               command: Sequence[str] = ()) -> GeneratedCxx:
+    """Check ``views`` against Metal's rules, then translate the emulator's view to C++."""
+    _frontend.check(views.metal, language_version=language_version, origin=origin, main_file=str(path))
+    emulated = _rewrite._apply(views.emulator, _frontend.emulator_edits(
+        views.emulator, language_version=language_version, main_file=str(path)))
+    text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
+            _rewrite.rewrite(emulated, sanitize=sanitize) + _rewrite.binding_table(views.kernels))
+    return GeneratedCxx(text, compile_flags(command), views.kernels,
+                        _rewrite.uses_synchronisation(views.emulator))
+
+
+def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
+                  sanitize: bool = False, command: Sequence[str] = (),
+                  language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> GeneratedCxx:
+    """The C++ the emulator compiles for the MSL file at ``path`` (quoted includes resolve
+    next to it and in ``include_dirs``), after the source passed the Metal check;
+    ``sanitize`` gives the checked variant's. The flags are for the compiler ``command``
+    (default :func:`compiler`; a cross compiler, say)."""
+    origin = origin or path.name
+    views = _views(path, include_dirs, origin, language_version)
+    return _translate(views, path, origin, sanitize, language_version, command)
+
+
 def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
-                 sanitize: bool = False) -> CompiledLibrary:
+                 sanitize: bool = False,
+                 language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> CompiledLibrary:
     """Compile the MSL file at ``path`` (quoted includes resolve next to it and in ``include_dirs``).
 
-    ``sanitize`` builds the checked variant (see the sanitizer in the README).
+    ``sanitize`` builds the checked variant (see the sanitizer in the README);
+    ``language_version`` ("3.0" ... "4.0") sets ``__METAL_VERSION__`` and the rules checked.
     """
     origin = origin or path.name
-    include_dirs = [path.parent, *include_dirs, SHADERS_DIR]
-    preprocessed = _preprocess(path, include_dirs, origin)
-    source_text = path.read_text()
-    try:
-        kernels = _rewrite.find_kernels(preprocessed)
-    except _rewrite.ParseError as e:
-        raise MetalCompileError.at_offset(str(e), preprocessed, e.offset, origin) from None
-    cxx = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
-           _rewrite.rewrite(preprocessed, sanitize=sanitize) + _rewrite.binding_table(kernels))
-    key = hashlib.sha256((_toolchain_fingerprint() + cxx).encode()).hexdigest()[:24]
+    views = _views(path, include_dirs, origin, language_version)
+    # Keyed by what went in, so a cache hit needs neither the check nor the translation.
+    key = hashlib.sha256("\0".join((_toolchain_fingerprint(), language_version, str(sanitize),
+                                    views.metal, views.emulator)).encode()).hexdigest()[:24]
     lib = cache_dir() / f"{key}.so"
     if not lib.exists():
+        cxx = _translate(views, path, origin, sanitize, language_version)
         runtime = _runtime_objects()
         with tempfile.TemporaryDirectory(prefix="tsm-emu-") as tmp:
             src = Path(tmp) / "kernel.cpp"
-            src.write_text(cxx)
+            src.write_text(cxx.text)
             out = Path(tmp) / "kernel.so"
-            _run([compiler(), CXX_STANDARD, *cxx_flags(), "-shared", "-I", str(EMULATOR_INCLUDE_DIR),
-                  str(src), *map(str, runtime), "-o", str(out), "-lm", "-lpthread"],
-                 f"compiling {origin}", source_text, origin)
+            _run([compiler(), *cxx.flags, "-shared", str(src), *map(str, runtime), "-o", str(out),
+                  "-lm", "-lpthread"], f"compiling {origin}", path.read_text(), origin)
             staged = _staged(lib)
             shutil.copyfile(out, staged)
             os.replace(staged, lib)
-    return CompiledLibrary(lib, kernels, _rewrite.uses_synchronisation(preprocessed), origin, sanitize)
+    return CompiledLibrary(lib, views.kernels, _rewrite.uses_synchronisation(views.emulator), origin,
+                           sanitize, language_version)
 
 
-def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False
-                   ) -> CompiledLibrary:
+def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False,
+                   language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> CompiledLibrary:
     """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it)."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     src_dir = cache_dir() / "sources"
@@ -173,4 +290,5 @@ def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: 
         tmp = _staged(path)
         tmp.write_text(source)
         os.replace(tmp, path)
-    return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>", sanitize=sanitize)
+    return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>", sanitize=sanitize,
+                        language_version=language_version)

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Optional
 
-FAULT_KINDS = ("out_of_bounds", "threadgroup_race", "device_race", "barrier_divergence",
+FAULT_KINDS = ("out_of_bounds", "integer_division", "threadgroup_race", "device_race", "barrier_divergence",
                "uninitialized_read", "inactive_lane", "hang", "crash")
 
 
@@ -39,6 +40,21 @@ class MetalCompileError(RuntimeError):
         return cls(message, log, line, source_line)
 
     @classmethod
+    def from_diagnostics(cls, what: str, diagnostics) -> "MetalCompileError":
+        """Errors of the front-end check: ``(file, line, message)`` each, in source order;
+        ``line`` and ``source_line`` are the first one's."""
+        shown = []
+        for file, line, message in diagnostics:
+            text = _line_of(file, line)
+            shown.append(f"{file.split('/')[-1]}:{line}: error: {message}" +
+                         (f"\n    {text.strip()}" if text else ""))
+        file, line, message = diagnostics[0]
+        text = _line_of(file, line)
+        log = "\n".join(shown)
+        return cls(f"{what}: {message}\n  at {file.split('/')[-1]} line {line}: "
+                   f"{text.strip() if text else ''}\n\n{log}", log, line, text)
+
+    @classmethod
     def at_offset(cls, message: str, preprocessed: str, offset: int, origin: str) -> "MetalCompileError":
         """An error found by the emulator's own parser at ``offset`` of the preprocessed text."""
         line, file = 0, origin
@@ -53,6 +69,14 @@ class MetalCompileError(RuntimeError):
                    "", line, text)
 
 
+def _line_of(path: str, line: int) -> Optional[str]:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    return lines[line - 1] if 0 < line <= len(lines) else None
+
+
 class KernelFault(RuntimeError):
     """A kernel did something Metal leaves undefined; ``kind`` names what."""
 
@@ -63,3 +87,17 @@ class KernelFault(RuntimeError):
 
 class LaunchError(ValueError):
     """A dispatch was asked for with arguments Metal would reject."""
+
+
+class UnknownKernelError(LaunchError, AttributeError):
+    """A library has no kernel of that name; raised by both backends.
+
+    A ``LaunchError`` (so a ``ValueError``) like every other bad launch, and an
+    ``AttributeError`` because the emulator's libraries expose kernels as attributes
+    (``hasattr(lib, name)`` and ``getattr(lib, name, default)`` keep working).
+    """
+
+    def __init__(self, kernel: str, origin: str, available) -> None:
+        super().__init__(f"no kernel named {kernel!r} in {origin}; kernels: "
+                         f"{', '.join(available) or '(none)'}")
+        self.kernel = kernel

@@ -3,24 +3,24 @@ from __future__ import annotations
 
 import ctypes
 import os
-import re
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from . import _rewrite
+from . import _binding
+from ._binding import (MAX_BUFFERS, MAX_THREADS_PER_THREADGROUP, ParamInfo, check_argument_count,
+                       check_group, check_threadgroup_memory, scalar_bytes)
 from ._compiler import CompiledLibrary
-from ._errors import FAULT_KINDS, KernelFault, LaunchError
+from ._errors import FAULT_KINDS, KernelFault, LaunchError, UnknownKernelError
 from ._record import COUNTERS, as_dim3, record_launch
 
-MAX_BUFFERS = 31
-MAX_THREADS_PER_THREADGROUP = 1024
 MAX_THREADGROUP_MEMORY = 32 * 1024
 
 
 class _Launch(ctypes.Structure):
+    """``struct tsm_launch`` of csrc/emulator/src/c_interface.h."""
     _fields_ = [
         ("buffers", ctypes.c_void_p * MAX_BUFFERS),
         ("buffer_bytes", ctypes.c_uint64 * MAX_BUFFERS),
@@ -38,37 +38,6 @@ class _Launch(ctypes.Structure):
     ]
 
 
-# (scalar code, size) -> NumPy dtype, for converting Python scalars to the declared type.
-_SCALAR_DTYPES = {
-    ("f", 4): np.float32, ("d", 8): np.float64, ("h", 2): np.float16,
-    ("i", 1): np.int8, ("i", 2): np.int16, ("i", 4): np.int32, ("i", 8): np.int64,
-    ("u", 1): np.uint8, ("u", 2): np.uint16, ("u", 4): np.uint32, ("u", 8): np.uint64,
-    ("o", 1): np.bool_,
-}
-_TYPE_NAMES = {"f": "float", "d": "double", "h": "half", "b": "bfloat", "i": "signed integer",
-               "u": "unsigned integer", "o": "bool", "s": "struct or vector"}
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    kind: int      # _rewrite.P_BUFFER / P_THREADGROUP / P_BUILTIN
-    index: int
-    passing: int   # 0 pointer, 1 reference, 2 value
-    size: int
-    scalar: str
-    is_const: bool
-    text: str
-
-    def describe(self) -> str:
-        return f"`{self.text}`"
-
-    @property
-    def name(self) -> str:
-        """The parameter's name in the kernel source."""
-        found = re.findall(r"(\w+)\s*(?:\[\[.*)?$", self.text)
-        return found[0] if found else ""
-
-
 # Starting a worker thread costs about as much as running tens of thousands of small Metal
 # threads (measured: a 4096-thread dispatch took 250 us on two workers, 97 us on one), so by
 # default a dispatch gets one worker per 64K threads, up to the core count.
@@ -84,6 +53,9 @@ def _num_workers(total_threads: int) -> int:
 
 class Kernel:
     """One kernel of a library; call it like ``torch.mps.compile_shader``'s kernels."""
+
+    # Metal reports this per pipeline; the emulator has none to ask and runs Metal's limit.
+    max_total_threads_per_threadgroup = MAX_THREADS_PER_THREADGROUP
 
     def __init__(self, library: "Library", index: int, name: str, params: List[ParamInfo]) -> None:
         self._library = library
@@ -110,41 +82,18 @@ class Kernel:
         if group_size is None:
             group_size = min(grid[0], 256) or 1
         group = as_dim3(group_size, f"{self.name}: group_size")
-        n_group = group[0] * group[1] * group[2]
-        if n_group == 0 or n_group > MAX_THREADS_PER_THREADGROUP:
-            raise LaunchError(f"{self.name}: group_size {group} has {n_group} threads; a Metal "
-                              f"threadgroup holds 1 to {MAX_THREADS_PER_THREADGROUP}")
-        if len(args) > MAX_BUFFERS:
-            raise LaunchError(f"{self.name}: {len(args)} arguments; Metal binds at most "
-                              f"{MAX_BUFFERS} buffers")
-        if len(args) != self.num_buffer_args:
-            raise LaunchError(f"{self.name}: expected {self.num_buffer_args} arguments "
-                              f"(one per [[buffer(i)]]), got {len(args)}")
+        check_group(self.name, group, self.max_total_threads_per_threadgroup)
+        check_argument_count(self.name, self._buffers, len(args))
         launch = _Launch()
         keepalive = []
         for i, arg in enumerate(args):
-            param = self._buffers.get(i)
-            if param is None:
-                raise LaunchError(f"{self.name}: argument {i} has no [[buffer({i})]] parameter")
-            ptr, nbytes, keep = self._bind(i, param, arg)
+            ptr, nbytes, keep = self._bind(i, self._buffers[i], arg)
             launch.buffers[i] = ptr
             launch.buffer_bytes[i] = nbytes
             keepalive.append(keep)
         launch.num_buffers = len(args)
         tg = list(threadgroup_memory or [])
-        if len(tg) > MAX_BUFFERS:
-            raise LaunchError(f"{self.name}: {len(tg)} threadgroup_memory entries; Metal has at "
-                              f"most {MAX_BUFFERS} [[threadgroup(n)]] slots")
-        if len(tg) < self.num_threadgroup_args:
-            raise LaunchError(f"{self.name}: threadgroup_memory must give the byte length of each of "
-                              f"its {self.num_threadgroup_args} [[threadgroup(n)]] parameters, got {tg}")
-        for n, nbytes in enumerate(tg):
-            if nbytes < 0 or nbytes % 16:
-                raise LaunchError(f"{self.name}: threadgroup_memory[{n}] = {nbytes}: Metal needs a "
-                                  "non-negative multiple of 16 bytes")
-        if sum(tg) > MAX_THREADGROUP_MEMORY:
-            raise LaunchError(f"{self.name}: threadgroup_memory totals {sum(tg)} bytes; Metal allows "
-                              f"{MAX_THREADGROUP_MEMORY}")
+        check_threadgroup_memory(self.name, self._threadgroup, tg, MAX_THREADGROUP_MEMORY)
         for n, nbytes in enumerate(tg):
             launch.threadgroup_bytes[n] = nbytes
         launch.num_threadgroup = len(tg)
@@ -174,7 +123,7 @@ class Kernel:
             raise RuntimeError(f"{self.name}: {kind}: {message}")
 
     def _bind(self, i: int, param: ParamInfo, arg) -> Tuple[int, int, object]:
-        where = f"{self.name}: argument {i} ([[buffer({i})]] {param.describe()})"
+        where = _binding.where(self.name, i, param)
         if isinstance(arg, torch.Tensor):
             if arg.device.type != "cpu":
                 raise LaunchError(f"{where}: the emulator runs on CPU tensors, got a tensor on "
@@ -195,39 +144,9 @@ class Kernel:
         if isinstance(arg, (bytes, bytearray)):
             buf = ctypes.create_string_buffer(bytes(arg), max(len(arg), 1))
             return ctypes.addressof(buf), len(arg), buf
-        value = self._scalar_bytes(where, param, arg)
+        value = scalar_bytes(where, param, arg)
         buf = ctypes.create_string_buffer(value, len(value))
         return ctypes.addressof(buf), len(value), buf
-
-    @staticmethod
-    def _scalar_bytes(where: str, param: ParamInfo, arg) -> bytes:
-        declared = _TYPE_NAMES.get(param.scalar, param.scalar)
-        if isinstance(arg, np.generic):
-            kind = {"f": "f", "i": "i", "u": "u", "b": "o"}.get(arg.dtype.kind, "?")
-            if arg.dtype == np.float16:
-                kind = "h"
-            elif arg.dtype == np.float64:
-                kind = "d"
-            if arg.dtype.itemsize != param.size or (param.scalar != "s" and kind != param.scalar):
-                raise LaunchError(f"{where}: got a NumPy {arg.dtype} ({arg.dtype.itemsize} bytes), the "
-                                  f"kernel declares {declared} of {param.size} bytes")
-            return arg.tobytes()
-        if isinstance(arg, (bool, int, float)):
-            if param.scalar == "b" and param.size == 2:
-                t = torch.tensor(float(arg), dtype=torch.bfloat16)
-                return t.view(torch.int16).numpy().tobytes()
-            dtype = _SCALAR_DTYPES.get((param.scalar, param.size))
-            if dtype is None:
-                raise LaunchError(f"{where}: cannot convert a Python {type(arg).__name__} to the declared "
-                                  f"{declared} of {param.size} bytes; pass a tensor or bytes")
-            if isinstance(arg, float) and param.scalar in "iuo":
-                raise LaunchError(f"{where}: a Python float cannot bind to the declared {declared}")
-            info = np.iinfo(dtype) if param.scalar in "iu" else None
-            if info is not None and not info.min <= int(arg) <= info.max:
-                raise LaunchError(f"{where}: {arg} does not fit the declared {declared} of {param.size} bytes")
-            return np.array(arg, dtype=dtype).tobytes()
-        raise LaunchError(f"{where}: cannot bind a {type(arg).__name__}; pass a tensor, a NumPy scalar "
-                          "or a Python number")
 
 
 class Library:
@@ -238,6 +157,7 @@ class Library:
         self.path = compiled.path
         self.uses_synchronisation = compiled.uses_synchronisation
         self.sanitize = compiled.sanitize
+        self.language_version = compiled.language_version
         self._dll = ctypes.CDLL(str(compiled.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
         self._dll.tsm_num_kernels.restype = ctypes.c_int
         self._dll.tsm_kernel_name.restype = ctypes.c_char_p
@@ -269,8 +189,7 @@ class Library:
             return kernels[name]
         if name.startswith("__"):
             raise AttributeError(name)
-        raise AttributeError(f"no kernel named {name!r} in {self.__dict__.get('origin', 'library')}; "
-                             f"kernels: {', '.join(kernels) or '(none)'}")
+        raise UnknownKernelError(name, self.__dict__.get("origin", "library"), kernels)
 
     def __getitem__(self, name: str) -> Kernel:
         return self.__getattr__(name)

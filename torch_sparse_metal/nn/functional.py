@@ -18,13 +18,11 @@ from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
 from .._kernel_names import kernel_name, kernel_names_for
+from ..metal._binding import SIMD_WIDTH
 
 OP = "cross_entropy"
 SHADER = "cross_entropy.metal"
 KERNELS = ("cross_entropy_forward",)
-# The whole batch runs in one threadgroup (see the shader): as many threads as rows, in
-# whole SIMD-groups, up to Metal's 1024.
-MAX_GROUP_SIZE = 1024
 
 __all__ = ["cross_entropy"]
 
@@ -152,7 +150,10 @@ def _forward(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, coun
             grad_logits if need_grad else logits.new_empty(1),
             np.uint32(batch), np.uint32(classes), np.int32(ignore_index),
             scalar(1.0 / count), np.uint32(need_grad))
-    group = min(MAX_GROUP_SIZE, -(-batch // 32) * 32)
-    _launch.launch(SHADER, kernel_name("cross_entropy_forward", logits.dtype), args,
-                   threads=group, group_size=group, backend=backend)
+    # The whole batch runs in one threadgroup (see the shader): as many threads as rows, in
+    # whole SIMD-groups, up to what the pipeline allows (1024 at most).
+    name = kernel_name("cross_entropy_forward", logits.dtype)
+    limit = _launch.max_threads_per_group(SHADER, name, backend) // SIMD_WIDTH * SIMD_WIDTH
+    group = min(limit, -(-batch // SIMD_WIDTH) * SIMD_WIDTH)
+    _launch.launch(SHADER, name, args, threads=group, group_size=group, backend=backend)
     return loss.reshape(()), grad_logits

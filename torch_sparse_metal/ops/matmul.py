@@ -23,7 +23,7 @@ validate -> allocate -> early return -> choose the variant -> launch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -50,7 +50,8 @@ VEC_A, VEC_B = 1, 2
 # shaders/matmul.h): float, except double for the emulator-only double build.
 ACC_SCALAR = {torch.float64: np.float64}
 
-# dtypes the kernels are instantiated for. bfloat needs MSL 3.1 (macOS 14) on Metal.
+# dtypes the kernels are instantiated for. bfloat needs MSL 3.1 (macOS 14) on Metal: offered
+# only when the launcher compiles 3.1 or later (_metal_backend.require_bfloat).
 MATMUL_DTYPES: Dict[str, Tuple[torch.dtype, ...]] = {
     "metal": (torch.float32, torch.float16, torch.bfloat16),
     "emulator": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
@@ -70,6 +71,20 @@ class Rung:
     group_size: Tuple[int, int]  # threads per threadgroup (x, y)
     whole_groups: bool           # launch whole threadgroups (barriers / SIMD-group collectives)
     needs_simdgroup_matrix: bool = False
+    rows_follow_group: bool = False  # the kernel takes one row of C per row of threads
+
+    def fit(self, max_threads: int) -> "Rung":
+        """This rung's geometry for a pipeline allowing ``max_threads`` threads per group:
+        unchanged when its group fits; a rung whose rows follow the group drops rows of
+        threads (and of its C tile); any other raises ``ValueError``."""
+        gx, gy = self.group_size
+        if gx * gy <= max_threads:
+            return self
+        if self.rows_follow_group and max_threads >= gx:
+            rows = max_threads // gx
+            return replace(self, tile=(rows, self.tile[1]), group_size=(gx, rows))
+        raise ValueError(f"matmul rung {self.name!r} needs {gx * gy} threads per threadgroup; "
+                         f"this pipeline allows {max_threads}")
 
     def grid(self, m: int, n: int) -> Tuple[int, int]:
         """The grid in threads (dispatchThreads semantics) for an ``m x n`` output."""
@@ -82,7 +97,8 @@ class Rung:
 
 RUNGS: Dict[str, Rung] = {r.name: r for r in (
     Rung("naive", "matmul_naive.metal", (8, 32), (32, 8), whole_groups=False),
-    Rung("tiled", "matmul_tiled.metal", (32, 32), (32, 32), whole_groups=True),
+    Rung("tiled", "matmul_tiled.metal", (32, 32), (32, 32), whole_groups=True,
+         rows_follow_group=True),
     Rung("register", "matmul_register.metal", (64, 64), (16, 16), whole_groups=True),
     Rung("simdgroup", "matmul_simdgroup.metal", (64, 64), (128, 1), whole_groups=True,
          needs_simdgroup_matrix=True),
@@ -286,6 +302,9 @@ def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Ten
         return addmm_reference(bias.expand(m, n) if bias is not None else None, a, b,
                                alpha=alpha, beta=beta, activation=activation)
     V.check_kernel_dtype(op, a.dtype, backend, table=MATMUL_DTYPES)
+    if backend == "metal" and a.dtype == torch.bfloat16:
+        from .._metal_backend import require_bfloat
+        require_bfloat(op)
     if kernel == "simdgroup":
         check_simdgroup(op, a.dtype, backend)
     for name, size in (("m", m), ("n", n), ("k", k)):
@@ -390,7 +409,8 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]
             np.uint32(m), np.uint32(n), np.uint32(k), np.uint32(A.ld), np.uint32(B.ld),
             np.uint32(n), np.uint32(bias_rs), np.uint32(bias_cs),
             acc(alpha), acc(beta), np.uint32(flags), np.uint32(vec))
-    _launch.launch(rung.shader, matmul_kernel_name(rung.name, A.transposed, B.transposed,
-                                                   a.dtype),
-                   args, threads=rung.grid(m, n), group_size=rung.group_size, backend=backend)
+    name = matmul_kernel_name(rung.name, A.transposed, B.transposed, a.dtype)
+    rung = rung.fit(_launch.max_threads_per_group(rung.shader, name, backend))
+    _launch.launch(rung.shader, name, args, threads=rung.grid(m, n), group_size=rung.group_size,
+                   backend=backend)
     return out, preact

@@ -4,12 +4,12 @@
 // libraries are loaded with RTLD_LOCAL, so each has its own copy of this state.
 #include <setjmp.h>
 #include <signal.h>
-#include <ucontext.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -19,6 +19,12 @@
 #include <thread>
 #include <vector>
 
+#ifndef MAP_ANONYMOUS  // older macOS SDKs name it MAP_ANON only
+#define MAP_ANONYMOUS MAP_ANON
+#endif
+
+#include "c_interface.h"
+#include "fiber_switch.h"
 #include "sanitizer.h"
 #include "tsm_emu/runtime.h"
 
@@ -30,72 +36,6 @@ extern const int tsm_kernel_count;
 
 namespace tsm_emu {
 namespace {
-
-// ---- fiber contexts -------------------------------------------------------------------
-//
-// A fiber switch happens at every barrier and SIMD-group function of every Metal thread,
-// so it must be cheap. glibc's swapcontext saves the signal mask with a system call on
-// every switch; on x86-64 a few instructions that save the callee-saved registers and the
-// floating-point control words do the same job in user space. Elsewhere, or with
-// TSM_EMU_UCONTEXT=1, the portable ucontext functions are used.
-#if defined(__x86_64__) && defined(__linux__)
-#define TSM_EMU_HAVE_ASM_SWITCH 1
-extern "C" void tsm_emu_switch(void** save_sp, void* load_sp);
-__asm__(
-    ".text\n"
-    ".globl tsm_emu_switch\n"
-    ".hidden tsm_emu_switch\n"
-    ".type tsm_emu_switch,@function\n"
-    "tsm_emu_switch:\n"
-    "  pushq %rbp\n"
-    "  pushq %rbx\n"
-    "  pushq %r12\n"
-    "  pushq %r13\n"
-    "  pushq %r14\n"
-    "  pushq %r15\n"
-    "  subq $8, %rsp\n"
-    "  stmxcsr (%rsp)\n"
-    "  fnstcw 4(%rsp)\n"
-    "  movq %rsp, (%rdi)\n"
-    "  movq %rsi, %rsp\n"
-    "  ldmxcsr (%rsp)\n"
-    "  fldcw 4(%rsp)\n"
-    "  addq $8, %rsp\n"
-    "  popq %r15\n"
-    "  popq %r14\n"
-    "  popq %r13\n"
-    "  popq %r12\n"
-    "  popq %rbx\n"
-    "  popq %rbp\n"
-    "  ret\n"
-    ".size tsm_emu_switch, .-tsm_emu_switch\n");
-#else
-#define TSM_EMU_HAVE_ASM_SWITCH 0
-#endif
-
-bool use_asm_switch() {
-  static const bool yes = [] {
-    const char* env = getenv("TSM_EMU_UCONTEXT");
-    return TSM_EMU_HAVE_ASM_SWITCH && !(env && env[0] == '1');
-  }();
-  return yes;
-}
-
-// Where a suspended fiber (or the scheduler) resumes.
-struct Context {
-  ucontext_t uc;         // portable path
-  void* sp = nullptr;    // user-space switch: the saved stack pointer
-};
-
-void switch_context(Context* save, Context* load) {
-#if TSM_EMU_HAVE_ASM_SWITCH
-  if (use_asm_switch()) {
-    tsm_emu_switch(&save->sp, load->sp);
-    return;
-  }
-#endif
-  swapcontext(&save->uc, &load->uc);
-}
 
 constexpr uint32_t kSimdWidth = 32;
 constexpr uint32_t kMaxThreadsPerThreadgroup = 1024;
@@ -114,7 +54,7 @@ struct Exchange {
 };
 
 struct Fiber {
-  Context context;
+  FiberContext context;
   State state = State::Runnable;
   // Where in the kernel source the fiber waits: the call sites of the helper functions it
   // is inside (outermost first), then the barrier's or collective's own (tsm_emu::Site).
@@ -128,13 +68,15 @@ struct Fiber {
   AccessLog touches;                  // sanitized dispatches: accesses since it last stopped
 };
 
+void free_stack(char* stack, size_t bytes);
+
 // One worker's state: it runs whole threadgroups one after the other.
 struct Worker {
   const KernelEntry* kernel = nullptr;
   std::vector<Fiber> fibers;
   std::vector<char*> stacks;
   size_t stack_bytes = 0;
-  Context scheduler;
+  FiberContext scheduler;
   // One per SIMD-group: a round releases at most one collective per SIMD-group, and its
   // lanes read their values as soon as they resume, before any later round.
   std::vector<std::unique_ptr<Exchange>> exchange;
@@ -152,7 +94,7 @@ struct Worker {
   KernelFault fault;
 
   ~Worker() {
-    for (char* s : stacks) munmap(s, stack_bytes);
+    for (char* s : stacks) free_stack(s, stack_bytes);
   }
 };
 
@@ -197,15 +139,28 @@ size_t stack_size() {
   return bytes;
 }
 
-char* allocate_stack(size_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (p == MAP_FAILED) throw KernelFault{"launch", "could not allocate a fiber stack"};
-  // A guard page below the stack turns an overflow into a crash at the overflow, not a
-  // silent overwrite of a neighbouring fiber.
-  mprotect(p, static_cast<size_t>(getpagesize()), PROT_NONE);
-  return static_cast<char*>(p);
+// A guard region below each fiber stack turns an overflow into a crash at the overflow, not
+// a silent overwrite of a neighbouring fiber's stack. It spans at least 64 KB, not one page:
+// GCC's stack-clash protection on AArch64 probes a large frame every 64 KB, so it would
+// step over a smaller guard. It costs address space only.
+size_t guard_bytes() {
+  static const size_t bytes = [] {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return (size_t(64 * 1024) + page - 1) / page * page;
+  }();
+  return bytes;
 }
 
+// A stack of `bytes` usable bytes, [stack, stack + bytes), with its guard region below.
+char* allocate_stack(size_t bytes) {
+  void* p = mmap(nullptr, guard_bytes() + bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw KernelFault{"launch", "could not allocate a fiber stack"};
+  mprotect(p, guard_bytes(), PROT_NONE);
+  return static_cast<char*>(p) + guard_bytes();
+}
+
+void free_stack(char* stack, size_t bytes) { munmap(stack - guard_bytes(), guard_bytes() + bytes); }
 
 std::string fmt3(u3 v) {
   return "(" + std::to_string(v.x) + ", " + std::to_string(v.y) + ", " + std::to_string(v.z) + ")";
@@ -267,36 +222,8 @@ void fiber_entry() {
     }
   }
   f->state = State::Done;
-  // Back to the scheduler for good: with ucontext returning would do it (uc_link); the
-  // user-space switch has no caller to return to.
-  switch_context(&f->context, &w->scheduler);
-}
-
-// Prepare `c` to run fiber_entry on [stack, stack + bytes) when first switched to.
-void start_context(Context* c, char* stack, size_t bytes, Context* scheduler) {
-#if TSM_EMU_HAVE_ASM_SWITCH
-  if (use_asm_switch()) {
-    // The frame tsm_emu_switch pops: control words, r15..rbp, then the return address
-    // (fiber_entry); above it, in the top slot, a zero where fiber_entry's own return
-    // address would be. `ret` then leaves rsp at top - 8: aligned as right after a call.
-    uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
-    uint64_t* frame = reinterpret_cast<uint64_t*>(top) - 9;
-    uint32_t control[2];
-    __asm__ volatile("stmxcsr %0" : "=m"(control[0]));
-    __asm__ volatile("fnstcw %0" : "=m"(control[1]));
-    std::memcpy(&frame[0], control, sizeof control);
-    for (int r = 1; r <= 6; ++r) frame[r] = 0;  // r15 r14 r13 r12 rbx rbp
-    frame[7] = reinterpret_cast<uint64_t>(&fiber_entry);
-    frame[8] = 0;  // fiber_entry never returns
-    c->sp = frame;
-    return;
-  }
-#endif
-  getcontext(&c->uc);
-  c->uc.uc_stack.ss_sp = stack;
-  c->uc.uc_stack.ss_size = bytes;
-  c->uc.uc_link = &scheduler->uc;
-  makecontext(&c->uc, fiber_entry, 0);
+  // Back to the scheduler for good: a fiber has no caller to return to.
+  switch_fiber(&f->context, &w->scheduler);
 }
 
 [[noreturn]] void raise(std::string kind, std::string message) {
@@ -332,7 +259,7 @@ std::string site_name(const std::vector<uint32_t>& path) {
 void suspend(Worker* w) {
   Fiber* f = w->current;
   end_segment();
-  switch_context(&f->context, &w->scheduler);  // never resumed after another thread faulted
+  switch_fiber(&f->context, &w->scheduler);  // never resumed after another thread faulted
 }
 
 // Release the SIMD collectives that can complete; true if any did. Called only when no
@@ -447,7 +374,6 @@ void resolve_threadgroup_barrier(Worker* w, uint32_t n) {
 void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, uint32_t n) {
   if (w->fibers.size() < n) w->fibers.resize(n);
   while (w->stacks.size() < n) w->stacks.push_back(allocate_stack(w->stack_bytes));
-  size_t guard = static_cast<size_t>(getpagesize());
   for (uint32_t i = 0; i < n; ++i) {
     Fiber& f = w->fibers[i];
     f.state = State::Runnable;
@@ -456,7 +382,7 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
     f.calls.clear();
     f.touches.clear();
     f.info = thread_info(grid, group_size, groups, group, i);
-    start_context(&f.context, w->stacks[i] + guard, w->stack_bytes - guard, &w->scheduler);
+    start_fiber(&f.context, w->stacks[i], w->stack_bytes, fiber_entry);
   }
   for (;;) {
     bool ran = false, live = false;
@@ -464,7 +390,7 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
       Fiber& f = w->fibers[i];
       if (f.state == State::Runnable) {
         w->current = &f;
-        switch_context(&w->scheduler, &f.context);
+        switch_fiber(&w->scheduler, &f.context);
         w->current = nullptr;
         ran = true;
         if (w->fault_raised) throw w->fault;
@@ -515,9 +441,9 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
 // ---- hardware faults in kernel code ---------------------------------------------------
 //
 // A wild read, a stack overflow or an integer division by zero in a kernel must not take
-// the Python process down: while a worker runs kernel code, SIGSEGV/SIGBUS/SIGFPE/SIGILL
-// jump back to its dispatch loop, which reports a "crash" fault. Faults outside kernel code
-// go to whatever handler was installed before (Python's faulthandler, say).
+// the Python process down: while a worker runs kernel code, SIGSEGV/SIGBUS/SIGFPE/SIGILL/
+// SIGTRAP jump back to its dispatch loop, which reports a "crash" fault. Faults outside
+// kernel code go to whatever handler was installed before (Python's faulthandler, say).
 
 thread_local sigjmp_buf* t_crash_jump = nullptr;
 thread_local int t_crash_signal = 0;
@@ -525,7 +451,7 @@ thread_local void* t_crash_address = nullptr;
 thread_local ThreadInfo t_crash_thread;
 thread_local bool t_crash_thread_known = false;
 
-constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP};
 struct sigaction g_previous[sizeof kCrashSignals / sizeof kCrashSignals[0]];
 
 void on_crash(int sig, siginfo_t* info, void* context) {
@@ -591,21 +517,55 @@ class CrashGuard {
   stack_t previous_;
 };
 
-const char* signal_name(int sig) {
-  switch (sig) {
-    case SIGSEGV: return "SIGSEGV (invalid memory access: out of bounds of a buffer, or a fiber stack overflow)";
-    case SIGBUS: return "SIGBUS (misaligned or invalid memory access)";
-    case SIGFPE: return "SIGFPE (integer division by zero?)";
-    case SIGILL: return "SIGILL (illegal instruction)";
-  }
-  return "signal";
+// Whether `address` lies in the guard region below one of the worker's fiber stacks.
+bool in_stack_guard(const Worker& w, const void* address) {
+  const char* a = static_cast<const char*>(address);
+  for (const char* stack : w.stacks)
+    if (a >= stack - guard_bytes() && a < stack) return true;
+  return false;
 }
 
-KernelFault crash_fault() {
+const char* signal_name(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+  }
+  return "a signal";
+}
+
+// What went wrong, in words that do not depend on the OS's choice of signal: a guard-page
+// hit is SIGSEGV on Linux and SIGBUS on macOS; a trap instruction is SIGILL on x86-64
+// (ud2) and SIGTRAP on AArch64 (brk).
+struct CrashCause {
+  const char* what;
+  std::string hint;
+};
+
+CrashCause crash_cause(const Worker& w, int sig, const void* address) {
+  switch (sig) {
+    case SIGSEGV:
+    case SIGBUS:
+      if (in_stack_guard(w, address))
+        return {"fiber stack overflow", "TSM_EMU_STACK_KB sets the stack size, now " +
+                                            std::to_string(stack_size() / 1024) + " KB"};
+      return {"invalid memory access", "a wild index or pointer"};
+    case SIGFPE: return {"arithmetic fault", "an integer division by zero or overflow"};
+    case SIGILL:
+    case SIGTRAP: return {"trap or illegal instruction", ""};
+  }
+  return {"unexpected signal", ""};
+}
+
+KernelFault crash_fault(const Worker& w) {
+  const CrashCause cause = crash_cause(w, t_crash_signal, t_crash_address);
   char address[32];
-  std::snprintf(address, sizeof address, "%p", t_crash_address);
-  std::string msg = std::string(signal_name(t_crash_signal)) + " at address " + address;
+  std::snprintf(address, sizeof address, "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(t_crash_address));
+  std::string msg = std::string(cause.what) + " (" + signal_name(t_crash_signal) + ") at address " + address;
   if (t_crash_thread_known) msg += " in " + where_info(t_crash_thread);
+  if (!cause.hint.empty()) msg += ": " + cause.hint;
   msg += "; the emulator stopped the dispatch instead of the process (memory the kernel "
          "wrote before the fault may be corrupt)";
   return KernelFault{"crash", msg};
@@ -788,37 +748,19 @@ u3 builtin_value(int which, const ThreadInfo& t) {
 
 }  // namespace tsm_emu
 
-// ---- the C interface Python calls through ctypes ---------------------------------------
-
-struct tsm_launch {
-  void* buffers[31];
-  uint64_t buffer_bytes[31];
-  int32_t num_buffers;
-  uint32_t grid[3];
-  uint32_t group[3];
-  uint64_t threadgroup_bytes[31];
-  int32_t num_threadgroup;
-  int32_t use_fibers;
-  int32_t num_workers;
-  int32_t sanitize;
-  const char* buffer_names[31];
-  const char* threadgroup_names[31];
-  // Out, sanitized dispatches: device bytes read, written, threadgroup accesses, bank
-  // conflicts, barriers, FMAs, atomics (see Counters in sanitizer.h).
-  uint64_t counters[7];
-};
+// ---- the C interface (c_interface.h) Python calls through ctypes ----------------------
 
 extern "C" {
 
-__attribute__((visibility("default"))) int tsm_num_kernels() { return tsm_kernel_count; }
+TSM_EMU_EXPORT int tsm_num_kernels() { return tsm_kernel_count; }
 
-__attribute__((visibility("default"))) const char* tsm_kernel_name(int i) {
+TSM_EMU_EXPORT const char* tsm_kernel_name(int i) {
   return tsm_kernel_table[i].name;
 }
-__attribute__((visibility("default"))) int tsm_kernel_num_params(int i) {
+TSM_EMU_EXPORT int tsm_kernel_num_params(int i) {
   return tsm_kernel_table[i].num_params;
 }
-__attribute__((visibility("default"))) void tsm_kernel_param(int k, int i, int32_t* out) {
+TSM_EMU_EXPORT void tsm_kernel_param(int k, int i, int32_t* out) {
   const tsm_emu::KernelEntry& e = tsm_kernel_table[k];
   out[0] = e.params[i].kind;
   out[1] = e.params[i].index;
@@ -897,7 +839,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
       std::lock_guard<std::mutex> g(fault_lock);
       if (!faulted) {
         faulted = true;
-        first_fault = crash_fault();
+        first_fault = crash_fault(*w);
       }
       stop = true;
       t_worker = nullptr;
@@ -971,8 +913,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
 
 // Returns 0, or writes "kind\tmessage" into `error` and returns 1. No C++ exception may
 // leave: the caller is ctypes.
-__attribute__((visibility("default"))) int tsm_dispatch(int k, tsm_launch* l, char* error,
-                                                        int error_len) {
+TSM_EMU_EXPORT int tsm_dispatch(int k, tsm_launch* l, char* error, int error_len) {
   try {
     return dispatch(k, l, error, error_len);
   } catch (std::exception& e) {

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "tsm_emu/sanitize.h"
+#include "tsm_emu/sync.h"
 
 namespace metal {
 
@@ -15,6 +16,21 @@ enum memory_order {
   memory_order_acq_rel = __ATOMIC_ACQ_REL,
   memory_order_seq_cst = __ATOMIC_SEQ_CST,
 };
+
+// Metal 3.2's fence. Device memory is real shared memory here: a CPU fence orders it.
+enum class thread_scope : int {
+  thread_scope_thread = 0,
+  thread_scope_simdgroup = 1,
+  thread_scope_threadgroup = 2,
+  thread_scope_device = 3,
+};
+constexpr thread_scope thread_scope_thread = thread_scope::thread_scope_thread;
+constexpr thread_scope thread_scope_simdgroup = thread_scope::thread_scope_simdgroup;
+constexpr thread_scope thread_scope_threadgroup = thread_scope::thread_scope_threadgroup;
+constexpr thread_scope thread_scope_device = thread_scope::thread_scope_device;
+inline void atomic_thread_fence(mem_flags, memory_order order, thread_scope = thread_scope_device) {
+  __atomic_thread_fence(order);
+}
 
 // Same size and alignment as T, as in Metal (atomic_float is a float in memory).
 template <class T>
@@ -135,6 +151,18 @@ inline T atomic_fetch_max_explicit(volatile atomic<T>* a, U v, memory_order) {
                             [&](T current) -> T { return operand > current ? operand : current; });
 }
 
+// Metal's 64-bit atomics (atomic_ulong, device memory): min and max that return nothing.
+template <class U>
+inline void atomic_max_explicit(volatile atomic<unsigned long>* a, U v, memory_order o) {
+  atomic_fetch_max_explicit(a, v, o);
+}
+template <class U>
+inline void atomic_min_explicit(volatile atomic<unsigned long>* a, U v, memory_order o) {
+  atomic_fetch_min_explicit(a, v, o);
+}
+
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_max_explicit)
+TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_min_explicit)
 TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_store_explicit)
 TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_load_explicit)
 TSM_ATOMIC_THROUGH_CHECKED_PTR(atomic_exchange_explicit)

@@ -112,12 +112,29 @@ using if_int = std::enable_if_t<is_int<elem_t<R>>::value, R>;
 template <class R>
 using if_num = std::enable_if_t<is_fp<elem_t<R>>::value || is_int<elem_t<R>>::value, R>;
 
+// Metal's library has no bfloat overloads: a bfloat argument converts to float (its one
+// implicit conversion), so the function computes and returns float (vectors likewise).
+template <class R>
+struct bf_to_float {
+  using type = R;
+};
+template <>
+struct bf_to_float<bfloat> {
+  using type = float;
+};
+template <int N>
+struct bf_to_float<vec<bfloat, N>> {
+  using type = vec<float, N>;
+};
+template <class R>
+using bf_to_float_t = typename bf_to_float<R>::type;
+
 template <class... X>
-using fp_t = if_fp<cmn_t<X...>>;
+using fp_t = if_fp<bf_to_float_t<cmn_t<X...>>>;
 template <class... X>
 using int_t = if_int<cmn_t<X...>>;
 template <class... X>
-using num_t = if_num<cmn_t<X...>>;
+using num_t = if_num<bf_to_float_t<cmn_t<X...>>>;
 
 // R with its element type replaced by E.
 template <class R, class E>

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -93,6 +94,7 @@ struct KernelEntry {
 // ---- runtime services (runtime.cpp) -------------------------------------------------
 [[noreturn]] void fault(const char* kind, const char* message);
 const ThreadInfo& current_thread();
+std::string where_info(const ThreadInfo& t);  // "thread (x, y, z) (index i in threadgroup (...))"
 
 // A value exchanged by the active lanes of one SIMD-group at one collective.
 // The widest value one lane contributes to a collective: a double4, or the three 2-element

@@ -96,6 +96,14 @@ struct Operands {
   vec<T, 2> a, b, c;
 };
 
+// The precision a product of these element types is computed in.
+template <class... T>
+using wide_t = std::conditional_t<(std::is_same<T, double>::value || ...), double, float>;
+template <class W, class T>
+inline vec<W, 2> widen(const vec<T, 2>& v) {
+  return vec<W, 2>(W(v[0]), W(v[1]));
+}
+
 // d = a * b + c for the calling lane's two elements of d, gathering a, b and c from the
 // whole SIMD-group. Products accumulate in float (double for double matrices).
 template <class T>
@@ -132,18 +140,24 @@ inline vec<T, 2> multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, con
 }
 }  // namespace simdgroup_detail
 
-template <class T, int C, int R>
-inline void simdgroup_multiply_accumulate(simdgroup_matrix<T, C, R>& d, const simdgroup_matrix<T, C, R>& a,
-                                          const simdgroup_matrix<T, C, R>& b,
-                                          const simdgroup_matrix<T, C, R>& c,
+// Operands may differ in element type (half products into a float accumulator, say): each
+// is widened to float (double if any is double), multiplied, and rounded once into d.
+template <class Td, class Ta, class Tb, class Tc, int C, int R>
+inline void simdgroup_multiply_accumulate(simdgroup_matrix<Td, C, R>& d, const simdgroup_matrix<Ta, C, R>& a,
+                                          const simdgroup_matrix<Tb, C, R>& b,
+                                          const simdgroup_matrix<Tc, C, R>& c,
                                           ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  d.elements_ = simdgroup_detail::multiply_accumulate(a.elements_, b.elements_, c.elements_, site_.value);
+  using W = simdgroup_detail::wide_t<Td, Ta, Tb, Tc>;
+  const vec<W, 2> r = simdgroup_detail::multiply_accumulate(
+      simdgroup_detail::widen<W>(a.elements_), simdgroup_detail::widen<W>(b.elements_),
+      simdgroup_detail::widen<W>(c.elements_), site_.value);
+  d.elements_ = vec<Td, 2>(Td(r[0]), Td(r[1]));
 }
 
-template <class T, int C, int R>
-inline void simdgroup_multiply(simdgroup_matrix<T, C, R>& d, const simdgroup_matrix<T, C, R>& a,
-                               const simdgroup_matrix<T, C, R>& b, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  d.elements_ = simdgroup_detail::multiply_accumulate(a.elements_, b.elements_, vec<T, 2>(T(0)), site_.value);
+template <class Td, class Ta, class Tb, int C, int R>
+inline void simdgroup_multiply(simdgroup_matrix<Td, C, R>& d, const simdgroup_matrix<Ta, C, R>& a,
+                               const simdgroup_matrix<Tb, C, R>& b, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<Td, C, R>(Td(0)), site_);
 }
 
 }  // namespace metal

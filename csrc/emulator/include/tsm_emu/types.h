@@ -24,9 +24,8 @@
 // Deliberate departures from Metal, all in the permissive direction unless noted:
 //   * a proxy returned by a swizzle converts to vec<T, K> but has no members of its own, so
 //     v.xy.x does not compile: write float2(v.xy).x or v.x.
-//   * float4 v = {1} broadcasts (Metal's initializer list would zero-fill y, z, w).
 //   * vector shifts use the shift count modulo the element width (as OpenCL specifies);
-//     integer division by zero traps like scalar C++ (SIGFPE) instead of yielding garbage.
+//     integer division by zero and INT_MIN / -1 follow tsm_emu/integer_division.h, as scalars do.
 //   * bfloat is a class: bfloat op bfloat/integer -> bfloat, bfloat op half/float -> float,
 //     bfloat op double -> double. Because it converts both ways, `c ? b : 0.0f` with a
 //     bfloat b is ambiguous in C++: write `c ? b : bfloat(0.0f)`.
@@ -35,9 +34,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
 #include <utility>
+
+#include "tsm_emu/integer_division.h"
 
 namespace metal {
 
@@ -189,7 +191,11 @@ constexpr bfloat operator--(bfloat& a, int) { bfloat r = a; --a; return r; }
 // Metal's half literal suffix: 1.5h. (Literal suffixes without '_' are reserved to the
 // standard library in C++, hence the pragma.)
 #pragma GCC diagnostic push
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wuser-defined-literals"
+#else
 #pragma GCC diagnostic ignored "-Wliteral-suffix"
+#endif
 constexpr half operator""h(long double v) { return static_cast<half>(v); }
 #pragma GCC diagnostic pop
 
@@ -356,6 +362,15 @@ struct vcore : vstore<T, N, S, A> {
   template <class U, std::enable_if_t<is_scalar<U>::value, int> = 0>
   constexpr vcore(const U& s) : vstore<T, N, S, A>(0) {
     for (int i = 0; i < N; ++i) this->d_[i] = static_cast<T>(s);
+  }
+
+  // Brace initialisation names the leading components and zero-fills the rest, as Metal's
+  // (clang's) vector initialiser lists do: float4 v = {1} is (1, 0, 0, 0), while float4(1)
+  // broadcasts. Narrowing is an error in both.
+  constexpr vcore(std::initializer_list<T> components) : vstore<T, N, S, A>(0) {
+    int k = 0;
+    for (const T& c : components)
+      if (k < N) this->d_[k++] = c;
   }
 
   // Components and smaller vectors, concatenated: float4(a, b, c, d), float4(v2, z, w), ...
@@ -537,8 +552,8 @@ constexpr T shr(T a, T c) {
 TSM_VEC_BINOP(+, tsm_detail::wrap_t<T>(a.d_[i]) + tsm_detail::wrap_t<T>(b.d_[i]))
 TSM_VEC_BINOP(-, tsm_detail::wrap_t<T>(a.d_[i]) - tsm_detail::wrap_t<T>(b.d_[i]))
 TSM_VEC_BINOP(*, tsm_detail::wrap_t<T>(a.d_[i]) * tsm_detail::wrap_t<T>(b.d_[i]))
-TSM_VEC_BINOP(/, a.d_[i] / b.d_[i])
-TSM_VEC_BINOP(%, a.d_[i] % b.d_[i])
+TSM_VEC_BINOP(/, ::tsm_emu::div(a.d_[i], b.d_[i]))
+TSM_VEC_BINOP(%, ::tsm_emu::rem(a.d_[i], b.d_[i]))
 TSM_VEC_BINOP(&, a.d_[i] & b.d_[i])
 TSM_VEC_BINOP(|, a.d_[i] | b.d_[i])
 TSM_VEC_BINOP(^, a.d_[i] ^ b.d_[i])
@@ -626,6 +641,94 @@ inline V operator--(X& x, int) {
   x -= 1;
   return old;
 }
+
+// ---- <metal_type_traits> ----------------------------------------------------------------
+// The std traits under Metal's names, with half and bfloat counted as floating point, and
+// Metal's own (remove_addrspace: the emulator has one address space).
+using std::add_const;
+using std::add_const_t;
+using std::bool_constant;
+using std::conditional;
+using std::conditional_t;
+using std::decay;
+using std::decay_t;
+using std::declval;
+using std::enable_if;
+using std::enable_if_t;
+using std::false_type;
+using std::integral_constant;
+using std::is_base_of;
+using std::is_const;
+using std::is_convertible;
+using std::is_pointer;
+using std::is_same;
+using std::is_trivially_copyable;
+using std::is_void;
+using std::make_unsigned;
+using std::make_unsigned_t;
+using std::remove_const;
+using std::remove_const_t;
+using std::remove_cv;
+using std::remove_cv_t;
+using std::remove_pointer;
+using std::remove_pointer_t;
+using std::remove_reference;
+using std::remove_reference_t;
+using std::remove_volatile;
+using std::remove_volatile_t;
+using std::true_type;
+template <class T>
+struct remove_addrspace {
+  using type = T;
+};
+template <class T>
+using remove_addrspace_t = typename remove_addrspace<T>::type;
+template <class T>
+struct is_floating_point : bool_constant<tsm_detail::is_fp<T>::value> {};
+template <class T>
+struct is_integral : std::is_integral<T> {};
+template <class T>
+struct is_arithmetic : bool_constant<is_floating_point<T>::value || is_integral<T>::value> {};
+template <class T>
+struct is_scalar : is_arithmetic<T> {};
+template <class T>
+struct is_signed : bool_constant<std::is_signed<T>::value || is_floating_point<T>::value> {};
+template <class T>
+struct is_unsigned : std::is_unsigned<T> {};
+template <class T>
+struct is_vector : bool_constant<tsm_detail::vi<T>::vec_like> {};
+template <class T>
+struct vec_elements : integral_constant<int, tsm_detail::vi<T>::n> {};
+template <class T>
+struct make_scalar {
+  using type = typename tsm_detail::vi<T>::elem;
+};
+template <class T>
+using make_scalar_t = typename make_scalar<T>::type;
+template <class T, class U>
+constexpr bool is_same_v = is_same<T, U>::value;
+template <class T>
+constexpr bool is_floating_point_v = is_floating_point<T>::value;
+template <class T>
+constexpr bool is_integral_v = is_integral<T>::value;
+template <class T>
+constexpr bool is_arithmetic_v = is_arithmetic<T>::value;
+template <class T>
+constexpr bool is_scalar_v = is_scalar<T>::value;
+template <class T>
+constexpr bool is_signed_v = is_signed<T>::value;
+template <class T>
+constexpr bool is_unsigned_v = is_unsigned<T>::value;
+template <class T>
+constexpr bool is_vector_v = is_vector<T>::value;
+template <class T>
+constexpr bool is_pointer_v = is_pointer<T>::value;
+template <class T>
+constexpr bool is_const_v = is_const<T>::value;
+template <class B, class D>
+constexpr bool is_base_of_v = is_base_of<B, D>::value;
+template <class F, class T>
+constexpr bool is_convertible_v = is_convertible<F, T>::value;
 
 // ---- as_type --------------------------------------------------------------------------
 // Bit reinterpretation. A swizzle proxy is first turned into the vector it denotes.

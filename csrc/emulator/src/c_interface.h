@@ -1,0 +1,35 @@
+// The C interface of every kernel library (defined in runtime.cpp): what Python calls
+// through ctypes (torch_sparse_metal/metal/_library.py mirrors tsm_launch) and what a C++
+// program linking a library calls directly.
+#pragma once
+
+#include <cstdint>
+
+struct tsm_launch {
+  void* buffers[31];
+  uint64_t buffer_bytes[31];
+  int32_t num_buffers;
+  uint32_t grid[3];
+  uint32_t group[3];
+  uint64_t threadgroup_bytes[31];
+  int32_t num_threadgroup;
+  int32_t use_fibers;
+  int32_t num_workers;
+  int32_t sanitize;
+  const char* buffer_names[31];
+  const char* threadgroup_names[31];
+  // Out, sanitized dispatches: device bytes read, written, threadgroup accesses, bank
+  // conflicts, barriers, FMAs, atomics (see Counters in sanitizer.h).
+  uint64_t counters[7];
+};
+
+#define TSM_EMU_EXPORT __attribute__((visibility("default")))
+
+extern "C" {
+TSM_EMU_EXPORT int tsm_num_kernels();
+TSM_EMU_EXPORT const char* tsm_kernel_name(int i);
+TSM_EMU_EXPORT int tsm_kernel_num_params(int i);
+TSM_EMU_EXPORT void tsm_kernel_param(int k, int i, int32_t* out);
+// Runs kernel k. Returns 0, or writes "kind\tmessage" into `error` and returns 1.
+TSM_EMU_EXPORT int tsm_dispatch(int k, tsm_launch* l, char* error, int error_len);
+}

@@ -1,0 +1,143 @@
+"""Bind-time checks shared by the emulator and the Metal launcher.
+
+Both backends describe a kernel's parameters the same way, as :class:`ParamInfo`: the
+emulator from its own binding table, the Metal launcher from the pipeline's reflection.
+The checks below then give the same :class:`LaunchError` (a ``ValueError``), with the same
+message naming the kernel and the argument, whichever backend a launch goes to.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Mapping, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from ._errors import LaunchError
+
+MAX_BUFFERS = 31
+# Metal's limit, and the emulator's (it has no pipeline to ask).
+MAX_THREADS_PER_THREADGROUP = 1024
+# The SIMD-group width every kernel of the project assumes.
+SIMD_WIDTH = 32
+THREADGROUP_MEMORY_ALIGNMENT = 16
+
+# (scalar code, size) -> NumPy dtype, for converting Python scalars to the declared type.
+_SCALAR_DTYPES = {
+    ("f", 4): np.float32, ("d", 8): np.float64, ("h", 2): np.float16,
+    ("i", 1): np.int8, ("i", 2): np.int16, ("i", 4): np.int32, ("i", 8): np.int64,
+    ("u", 1): np.uint8, ("u", 2): np.uint16, ("u", 4): np.uint32, ("u", 8): np.uint64,
+    ("o", 1): np.bool_,
+}
+_TYPE_NAMES = {"f": "float", "d": "double", "h": "half", "b": "bfloat", "i": "signed integer",
+               "u": "unsigned integer", "o": "bool", "s": "struct or vector"}
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One ``[[buffer(i)]]`` or ``[[threadgroup(i)]]`` parameter of a kernel.
+
+    ``size`` is the byte size of the pointee (or referenced type); ``scalar`` its kind:
+    ``f`` float, ``h`` half, ``b`` bfloat, ``d`` double, ``i``/``u`` signed/unsigned
+    integer, ``o`` bool, ``s`` anything else (vectors, structs). ``text`` is the parameter
+    as the source declares it (the emulator) or its name (Metal's reflection).
+    """
+    kind: int      # _rewrite.P_BUFFER / P_THREADGROUP / P_BUILTIN
+    index: int
+    passing: int   # 0 pointer, 1 reference, 2 value
+    size: int
+    scalar: str
+    is_const: bool
+    text: str
+
+    def describe(self) -> str:
+        return f"`{self.text}`"
+
+    @property
+    def name(self) -> str:
+        """The parameter's name in the kernel source."""
+        found = re.findall(r"(\w+)\s*(?:\[\[.*)?$", self.text)
+        return found[0] if found else ""
+
+
+def where(kernel: str, index: int, param: ParamInfo) -> str:
+    """How a message names argument ``index`` of ``kernel``."""
+    return f"{kernel}: argument {index} ([[buffer({index})]] {param.describe()})"
+
+
+def check_group(kernel: str, group: Tuple[int, int, int], max_threads: int) -> None:
+    """``group`` fits the pipeline: 1 to ``max_threads`` threads."""
+    n = group[0] * group[1] * group[2]
+    if n == 0 or n > max_threads:
+        raise LaunchError(f"{kernel}: group_size {group} has {n} threads; a Metal threadgroup "
+                          f"holds 1 to {max_threads} (the pipeline's "
+                          "maxTotalThreadsPerThreadgroup)")
+
+
+def check_argument_count(kernel: str, buffers: Mapping[int, ParamInfo], count: int) -> None:
+    """One argument per ``[[buffer(i)]]``, in index order, and none where no parameter is:
+    torch's command encoder is shared, so a slot left unbound would silently hand the
+    kernel whatever the previous dispatch bound there."""
+    if count > MAX_BUFFERS:
+        raise LaunchError(f"{kernel}: {count} arguments; Metal binds at most {MAX_BUFFERS} "
+                          "buffers")
+    expected = max(buffers) + 1 if buffers else 0
+    if count != expected:
+        raise LaunchError(f"{kernel}: expected {expected} arguments (one per [[buffer(i)]]), "
+                          f"got {count}")
+    for i in range(count):
+        if i not in buffers:
+            raise LaunchError(f"{kernel}: argument {i} has no [[buffer({i})]] parameter")
+
+
+def check_threadgroup_memory(kernel: str, declared: Mapping[int, ParamInfo],
+                             lengths: Sequence[int], limit: int) -> None:
+    """A length for every declared ``[[threadgroup(n)]]``, each a multiple of 16, and at
+    most ``limit`` bytes in total."""
+    if len(lengths) > MAX_BUFFERS:
+        raise LaunchError(f"{kernel}: {len(lengths)} threadgroup_memory entries; Metal has at "
+                          f"most {MAX_BUFFERS} [[threadgroup(n)]] slots")
+    needed = max(declared) + 1 if declared else 0
+    if len(lengths) < needed:
+        raise LaunchError(f"{kernel}: threadgroup_memory must give the byte length of each of "
+                          f"its {needed} [[threadgroup(n)]] parameters, got {list(lengths)}")
+    for n, nbytes in enumerate(lengths):
+        if nbytes < 0 or nbytes % THREADGROUP_MEMORY_ALIGNMENT:
+            raise LaunchError(f"{kernel}: threadgroup_memory[{n}] = {nbytes}: Metal needs a "
+                              "non-negative multiple of 16 bytes")
+    if sum(lengths) > limit:
+        raise LaunchError(f"{kernel}: threadgroup_memory totals {sum(lengths)} bytes; Metal "
+                          f"allows {limit}")
+
+
+def scalar_bytes(where: str, param: ParamInfo, arg) -> bytes:
+    """The bytes of a NumPy or Python scalar for ``param``, checked against its declared
+    type: a NumPy scalar must match it exactly, a Python number must fit it."""
+    declared = _TYPE_NAMES.get(param.scalar, param.scalar)
+    if isinstance(arg, np.generic):
+        kind = {"f": "f", "i": "i", "u": "u", "b": "o"}.get(arg.dtype.kind, "?")
+        if arg.dtype == np.float16:
+            kind = "h"
+        elif arg.dtype == np.float64:
+            kind = "d"
+        if arg.dtype.itemsize != param.size or (param.scalar != "s" and kind != param.scalar):
+            raise LaunchError(f"{where}: got a NumPy {arg.dtype} ({arg.dtype.itemsize} bytes), the "
+                              f"kernel declares {declared} of {param.size} bytes")
+        return arg.tobytes()
+    if isinstance(arg, (bool, int, float)):
+        if param.scalar == "b" and param.size == 2:
+            t = torch.tensor(float(arg), dtype=torch.bfloat16)
+            return t.view(torch.int16).numpy().tobytes()
+        dtype = _SCALAR_DTYPES.get((param.scalar, param.size))
+        if dtype is None:
+            raise LaunchError(f"{where}: cannot convert a Python {type(arg).__name__} to the declared "
+                              f"{declared} of {param.size} bytes; pass a tensor or bytes")
+        if isinstance(arg, float) and param.scalar in "iuo":
+            raise LaunchError(f"{where}: a Python float cannot bind to the declared {declared}")
+        info = np.iinfo(dtype) if param.scalar in "iu" else None
+        if info is not None and not info.min <= int(arg) <= info.max:
+            raise LaunchError(f"{where}: {arg} does not fit the declared {declared} of {param.size} bytes")
+        return np.array(arg, dtype=dtype).tobytes()
+    raise LaunchError(f"{where}: cannot bind a {type(arg).__name__}; pass a tensor, a NumPy scalar "
+                      "or a Python number")

@@ -1,0 +1,828 @@
+"""Metal's language rules, checked on any machine by clang's front end.
+
+The emulator compiles kernels as C++, which accepts much that Apple's Metal compiler
+rejects. Before a shader is compiled for the emulator, this module parses it the way
+Metal's compiler would see it (``__METAL_VERSION__`` of the chosen language version, no
+``__METAL_EMULATOR__``) with clang (the ``libclang`` wheel: no Mac tool needed), in C++ for
+OpenCL mode, where address spaces are part of the type system as in Metal, against
+declarations of Metal's standard library (``csrc/emulator/frontend/include``). It reports,
+as :class:`MetalCompileError` naming the user's file and line:
+
+* clang's own errors (types, overloads, what Metal's library does not declare), in Metal's
+  words (``__global`` is ``device``, ``__local`` ``threadgroup``);
+* every implicit conversion of a ``device``, ``threadgroup`` or ``constant`` pointer,
+  reference or object into the ``thread`` address space (Metal has no generic address
+  space: an unqualified pointer or reference is ``thread``, and so is ``this`` of a member
+  function without an address-space qualifier), found in clang's AST, in template
+  instantiations too;
+* C++ that Metal does not have: ``goto``, ``new``/``delete``, recursion, lambdas (before
+  MSL 4.0), ``long long``/``long double``, unqualified kernel pointer parameters,
+  threadgroup variables outside kernels or with initialisers.
+
+Known to be permissive: what clang accepts in C++ for OpenCL and Metal may not (reported
+as found, from real kernels); the emulator's own C++ compile then rejects what it does
+not implement.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import functools
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from .._paths import EMULATOR_DIR
+from . import _rewrite
+from ._errors import MetalCompileError
+
+FRONTEND_INCLUDE_DIR = EMULATOR_DIR / "frontend" / "include"
+
+# MSL versions compile_shader accepts, and the value of __METAL_VERSION__ for each.
+LANGUAGE_VERSIONS: Dict[str, int] = {"3.0": 300, "3.1": 310, "3.2": 320, "4.0": 400}
+# What the Metal launcher picks on the newest macOS it supports (csrc/metal/launcher.mm).
+DEFAULT_LANGUAGE_VERSION = "4.0"
+# What the launcher can pick on the systems torch's MPS backend runs on (macOS 14+).
+LAUNCHER_LANGUAGE_VERSIONS = ("3.1", "3.2", "4.0")
+
+# C++ for OpenCL with the generic address space, no fp64 (Metal has no double), no
+# program-scope variables outside `constant`. The x86-64 target gives __bf16 (bfloat).
+_CL_EXTENSIONS = ("+__opencl_c_generic_address_space,-__opencl_c_pipes,-__opencl_c_device_enqueue,"
+                  "-__opencl_c_program_scope_global_variables,-cl_khr_fp64,-__opencl_c_fp64")
+_CLANG_ARGS = ("-x", "clcpp", "-cl-std=clc++2021", "-cl-no-stdinc", "-nostdinc", "-nostdinc++",
+               "-target", "x86_64-unknown-linux-gnu", "-Xclang", "-cl-ext=" + _CL_EXTENSIONS,
+               "-Wno-unknown-attributes", "-Wno-unused-value", "-ferror-limit=0")
+
+
+def language_version_number(version: str) -> int:
+    """``__METAL_VERSION__`` for ``version`` ("3.0" ... "4.0"); ValueError for others."""
+    try:
+        return LANGUAGE_VERSIONS[version]
+    except KeyError:
+        raise ValueError(f"language_version {version!r} is not one the emulator knows; "
+                         f"choose one of {', '.join(LANGUAGE_VERSIONS)}") from None
+
+
+# ---- libclang -------------------------------------------------------------------------------
+
+class FrontendUnavailable(RuntimeError):
+    """The libclang wheel is not installed (``pip install libclang``)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _cindex():
+    try:
+        import clang.cindex as cindex
+    except ImportError as exc:
+        raise FrontendUnavailable(
+            "the Metal front-end check needs clang's Python bindings and library: "
+            "pip install libclang (the README's set-up command installs it)") from exc
+    lib = cindex.conf.lib
+    # Entry points the bundled bindings do not wrap.
+    lib.clang_getSpecializedCursorTemplate.argtypes = [cindex.Cursor]
+    lib.clang_getSpecializedCursorTemplate.restype = cindex.Cursor
+    lib.clang_getSpecializedCursorTemplate.errcheck = cindex.Cursor.from_result
+    lib.clang_getPresumedLocation.argtypes = [cindex.SourceLocation, ctypes.POINTER(cindex._CXString),
+                                             ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint)]
+    lib.clang_getPresumedLocation.restype = None
+    lib.clang_getCursorBinaryOperatorKind.argtypes = [cindex.Cursor]
+    lib.clang_getCursorBinaryOperatorKind.restype = ctypes.c_int
+    return cindex
+
+
+@functools.lru_cache(maxsize=None)
+def _index():
+    index = _cindex().Index.create()
+    # Dispose of it while clang's bindings still exist (their __del__ fails at shutdown).
+    atexit.register(_index.cache_clear)
+    return index
+
+
+def presumed_location(location) -> Tuple[str, int, int]:
+    """(file, line, column) of a clang location, after ``#line`` markers."""
+    cindex = _cindex()
+    name = cindex._CXString()
+    line, column = ctypes.c_uint(), ctypes.c_uint()
+    cindex.conf.lib.clang_getPresumedLocation(location, ctypes.byref(name), ctypes.byref(line),
+                                              ctypes.byref(column))
+    return cindex._CXString.from_result(name), line.value, column.value
+
+
+# ---- from MSL to what clang parses ----------------------------------------------------------
+
+_VECTOR_BASES = r"(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float|bfloat)"
+_VECTOR_CALL = re.compile(r"(?<![\w.:>])((?:metal::)?(?:packed_)?" + _VECTOR_BASES + r"[234])\s*\(")
+_VEC_TEMPLATE_CALL = re.compile(r"(?<![\w.>])((?:metal::)?vec\s*<[^<>;{}()]*>)\s*\(")
+_REF_THREAD = re.compile(r"\bconst\s+thread\b|\bthread\s+const\b")
+_HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
+_BFLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?:bf|BF)\b")
+
+
+class _Text:
+    """A text rewritten in steps, and the way back from offsets of the result to offsets of
+    the text it started as (a source map: clang's locations are in the result, the
+    emulator's edits go into the original)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._steps: List[List[Tuple[int, int, int, int]]] = []  # (new start, new end, old start, old end)
+
+    def apply(self, edits: Iterable[Tuple[int, int, str]]) -> None:
+        """Replace non-overlapping [start, end) spans of the current text."""
+        pieces, spans, last, delta = [], [], 0, 0
+        for start, end, replacement in sorted(edits, key=lambda e: (e[0], e[1])):
+            pieces += [self.text[last:start], replacement]
+            spans.append((start + delta, start + delta + len(replacement), start, end))
+            delta += len(replacement) - (end - start)
+            last = end
+        pieces.append(self.text[last:])
+        self.text = "".join(pieces)
+        self._steps.append(spans)
+
+    def original(self, offset: int, *, end: bool = False) -> int:
+        """The offset in the first text of ``offset`` in the current one; inside replaced
+        text, the start of what it replaced (or its end, with ``end``)."""
+        for spans in reversed(self._steps):
+            delta = 0
+            for new_start, new_end, old_start, old_end in spans:
+                if offset < new_start or (offset == new_start and not end):
+                    break
+                if offset < new_end or (offset == new_end and end and new_start < new_end):
+                    offset = old_end if end else old_start
+                    delta = None
+                    break
+                delta = new_end - old_end
+            if delta is not None:
+                offset -= delta
+        return offset
+
+
+@dataclass
+class _Prepared:
+    source: _Text
+    kernel_names: Set[str]
+    lints: List[Tuple[int, str]]  # (offset in the original text, message)
+
+    @property
+    def text(self) -> str:
+        return self.source.text
+
+
+def _vector_aliases(masked: str) -> List[str]:
+    """Names the source gives vector types (``typedef float4 vt;``, ``using v2 = vec<T, 2>;``)."""
+    alias = re.compile(r"\busing\s+(\w+)\s*=\s*(?:metal::)?(?:vec\s*<|(?:packed_)?" + _VECTOR_BASES + r"[234]\b)")
+    typedef = re.compile(r"\btypedef\s+(?:metal::)?(?:vec\s*<[^;]*>|(?:packed_)?" + _VECTOR_BASES +
+                         r"[234])\s+(\w+)\s*;")
+    return sorted(set(alias.findall(masked)) | set(typedef.findall(masked)))
+
+
+def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
+    """``float4(a, b)``, ``vec<T, 4>(x)`` -> ``::metal::__tsm_make_vector<float4>(a, b)``:
+    MSL's vector constructors, which C++ has no syntax for."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    patterns = [_VECTOR_CALL, _VEC_TEMPLATE_CALL]
+    aliases = _vector_aliases(masked)
+    if aliases:
+        patterns.append(re.compile(r"(?<![\w.:>])(" + "|".join(map(re.escape, aliases)) + r")\s*\("))
+    edits = []
+    for pattern in patterns:
+        for m in pattern.finditer(masked):
+            before = masked[:m.start()].rstrip()
+            if re.search(r"(?:\boperator|\btypedef|\busing|\bstruct|\bclass)$", before):
+                continue
+            edits.append((m.start(), m.end(), f"::metal::__tsm_make_vector<{src[m.start(1):m.end(1)]}>("))
+    return edits
+
+
+def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]],
+                              lints: List[Tuple[int, str]]) -> List[Tuple[int, int, str]]:
+    """``threadgroup T a[N];`` in a kernel body -> a reference to storage in __local (clang
+    allows __local variables only in OpenCL kernels); a threadgroup variable with an
+    initialiser is reported (Metal rejects it), one outside a kernel left for clang."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
+        if not any(a < m.start() < b for a, b in kernel_bodies):
+            continue
+        i = m.start() - 1
+        while i >= 0 and masked[i].isspace():
+            i -= 1
+        if i >= 0 and masked[i] not in ";{}":
+            continue  # a qualifier inside a declaration or a cast
+        end = masked.find(";", m.start())
+        if end < 0:
+            continue
+        decl = masked[m.end():end]
+        head = decl.split("[", 1)[0]
+        if re.search(r"[*&(]", head):
+            continue  # pointers and references to threadgroup memory
+        if "=" in decl or "{" in decl:
+            lints.append((m.start(), "a threadgroup variable cannot be declared with an initializer "
+                                     "(Metal: threadgroup memory is uninitialized; write it, then "
+                                     "threadgroup_barrier)"))
+            continue
+        parts = _rewrite._split_top_level(src[m.end():end])
+        names = [re.search(r"(\w+)\s*((?:\[[^\]]*\]\s*)*)$", p.strip()) for p in parts]
+        if not names or not all(names):
+            continue
+        type_text = parts[0].strip()[:names[0].start(1)].strip()
+        out = []
+        for name in names:
+            dims = name.group(2).strip()
+            target = f"{type_text} {dims}" if dims else type_text
+            declarator = f"(&{name.group(1)}){dims}" if dims else f"&{name.group(1)}"
+            out.append(f"__local {type_text} {declarator} = "
+                       f"::metal::__tsm_threadgroup_storage<{target}>();")
+        edits.append((m.start(), end + 1, " ".join(out)))
+    return edits
+
+
+_RECORD = re.compile(r"\b(struct|class)\s+(\w+)\s*(?:<[^{};]*>\s*)?(?:final\s*)?(?::[^{};]*)?\{")
+
+
+def _special_members(src: str) -> List[Tuple[int, int, str]]:
+    """Declare, in every struct and class, the copies from and into objects in the constant
+    address space that Metal provides and OpenCL does not (OpenCL's generic address space
+    covers device, threadgroup and thread, not constant), and the generic copies that
+    declaring those would suppress. Defaulted, so aggregates stay aggregates."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    edits = []
+    for m in _RECORD.finditer(masked):
+        kind, name = m.group(1), m.group(2)
+        if name.startswith("__tsm"):
+            continue
+        body_open = m.end() - 1
+        body_close = _rewrite._match_close(masked, body_open, "{", "}")
+        top, depth = [], 0
+        for c in masked[body_open + 1:body_close]:
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+            elif depth == 0:
+                top.append(c)
+        top = "".join(top)
+        n = re.escape(name)
+        has_ctor = re.search(r"(?<![~\w])" + n + r"\s*\(", top)
+        has_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?(?:thread\s+)?" + n +
+                             r"\s*(?:<[^>]*>)?\s*&(?!&)", top)
+        has_constant_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?constant\b", top)
+        has_assign = re.search(r"\boperator\s*=\s*\(", top)
+        members = []
+        if not has_ctor:
+            members.append(f"{name}() = default;")
+        if not has_copy:
+            members.append(f"{name}(const {name}&) = default;")
+        if not has_constant_copy:
+            members.append(f"{name}(const __constant {name}&) = default;")
+        if not has_assign:
+            members.append(f"{name}& operator=(const {name}&) = default; "
+                           f"{name}& operator=(const __constant {name}&) = default;")
+        text = " ".join(members)
+        if kind == "class":
+            text = f"public: {text} private:"
+        edits.append((body_open + 1, body_open + 1, " " + text + " "))
+    return edits
+
+
+def _prepare(preprocessed: str) -> _Prepared:
+    """The preprocessed MSL, rewritten (line for line) into C++ for OpenCL that clang parses."""
+    lints: List[Tuple[int, str]] = []
+    source = _Text(preprocessed)
+    masked = _rewrite._mask_strings_and_directives(preprocessed)
+    try:
+        kernels = _rewrite.find_kernels(preprocessed)
+    except _rewrite.ParseError:
+        kernels = []  # the emulator's parser reports it with its own words
+    names = {k.cxx.split("<", 1)[0].lstrip(":") for k in kernels}
+    for pattern, what in ((r"\blong\s+long\b", "`long long` (Metal's long is 64 bits; there is no long long)"),
+                          (r"\blong\s+double\b", "`long double` (Metal has no double)"),
+                          (r"\bgoto\b", "`goto`")):
+        for m in re.finditer(pattern, masked):
+            lints.append((m.start(), f"Metal does not support {what}"))
+    source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
+    masked = _rewrite._mask_strings_and_directives(source.text)
+    bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked) if d.is_kernel]
+    tg_lints: List[Tuple[int, str]] = []
+    source.apply(_threadgroup_declarations(source.text, bodies, tg_lints))
+    lints += [(source.original(offset), message) for offset, message in tg_lints]
+    masked = _rewrite._mask_strings_and_directives(source.text)
+    edits = [(m.start(), m.end(), f"((_Float16){m.group(1)}f)") for m in _HALF_LITERAL.finditer(masked)]
+    edits += [(m.start(), m.end(), f"((__bf16){m.group(1)}f)") for m in _BFLOAT_LITERAL.finditer(masked)]
+    attributes = [(m.start(), m.end()) for m in _rewrite._ATTRIBUTE.finditer(masked)]
+    edits += [(a, b, _rewrite.blank(masked[a:b])) for a, b in attributes]
+    edits += [(m.start(), m.end(), " " * len(m.group()))
+              for m in re.finditer(r"\b(?:kernel|vertex|fragment)\b", masked)
+              if not any(a <= m.start() < b for a, b in attributes)]
+    # `const thread T&` binds temporaries in Metal; clang's __private references do not, so
+    # such references are left generic here and their initialisers checked in the AST.
+    for m in _REF_THREAD.finditer(masked):
+        tail = re.search(r"[*&;,(){}]", masked[m.end():])
+        if tail and tail.group() == "&":
+            edits.append((m.start(), m.end(), "const" + " " * (len(m.group()) - 5)))
+    source.apply(edits)
+    source.apply(_special_members(source.text))
+    # libclang does not show explicit instantiations: a call of each instantiated kernel
+    # template, in a function of its own, makes the walk below visit the instantiated body.
+    calls = " ".join(
+        f"inline void __tsm_instantiation_{i}() {{ {k.cxx}({', '.join(['::metal::__tsm_any()'] * len(k.params))}); }}"
+        for i, k in enumerate(kernels) if "<" in k.cxx)
+    end = len(source.text)
+    source.apply([(end, end, "\n" + calls + "\n")])
+    return _Prepared(source, names, lints)
+
+
+# ---- diagnostics -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Diagnostic:
+    file: str
+    line: int
+    column: int
+    message: str
+
+    def format(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}: error: {self.message}"
+
+
+_TERMS = ((r"__global\b", "device"), (r"__local\b", "threadgroup"), (r"__constant\b", "constant"),
+          (r"__private\b", "thread"), (r"__generic\b", "thread"), (r"\b_Float16\b", "half"),
+          (r"\b__bf16\b", "bfloat"), (r"::metal::__tsm_make_vector<([^>]*)>", r"\1"),
+          (r"__tsm_msl_(\w+)", r"\1"), (r"\bC\+\+ for OpenCL( version 2021)?", "Metal"),
+          (r"\bOpenCL( C)?( version \S+)?", "Metal"), (r"\bcl_khr_fp64 and __opencl_c_fp64( support)?",
+                                                   "double support, which Metal does not have"))
+# clang's C++ for OpenCL rules that are not Metal's.
+_NOT_METAL_RULES = (
+    re.compile(r"too few elements in vector initialization"),  # Metal zero-fills the rest
+    re.compile(r"double precision constant requires"),         # a warning; Metal's literals are float
+    re.compile(r"cannot (increment|decrement) value of type .*vec<"),  # ++ and -- work on vectors
+)
+
+
+def _in_metal_words(message: str) -> str:
+    for pattern, replacement in _TERMS:
+        message = re.sub(pattern, replacement, message)
+    return message
+
+
+def _explain(message: str) -> str:
+    """clang's message, plus what construct Metal rejects where clang's words hide it."""
+    explanations = (
+        ("cannot use 'throw' with exceptions disabled", "Metal has no exceptions"),
+        ("cannot use 'try' with exceptions disabled", "Metal has no exceptions"),
+        ("virtual functions are not supported", "Metal has no virtual functions"),
+        ("pointers to functions are not allowed", "Metal has no function pointers (outside "
+                                                  "[[visible]] functions and function tables)"),
+        ("variable length arrays are not supported", "Metal has no variable-length arrays"),
+        ("array size is not a constant expression", "Metal has no variable-length arrays"),
+        ("use of type 'double'", "Metal has no double (the emulator has it only inside "
+                                 "#ifdef __METAL_EMULATOR__)"),
+        ("program scope variable must reside in constant address space",
+         "Metal: a program-scope variable must be declared in the constant address space"),
+        ("static local variable must reside in constant address space",
+         "Metal: a static local variable must be constant"),
+        ("non-kernel function variable cannot be declared in local address space",
+         "Metal: threadgroup variables may be declared only in a kernel function's scope"),
+        ("thread-local storage is not supported", "Metal has no thread_local"),
+    )
+    for needle, explanation in explanations:
+        if needle in message:
+            return f"{explanation} ({_in_metal_words(message)})"
+    return _in_metal_words(message)
+
+
+# ---- the address-space walk ----------------------------------------------------------------
+
+_AS_WORDS = {"__global": "device", "__local": "threadgroup", "__constant": "constant",
+             "__generic": "thread", "__private": "thread"}
+_QUALIFIERS = {"const", "volatile", "restrict", *_AS_WORDS}
+
+
+def _address_space(type_) -> Optional[str]:
+    """The address space of what a pointer or reference points at, or of an object: the
+    outermost qualifiers of its spelling (clang prints them first)."""
+    if _type_kind(type_) in ("Pointer", "LValueReference", "RValueReference"):
+        type_ = type_.get_pointee()
+    for word in type_.spelling.split():
+        if word in _AS_WORDS:
+            return word
+        if word not in _QUALIFIERS:
+            return None
+    return None
+
+
+def _type_kind(type_) -> str:
+    try:
+        return type_.kind.spelling
+    except ValueError:  # a kind newer than the Python bindings (clang's _Float16, say)
+        return "Unknown"
+
+
+def _is_exempt_copy(call) -> bool:
+    """An implicit (or defaulted) copy or move constructor or assignment: Metal provides
+    them for objects in every address space."""
+    target = call.referenced
+    if target is None:
+        return False
+    special = (target.is_copy_constructor() or target.is_move_constructor() or
+               target.is_copy_assignment_operator_method() or target.is_move_assignment_operator_method())
+    if not special:
+        return False
+    return target.is_default_method() or not target.extent.start.file or \
+        target.location == target.semantic_parent.location
+
+
+class _Walker:
+    def __init__(self, cindex, main_file: str) -> None:
+        self.k = cindex.CursorKind
+        self.main_file = main_file
+        self.found: List[Tuple[object, str]] = []
+        self.seen_functions: Set[str] = set()
+        self.calls: Dict[str, Set[str]] = {}  # callee graph of user functions, for recursion
+        self.lambdas: List[object] = []
+        self.new_delete: List[object] = []
+        k = self.k
+        # An implicit conversion inside one of these is part of the explicit cast.
+        self.explicit_casts = {k.CSTYLE_CAST_EXPR, k.CXX_FUNCTIONAL_CAST_EXPR, k.CXX_STATIC_CAST_EXPR,
+                               k.CXX_REINTERPRET_CAST_EXPR, k.CXX_CONST_CAST_EXPR}
+
+    def user(self, cursor) -> bool:
+        f = cursor.location.file
+        return f is not None and f.name == self.main_file
+
+    def walk_function(self, fn, via: str = "") -> None:
+        key = fn.get_usr() + "|" + str(fn.hash)
+        if key in self.seen_functions:
+            return
+        self.seen_functions.add(key)
+        self._walk(fn, fn, via)
+
+    def _walk(self, node, fn, via: str, parent=None) -> None:
+        k = self.k
+        for child in node.get_children():
+            kind = child.kind
+            if kind == k.UNEXPOSED_EXPR and node.kind not in self.explicit_casts:
+                self._check_conversion(child, node, via)
+            elif kind in self.explicit_casts:
+                self._check_explicit_cast(child, via)
+            elif kind == k.LAMBDA_EXPR:
+                self.lambdas.append(child)
+            elif kind in (k.CXX_NEW_EXPR, k.CXX_DELETE_EXPR):
+                self.new_delete.append(child)
+            elif kind in (k.CALL_EXPR, k.MEMBER_REF_EXPR, k.DECL_REF_EXPR):
+                target = child.referenced
+                if target is not None and target.kind in (k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR,
+                                                           k.CONVERSION_FUNCTION, k.FUNCTION_TEMPLATE):
+                    if self.user(target):
+                        self.calls.setdefault(fn.get_usr(), set()).add(target.get_usr())
+                        instantiated = _cindex().conf.lib.clang_getSpecializedCursorTemplate(target)
+                        if instantiated is not None and not instantiated.kind.is_invalid():
+                            where = presumed_location(child.location)
+                            self.walk_function(target, via + f", instantiated from line {where[1]}")
+            self._walk(child, fn, via, node)
+
+    def _check_explicit_cast(self, cast, via: str) -> None:
+        """Metal converts between address spaces with no cast at all."""
+        operands = [c for c in cast.get_children() if c.kind != self.k.TYPE_REF]
+        if not operands:
+            return
+        from_space = _address_space(operands[-1].type)
+        if _address_space(cast.type) == "__generic" and from_space in ("__global", "__local", "__constant") \
+                and _type_kind(cast.type) == "Pointer":
+            self.found.append((cast, f"cannot cast a {_AS_WORDS[from_space]} pointer to a thread pointer "
+                                     f"(Metal has no conversion between address spaces, explicit or not): "
+                                     f"{_in_metal_words(operands[-1].type.spelling)} -> "
+                                     f"{_in_metal_words(cast.type.spelling)}{via}"))
+
+    def _check_conversion(self, cast, parent, via: str) -> None:
+        children = list(cast.get_children())
+        if len(children) != 1:
+            return
+        rule = _bfloat_conversion(children[0].type, cast.type)
+        if rule:
+            self.found.append((cast, rule + via))
+            return
+        to_space = _address_space(cast.type)
+        if to_space not in ("__generic",):
+            return
+        from_space = _address_space(children[0].type)
+        if from_space not in ("__global", "__local", "__constant"):
+            return
+        if parent is not None and parent.kind == self.k.CALL_EXPR and _is_exempt_copy(parent):
+            return
+        self.found.append((cast, f"cannot convert a {_AS_WORDS[from_space]} "
+                                 f"{_describe(children[0].type)} to the thread address space "
+                                 f"(Metal has no implicit conversion between address spaces; "
+                                 f"a pointer, reference or `this` without one is `thread`): "
+                                 f"{_in_metal_words(children[0].type.spelling)} -> "
+                                 f"{_in_metal_words(cast.type.spelling)}{via}"))
+
+
+def _scalar_name(type_) -> str:
+    """The canonical spelling of a type without qualifiers (for the bfloat rules)."""
+    words = [w for w in type_.get_canonical().spelling.split() if w not in _QUALIFIERS]
+    return " ".join(words)
+
+
+def _bfloat_conversion(from_type, to_type) -> Optional[str]:
+    """Metal's bfloat converts implicitly only to float: nothing converts implicitly to
+    bfloat, and bfloat not to half (MSL 3.1, "bfloat" in the scalar types)."""
+    source, target = _scalar_name(from_type), _scalar_name(to_type)
+    if source == target:
+        return None
+    if target == "__bf16" and source in _ARITHMETIC:
+        return (f"no implicit conversion from {_in_metal_words(source)} to bfloat in Metal "
+                f"(write bfloat(x); bfloat converts implicitly only to float)")
+    if source == "__bf16" and target in _ARITHMETIC and target != "float":
+        return (f"no implicit conversion from bfloat to {_in_metal_words(target)} in Metal "
+                f"(bfloat converts implicitly only to float)")
+    return None
+
+
+_ARITHMETIC = {"bool", "char", "signed char", "unsigned char", "short", "unsigned short", "int",
+               "unsigned int", "long", "unsigned long", "float", "_Float16", "double"}
+
+
+def _describe(type_) -> str:
+    kind = _type_kind(type_)
+    return "pointer" if kind == "Pointer" else "reference" if "Reference" in kind else "object"
+
+
+# ---- the check ---------------------------------------------------------------------------------
+
+def check(preprocessed: str, *, language_version: str, origin: str,
+          main_file: str = "<msl>") -> None:
+    """Raise :class:`MetalCompileError` if Apple's compiler would reject ``preprocessed``.
+
+    ``preprocessed`` is the user's source after the C preprocessor ran with Metal's view of
+    the macros (``__METAL_VERSION__`` for ``language_version``, no ``__METAL_EMULATOR__``),
+    with line markers naming the user's files.
+    """
+    diagnostics = diagnose(preprocessed, language_version=language_version, main_file=main_file)
+    if diagnostics:
+        raise MetalCompileError.from_diagnostics(
+            f"{origin}: the Metal check (MSL {language_version}) rejected the shader",
+            [(d.file, d.line, d.message) for d in diagnostics])
+
+
+def _parse(preprocessed: str, version: int, main_file: str, *, emulator: bool = False):
+    """(prepared text, clang translation unit, the path clang knows it by). ``emulator``:
+    the emulator's view, where double is allowed (its emulator-only kernels)."""
+    prepared = _prepare(preprocessed)
+    path = f"/{hashlib.sha256(preprocessed.encode()).hexdigest()[:16]}/{Path(main_file).name}.msl"
+    args = [*_CLANG_ARGS, "-isystem", str(FRONTEND_INCLUDE_DIR), "-include", "tsm_msl_prelude.h",
+            "-include", "metal_stdlib", f"-D__METAL_VERSION__={version}", "-D__METAL_MACOS__=1",
+            "-D__METAL__=1"]
+    if emulator:
+        args += ["-Xclang", "-cl-ext=+cl_khr_fp64,+__opencl_c_fp64", "-D__METAL_EMULATOR__=1"]
+    tu = _index().parse(path, args=args, unsaved_files=[(path, prepared.text)])
+    return prepared, tu, path
+
+
+def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl>") -> List[Diagnostic]:
+    """Every error the check finds in ``preprocessed`` (see :func:`check`), in source order."""
+    cindex = _cindex()
+    version = language_version_number(language_version)
+    prepared, tu, path = _parse(preprocessed, version, main_file)
+    out: List[Diagnostic] = []
+
+    def add(location, message: str) -> None:
+        file, line, column = presumed_location(location)
+        out.append(Diagnostic(file, line, column, message))
+
+    for d in tu.diagnostics:
+        if d.severity < cindex.Diagnostic.Error:
+            continue
+        if any(rule.search(d.spelling) for rule in _NOT_METAL_RULES):
+            continue
+        location = d.location
+        if location.file is None or location.file.name != path:
+            # Inside Metal's library (a static_assert in a template, say): point at the
+            # user's line that instantiated it.
+            location = next((n.location for n in d.children
+                             if n.location.file is not None and n.location.file.name == path), location)
+        add(location, _explain(d.spelling))
+    for offset, message in prepared.lints:
+        file, line = _presumed_line(preprocessed, offset)
+        out.append(Diagnostic(file, line, 0, message))
+
+    walker = _Walker(cindex, path)
+    k = cindex.CursorKind
+    kernels = []
+    for cursor in tu.cursor.walk_preorder():
+        if cursor.kind in (k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR, k.FUNCTION_TEMPLATE,
+                           k.CONVERSION_FUNCTION, k.DESTRUCTOR) and walker.user(cursor) and cursor.is_definition():
+            walker.walk_function(cursor)
+            if cursor.spelling in prepared.kernel_names:
+                kernels.append(cursor)
+    for cast, message in walker.found:
+        add(cast.location, message)
+    for kernel in kernels:
+        for param in kernel.get_arguments():
+            kind = _type_kind(param.type)
+            if kind in ("Pointer", "LValueReference", "RValueReference") and \
+                    _address_space(param.type) in (None, "__generic", "__private"):
+                add(param.location, f"kernel {kernel.spelling}: pointer or reference parameter "
+                                    f"`{param.spelling}` must be declared in the device, constant "
+                                    f"or threadgroup address space")
+    if version < 400:
+        for lam in walker.lambdas:
+            add(lam.location, f"Metal {language_version} has no lambda expressions (MSL 4.0 has them)")
+    for expr in walker.new_delete:
+        add(expr.location, "Metal has no new or delete (no dynamic allocation in a kernel)")
+    for cycle_at in _recursive(walker.calls):
+        for cursor in tu.cursor.walk_preorder():
+            if cursor.kind in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE, k.CXX_METHOD) and \
+                    cursor.get_usr() == cycle_at and cursor.is_definition() and walker.user(cursor):
+                add(cursor.location, f"Metal does not support recursion: {cursor.spelling} calls itself "
+                                     f"(directly or through other functions)")
+                break
+    unique = sorted(set(out), key=lambda d: (d.file, d.line, d.column, d.message))
+    return unique
+
+
+def _presumed_line(text: str, offset: int) -> Tuple[str, int]:
+    """(file, line) of ``offset`` in preprocessed text, from its line markers."""
+    file, line = "<source>", 0
+    for text_line in text[:offset].splitlines(keepends=True)[:-1] if offset else []:
+        m = re.match(r'#\s*(\d+)\s+"([^"]*)"', text_line)
+        if m:
+            file, line = m.group(2), int(m.group(1)) - 1
+        else:
+            line += 1
+    return file, line + 1
+
+
+def _recursive(calls: Dict[str, Set[str]]) -> List[str]:
+    """Functions on a cycle of the call graph."""
+    on_cycle = []
+    for start in calls:
+        stack, seen = list(calls.get(start, ())), set()
+        while stack:
+            f = stack.pop()
+            if f == start:
+                on_cycle.append(start)
+                break
+            if f in seen:
+                continue
+            seen.add(f)
+            stack.extend(calls.get(f, ()))
+    return on_cycle
+
+
+# ---- what the emulator's C++ needs from the AST ------------------------------------------------
+
+_DIVISIONS = {4: "div", 5: "rem", 24: "div_assign", 25: "rem_assign"}  # clang's CXBinaryOperatorKind
+_INTEGERS = {"bool", "char", "signed char", "unsigned char", "short", "unsigned short", "int", "unsigned int",
+             "long", "unsigned long", "long long", "unsigned long long"}
+
+
+def emulator_edits(preprocessed: str, *, language_version: str, main_file: str = "<msl>"
+                   ) -> List[Tuple[int, int, str]]:
+    """Edits of the emulator's view of a shader (offsets into ``preprocessed``) that give its
+    C++ Metal's meaning where C++ differs:
+
+    * every integer (or type-dependent) ``/``, ``%``, ``/=`` and ``%=`` becomes a call of
+      ``tsm_emu::div``/``rem``/... (integer division by zero, and INT_MIN / -1, are undefined
+      in Metal: the emulator gives one documented result on every architecture, and the
+      sanitizer reports them);
+    * functions and member functions overloaded on address space (which the emulator's C++
+      erases) get a name per overload, and each call the overload clang chose; constructors,
+      conversion functions and operators, which have no name to call, keep one definition
+      when the overloads' bodies are the same (MLX's pattern), and are an error otherwise.
+    """
+    cindex = _cindex()
+    prepared, tu, path = _parse(preprocessed, language_version_number(language_version), main_file,
+                                emulator=True)
+    source = prepared.source
+    edits = _address_space_overloads(tu, path, prepared, preprocessed)
+    kind_of = cindex.conf.lib.clang_getCursorBinaryOperatorKind
+    binary = (cindex.CursorKind.BINARY_OPERATOR, cindex.CursorKind.COMPOUND_ASSIGNMENT_OPERATOR)
+    openers: Dict[int, List[Tuple[int, str]]] = {}
+    for top in tu.cursor.get_children():
+        if top.location.file is None or top.location.file.name != path:
+            continue
+        for cursor in top.walk_preorder():
+            if cursor.kind not in binary:
+                continue
+            name = _DIVISIONS.get(kind_of(cursor))
+            if name is None or not _integer_or_dependent(cursor.type):
+                continue
+            operands = list(cursor.get_children())
+            if len(operands) != 2:
+                continue
+            lhs, rhs = operands
+            lhs_end, rhs_start = lhs.extent.end.offset, rhs.extent.start.offset
+            token = next((t for t in cursor.get_tokens()
+                          if lhs_end <= t.extent.start.offset < rhs_start and t.spelling in ("/", "%", "/=", "%=")),
+                         None)
+            if token is None:
+                continue
+            start = source.original(lhs.extent.start.offset)
+            end = source.original(rhs.extent.end.offset, end=True)
+            if "__tsm" in preprocessed[start:end] or start >= end:
+                continue
+            openers.setdefault(start, []).append((end - start, f"::tsm_emu::{name}("))
+            edits.append((source.original(token.extent.start.offset),
+                          source.original(token.extent.end.offset, end=True), ","))
+            edits.append((end, end, ")"))
+    # Nested divisions open at one offset: the outer call first.
+    for offset, calls in openers.items():
+        edits.append((offset, offset, "".join(text for _, text in sorted(calls, reverse=True))))
+    return edits
+
+
+def _integer_or_dependent(type_) -> bool:
+    kind = _type_kind(type_)
+    if kind == "Dependent":
+        return True
+    return _scalar_name(type_) in _INTEGERS
+
+
+_AS_PATTERN = re.compile(r"\b__(global|local|constant|private|generic)\b")
+_AS_TAGS = {"global": "d", "local": "tg", "constant": "c", "private": "t", "generic": "t"}
+_MSL_AS_PATTERN = re.compile(r"\b(device|threadgroup|constant|thread|__global|__local|__constant|__private|__generic)\b")
+
+
+def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: str
+                             ) -> List[Tuple[int, int, str]]:
+    """Edits that keep overloads differing only in address space apart once the emulator's
+    C++ has erased address spaces (see :func:`emulator_edits`)."""
+    k = _cindex().CursorKind
+    functions = (k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR, k.CONVERSION_FUNCTION, k.FUNCTION_TEMPLATE)
+    source = prepared.source
+    decls, refs = [], []
+    for top in tu.cursor.get_children():
+        if top.location.file is None or top.location.file.name != path:
+            continue
+        for cursor in top.walk_preorder():
+            if cursor.kind in functions and not cursor.spelling.startswith("__tsm"):
+                decls.append(cursor)
+            elif cursor.kind in (k.DECL_REF_EXPR, k.MEMBER_REF_EXPR, k.OVERLOADED_DECL_REF):
+                refs.append(cursor)
+    groups: Dict[Tuple[str, str, str], Dict[int, List[object]]] = {}
+    for d in decls:
+        parent = d.semantic_parent
+        key = (parent.get_usr() if parent is not None else "", d.spelling, _AS_PATTERN.sub("", d.type.spelling))
+        groups.setdefault(key, {}).setdefault(d.canonical.location.offset, []).append(d)
+    edits: List[Tuple[int, int, str]] = []
+    renamed: Dict[int, str] = {}  # canonical declaration offset -> new name
+    for (_, name, _), overloads in groups.items():
+        if len(overloads) < 2:
+            continue
+        first = next(iter(overloads.values()))[0]
+        parent = first.semantic_parent
+        constructor = parent is not None and parent.kind in (k.STRUCT_DECL, k.CLASS_DECL, k.CLASS_TEMPLATE) \
+            and name == parent.spelling
+        if constructor or name.startswith("operator"):
+            edits += _keep_one_definition(name, overloads, source, preprocessed)
+            continue
+        for canonical, redeclarations in overloads.items():
+            tags = "_".join(_AS_TAGS[m.group(1)] for m in _AS_PATTERN.finditer(redeclarations[0].type.spelling))
+            new_name = f"{name}__tsm_as_{tags}"
+            renamed[canonical] = new_name
+            for d in redeclarations:
+                at = source.original(d.location.offset)
+                edits.append((at, at + len(name), new_name))
+    if not renamed:
+        return edits
+    for ref in refs:
+        target = ref.referenced
+        if target is None:
+            if ref.kind == k.OVERLOADED_DECL_REF and any(
+                    n.rsplit("__tsm_as_", 1)[0] == ref.spelling for n in renamed.values()):
+                raise _emulator_limit(ref, f"the call of {ref.spelling}, overloaded on address space, "
+                                           f"depends on template parameters; the emulator resolves "
+                                           f"such overloads only where the arguments' types are known")
+            continue
+        template = _cindex().conf.lib.clang_getSpecializedCursorTemplate(target)
+        if template is not None and not template.kind.is_invalid():
+            target = template
+        new_name = renamed.get(target.canonical.location.offset)
+        if new_name and ref.spelling == new_name.rsplit("__tsm_as_", 1)[0]:
+            at = source.original(ref.location.offset)
+            if preprocessed.startswith(ref.spelling, at):
+                edits.append((at, at + len(ref.spelling), new_name))
+    return edits
+
+
+def _keep_one_definition(name: str, overloads: Dict[int, List[object]], source: _Text,
+                         preprocessed: str) -> List[Tuple[int, int, str]]:
+    """Overloads the emulator cannot name apart: identical bodies collapse to the first."""
+    definitions = [d for redeclarations in overloads.values() for d in redeclarations if d.is_definition()]
+    spans = [(source.original(d.extent.start.offset), source.original(d.extent.end.offset, end=True))
+             for d in definitions]
+    bodies = {" ".join(_MSL_AS_PATTERN.sub("", preprocessed[a:b]).split()) for a, b in spans}
+    if len(bodies) > 1:
+        raise _emulator_limit(definitions[0], f"{name} is overloaded on address space with different "
+                                              f"bodies; the emulator, which has one address space, "
+                                              f"can run such overloads only when their bodies agree")
+    return [(a, b, _rewrite.blank(preprocessed[a:b])) for a, b in spans[1:]]
+
+
+def _emulator_limit(cursor, message: str) -> MetalCompileError:
+    file, line, _ = presumed_location(cursor.location)
+    return MetalCompileError.from_diagnostics("the emulator cannot compile this shader",
+                                              [(file, line, message)])
