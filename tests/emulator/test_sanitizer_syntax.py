@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from torch_sparse_metal.metal import KernelFault, compile_shader
+from torch_sparse_metal.metal._access_rewrite import checked_members, marked_stores
 from torch_sparse_metal.metal._rewrite import _checked_pointers
 
 
@@ -24,6 +25,105 @@ from torch_sparse_metal.metal._rewrite import _checked_pointers
 ])
 def test_pointer_rewrite(msl, cxx):
     assert _checked_pointers(msl) == cxx
+
+
+def _member(address: str, *fields: str) -> str:
+    steps = ", ".join(f"{'[&]' if '[' in f else '[]'}(auto& tsm_m_) -> decltype(auto) {{ return (tsm_m_.{f}); }}"
+                      for f in fields)
+    return f"::tsm_emu::member_of({address}, {steps})"
+
+
+@pytest.mark.parametrize("msl, cxx", [
+    ("y = p[i].a;", f"y = {_member('::tsm_emu::element_address(p, i)', 'a')};"),
+    ("y = t[i][j].a.b[k];", f"y = {_member('::tsm_emu::element_address(t[i], j)', 'a', 'b[k]')};"),
+    ("y = p->a;", f"y = {_member('p', 'a')};"),
+    ("y = (p + 1)->a;", f"y = {_member('(p + 1)', 'a')};"),
+    ("y = (*r).a;", f"y = {_member('r', 'a')};"),
+    ("y = m.ref().a;", f"y = {_member('m.pointer()', 'a')};"),
+    ("y = v[i].xy;", f"y = {_member('::tsm_emu::element_address(v, i)', 'xy')};"),
+    ("y = p[i]\n  .a;\nz;", f"y = {_member('::tsm_emu::element_address(p, i)', 'a')}\n;\nz;"),
+    ("p[q[i].a].b = 1;", "::tsm_emu::stored(" + _member(
+        "::tsm_emu::element_address(p, " + _member("::tsm_emu::element_address(q, i)", "a") + ")", "b")
+     + ") = 1;"),
+    # not data members, not evaluated, or not a member access at all: unchanged
+    ("a[i].thread_elements()[0] = 1;", "::tsm_emu::stored(a[i].thread_elements()[0]) = 1;"),
+    ("n = sizeof(p[0].a);", "n = sizeof(p[0].a);"),
+    ("y = f(*p).a;", "y = f(*p).a;"),
+    ("y = this->a;", "y = this->a;"),
+    ("auto f(int x) -> float;", "auto f(int x) -> float;"),
+    ("auto g = [](int x) -> float { return x; };", "auto g = [](int x) -> float { return x; };"),
+])
+def test_member_access_rewrite(msl, cxx):
+    assert marked_stores(checked_members(msl)) == cxx
+
+
+@pytest.mark.parametrize("msl, cxx", [
+    ("t[i] = v;", "::tsm_emu::stored(t[i]) = v;"),
+    ("t[i][j] += v;", "::tsm_emu::updated(t[i][j]) += v;"),
+    ("*p = v; *(p + 1) <<= 2;", "::tsm_emu::stored(*p) = v; ::tsm_emu::updated(*(p + 1)) <<= 2;"),
+    ("(*r) = v;", "::tsm_emu::stored((*r)) = v;"),
+    ("m.ref() = v;", "::tsm_emu::stored(m.ref()) = v;"),
+    ("t[i]++; --t[j];", "::tsm_emu::updated(t[i])++; --::tsm_emu::updated(t[j]);"),
+    ("if (c) t[i] = v;", "if (c) ::tsm_emu::stored(t[i]) = v;"),
+    # plain variables, declarations, comparisons, template defaults: unchanged
+    ("x = t[i]; x += 1; i++; --i;", "x = t[i]; x += 1; i++; --i;"),
+    ("float a[4] = {0}; device float* p = x; float *q = &y;", "float a[4] = {0}; device float* p = x; float *q = &y;"),
+    ("b = t[i] == v || t[i] != w || t[i] <= v || t[i] >= w;", "b = t[i] == v || t[i] != w || t[i] <= v || t[i] >= w;"),
+    ("template <class T, class = void> struct S;", "template <class T, class = void> struct S;"),
+    ("y = a * b[i];", "y = a * b[i];"),
+    # elements of local arrays are registers: unmarked in their block, marked elsewhere
+    ("{ float acc[4][4], b[4]; acc[i][j] += b[j]; b[0] = 1; } { b[0] = 1; }",
+     "{ float acc[4][4], b[4]; acc[i][j] += b[j]; b[0] = 1; } { ::tsm_emu::stored(b[0]) = 1; }"),
+    ("{ threadgroup float t[4]; t[i] = 1; }", "{ threadgroup float t[4]; ::tsm_emu::stored(t[i]) = 1; }"),
+])
+def test_assignment_target_rewrite(msl, cxx):
+    assert marked_stores(msl) == cxx
+
+
+VOLATILE_SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+kernel void volatile_pointers(device int* a [[buffer(0)]], device int* out [[buffer(1)]],
+                              volatile device atomic_uint* count [[buffer(2)]],
+                              uint lid [[thread_position_in_threadgroup]]) {
+  volatile device int* p = a;
+  device volatile int* q = a;
+  threadgroup int s[32];
+  volatile threadgroup int* t = s;
+  p[lid] = p[lid] + 1;
+  q[lid] += 2;
+  t[lid] = *(q + lid);
+  atomic_fetch_add_explicit(count, 1u, memory_order_relaxed);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[lid] = t[31 - lid];
+}
+
+kernel void volatile_race(device int* a [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  volatile device int* p = a;
+  p[0] = int(lid);
+}
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
+def test_volatile_pointers_compile_and_run_in_both_builds(sanitize):
+    lib = compile_shader(VOLATILE_SOURCE, sanitize=sanitize)
+    a, out, count = torch.arange(32, dtype=torch.int32), torch.zeros(32, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+    lib.volatile_pointers(a, out, count, threads=32, group_size=32)
+    np.testing.assert_array_equal(a.numpy(), np.arange(32) + 3)
+    np.testing.assert_array_equal(out.numpy(), np.arange(31, -1, -1) + 3)
+    assert count.item() == 32
+
+
+def test_accesses_through_volatile_pointers_are_checked():
+    lib = compile_shader(VOLATILE_SOURCE, sanitize=True)
+    with pytest.raises(KernelFault) as info:
+        lib.volatile_race(torch.zeros(1, dtype=torch.int32), threads=4, group_size=4)
+    assert info.value.kind == "device_race" and "`a` element 0" in str(info.value)
+    with pytest.raises(KernelFault) as info:
+        lib.volatile_pointers(torch.zeros(31, dtype=torch.int32), torch.zeros(32, dtype=torch.int32),
+                              torch.zeros(1, dtype=torch.int32), threads=32, group_size=32)
+    assert info.value.kind == "out_of_bounds" and "element 31" in str(info.value)
 
 
 SOURCE = r"""

@@ -7,14 +7,13 @@
   ordered within a dispatch); mem_none orders nothing;
 * a simdgroup_barrier orders the lanes of one SIMD-group, never two SIMD-groups;
 * two atomic accesses never race; an atomic and a plain write of the same bytes do;
+* a store is a write even when it stores the value already there;
+* an access is to the bytes it touches: a field of a struct element, but a whole vector;
 * threads that return before a barrier the others reach are barrier_divergence, unless
   TSM_EMU_EXITED_THREADS_ARRIVE=1 (read once per loaded library, hence a source of its own);
 * bounds are element-precise in both directions, for device buffers (whatever the element
   type), [[threadgroup(n)]] blocks and threadgroup arrays; a tensor view's bounds are its
   own numel, not its storage's.
-
-Tests marked xfail(strict=True) are sanitizer bugs found here: each says what the sanitizer
-should report and what it does instead.
 """
 from __future__ import annotations
 
@@ -119,7 +118,7 @@ kernel void dev_writers_no_barrier(device float* buf [[buffer(0)]],
   buf[0] = float(gid) + 1.0f;
 }
 
-// Every thread stores the value already there: not a seen write.
+// Every thread stores 5.
 kernel void dev_same_value(device float* buf [[buffer(0)]],
                            uint gid [[thread_position_in_grid]]) {
   buf[0] = 5.0f;
@@ -356,6 +355,55 @@ kernel void dev_struct_fields(device Pair* p [[buffer(0)]],
   }
 }
 
+// Threads 2k and 2k + 1 both store p[k].a: a race on the field.
+kernel void dev_struct_same_field(device Pair* p [[buffer(0)]],
+                                  uint gid [[thread_position_in_grid]]) {
+  device Pair* q = p + gid / 2;
+  q->a = float(gid) + 1.0f;
+}
+
+// Thread 2k stores p[k].a; thread 2k + 1 reads p[k].a (a race) or p[k].b (none).
+kernel void dev_struct_read_field(device Pair* p [[buffer(0)]],
+                                  device float* out [[buffer(1)]],
+                                  constant uint& other_field [[buffer(2)]],
+                                  uint gid [[thread_position_in_grid]]) {
+  if (gid % 2 == 0) {
+    p[gid / 2].a = float(gid) + 1.0f;
+  } else {
+    out[gid / 2] = other_field != 0u ? p[gid / 2].b : p[gid / 2].a;
+  }
+}
+
+struct Halves {
+  half lo;
+  half hi;
+};
+
+// Threads 2k and 2k + 1 store the two fields of t[k] and h[k] (two halves in one word), or
+// with `same` the first field both; threads 0 and 1 the fields of a threadgroup struct.
+kernel void tg_struct_fields(device float* y [[buffer(0)]],
+                             constant uint& same [[buffer(1)]],
+                             uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup Pair t[32];
+  threadgroup Halves h[32];
+  threadgroup Pair s;
+  const uint k = lid / 2;
+  if (lid % 2 == 0 || same != 0u) {
+    t[k].a = float(lid) + 1.0f;
+    h[k].lo = half(lid);
+  } else {
+    t[k].b = float(lid) + 1.0f;
+    h[k].hi = half(lid);
+  }
+  if (lid == 0) {
+    s.a = 100.0f;
+  } else if (lid == 1) {
+    s.b = 200.0f;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  y[lid] = (lid % 2 == 0 ? t[k].a + float(h[k].lo) : t[k].b + float(h[k].hi)) + s.a + s.b;
+}
+
 // A simdgroup_barrier taken by lane 0 only: the other lanes skip it.
 kernel void simd_barrier_in_branch(device float* y [[buffer(0)]],
                                    uint lid [[thread_position_in_threadgroup]],
@@ -537,18 +585,12 @@ def test_races_are_found_in_kernels_without_any_barrier(lib):
     assert f"{thread(0, 0, 0)} wrote it and {thread(1, 1, 0)}" in str(fault)
 
 
-def test_a_store_of_the_value_already_there_is_not_seen(lib):
-    buf = torch.full((1,), 5.0)
-    run(lib.dev_same_value, buf, threads=128, group_size=64)
-    assert buf.item() == 5.0
-
-
-def test_stores_of_one_value_over_a_different_one_still_race(lib):
-    # Thread 0's store changes the element (a write); thread 1's store of the same value
-    # then looks like a read of it (the bytes did not change): still a race, reported.
-    fault = fault_of(lib.dev_same_value, torch.zeros(1), threads=64, group_size=64)
+@pytest.mark.parametrize("before", [5.0, 0.0], ids=["same-value", "other-value"])
+def test_stores_of_one_value_race_whatever_was_there(lib, before):
+    # Every store is a write, also one that leaves the bytes as they were (5.0 over 5.0).
+    fault = fault_of(lib.dev_same_value, torch.full((1,), before), threads=64, group_size=64)
     assert fault.kind == "device_race", str(fault)
-    assert f"{thread(0, 0, 0)} wrote it" in str(fault)
+    assert f"{thread(0, 0, 0)} wrote it and {thread(1, 1, 0)} wrote it" in str(fault)
 
 
 # ---- simdgroup_barrier --------------------------------------------------------------------
@@ -620,8 +662,9 @@ def test_two_buffers_of_one_tensor_are_one_memory(lib):
     fault = fault_of(lib.smooth_into, a, a, 256, threads=256, group_size=64)  # in place again
     assert fault.kind == "device_race", str(fault)
     message = str(fault)
-    assert "element 1 " in message
-    assert f"{thread(1, 1, 0)} wrote it and {thread(2, 2, 0)} read it" in message
+    # Thread 0 stores a[0] (its own value: still a write), which thread 1 reads.
+    assert "element 0 " in message
+    assert f"{thread(0, 0, 0)} wrote it and {thread(1, 1, 0)} read it" in message
 
 
 # ---- threads that return before a barrier -------------------------------------------------
@@ -816,14 +859,50 @@ def test_threads_writing_different_components_of_a_float4_race(lib):
     assert fault.kind == "threadgroup_race"
 
 
-@pytest.mark.xfail(strict=True, raises=KernelFault,
-                   reason="known limitation (conservative, documented in the README): "
-                   "p[i].a and p[i].b written by two threads are reported as a device_race on "
-                   "p[i], because an access through p[i] counts for the whole element")
 def test_threads_writing_different_fields_of_a_struct_do_not_race(lib):
     p = torch.zeros(64)
     run(lib.dev_struct_fields, p, threads=64, group_size=64)
     np.testing.assert_array_equal(p.numpy(), np.arange(64) + 1.0)
+
+
+def test_threads_writing_one_field_of_a_struct_race(lib):
+    fault = fault_of(lib.dev_struct_same_field, torch.zeros(64), threads=64, group_size=64)
+    assert fault.kind == "device_race", str(fault)
+    message = str(fault)
+    assert "[[buffer(0)]] `p` element 0 (byte offset 0)" in message
+    assert f"{thread(0, 0, 0)} wrote it and {thread(1, 1, 0)} wrote it" in message
+
+
+def test_a_read_of_a_field_another_thread_writes_races(lib):
+    fault = fault_of(lib.dev_struct_read_field, torch.zeros(64), torch.zeros(32), 0,
+                     threads=64, group_size=64)
+    assert fault.kind == "device_race", str(fault)
+    message = str(fault)
+    assert "[[buffer(0)]] `p` element 0 (byte offset 0)" in message
+    assert f"{thread(0, 0, 0)} wrote it and {thread(1, 1, 0)} read it" in message
+
+
+def test_a_read_of_the_other_field_does_not_race(lib):
+    p = torch.arange(64, dtype=torch.float32) * 10
+    out = torch.zeros(32)
+    run(lib.dev_struct_read_field, p, out, 1, threads=64, group_size=64)
+    np.testing.assert_array_equal(out.numpy(), np.arange(32) * 20.0 + 10.0)   # the old .b
+    np.testing.assert_array_equal(p.numpy()[0::2], np.arange(0, 64, 2) + 1.0)  # the new .a
+
+
+def test_threadgroup_struct_fields_written_by_different_threads_do_not_race(lib):
+    y = torch.zeros(64)
+    run(lib.tg_struct_fields, y, 0, threads=64, group_size=64)
+    lid = np.arange(64)
+    np.testing.assert_array_equal(y.numpy(), (lid + 1.0) + lid + 300.0)
+
+
+def test_threadgroup_struct_field_written_by_two_threads_races(lib):
+    fault = fault_of(lib.tg_struct_fields, torch.zeros(64), 1, threads=64, group_size=64)
+    assert fault.kind == "threadgroup_race", str(fault)
+    message = str(fault)
+    assert "threadgroup variable `t` element 0 (byte offset 0)" in message
+    assert f"{thread(0, 0, 0)} wrote it and {thread(1, 1, 0)} wrote it" in message
 
 
 def test_simdgroup_barrier_in_a_branch_is_reported(lib):

@@ -702,10 +702,12 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     """
     src = _add_collective_sites(_braced_loops(src))
     if sanitize:
+        from ._access_rewrite import checked_members, marked_stores  # it builds on this module
         src = _checked_threadgroup_scalars(src)
         src = _checked_references(src)
         src = _threadgroup_array_sizes(src)
         src = _addresses_without_access(src)
+        src = marked_stores(checked_members(src))
         src = _checked_pointers(src)
     masked = _mask_strings_and_directives(src)
     src = _rewrite_threadgroup_declarations(src, masked, sanitize)

@@ -65,7 +65,7 @@ struct Fiber {
   bool at_simdgroup_barrier = false;  // AtSimd for a simdgroup_barrier, not a collective
   unsigned barrier_flags = 0;         // mem_flags of the barrier it waits at
   ThreadInfo info;
-  std::vector<Touch> touches;         // sanitized dispatches: accesses since it last stopped
+  AccessLog touches;                  // sanitized dispatches: accesses since it last stopped
 };
 
 void free_stack(char* stack, size_t bytes);
@@ -88,7 +88,7 @@ struct Worker {
   size_t dynamic_tg_total = 0;
   size_t static_tg_total = 0;
   Fiber* current = nullptr;
-  std::vector<Touch> plain_touches;  // sanitized plain-loop dispatches
+  AccessLog plain_touches;  // sanitized plain-loop dispatches
   DispatchArgs args;
   bool fault_raised = false;
   KernelFault fault;
@@ -109,7 +109,7 @@ ThreadId thread_id(const ThreadInfo& t) {
 }
 
 // The running Metal thread and its access log, for the sanitizer.
-bool current_accesses(const ThreadInfo** info, std::vector<Touch>** touches) {
+bool current_accesses(const ThreadInfo** info, AccessLog** touches) {
   Worker* w = t_worker;
   if (w && w->current) {
     *info = &w->current->info;
@@ -126,7 +126,7 @@ bool current_accesses(const ThreadInfo** info, std::vector<Touch>** touches) {
 
 void end_segment() {
   const ThreadInfo* info;
-  std::vector<Touch>* touches;
+  AccessLog* touches;
   if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->end_segment(thread_id(*info), *touches);
 }
 
@@ -419,6 +419,7 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
   }
   if (fibers) {
     run_group_fibers(w, grid, group_size, groups, group, n);
+    if (t_sanitizer) t_sanitizer->end_group();
     return;
   }
   for (uint32_t i = 0; i < n; ++i) {
@@ -434,6 +435,7 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
     t_plain_thread = nullptr;
     if (t_sanitizer && (i % kSimdWidth == kSimdWidth - 1 || i + 1 == n)) t_sanitizer->flush_bank_log();
   }
+  if (t_sanitizer) t_sanitizer->end_group();
 }
 
 // ---- hardware faults in kernel code ---------------------------------------------------
@@ -650,20 +652,35 @@ const Region* region_of(const void* address) {
 
 void check_access(const Region* region, const void* address, size_t bytes, bool atomic) {
   const ThreadInfo* info;
-  std::vector<Touch>* touches;
+  AccessLog* touches;
   if (!t_sanitizer || !current_accesses(&info, &touches)) return;
-  t_sanitizer->access(region, address, bytes, atomic, thread_id(*info), *touches);
+  t_sanitizer->access(region, address, bytes, address, bytes, atomic, thread_id(*info), *touches);
+}
+
+void check_field_access(const Region* region, const void* element, size_t element_bytes,
+                        const void* field, size_t field_bytes) {
+  const ThreadInfo* info;
+  AccessLog* touches;
+  if (!t_sanitizer || !current_accesses(&info, &touches)) return;
+  t_sanitizer->access(region, element, element_bytes, field, field_bytes, false, thread_id(*info), *touches);
 }
 
 void note_atomic(const void* address, size_t bytes) {
   const ThreadInfo* info;
-  std::vector<Touch>* touches;
-  if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->note_atomic(address, bytes, *touches);
+  AccessLog* touches;
+  if (t_sanitizer && current_accesses(&info, &touches))
+    t_sanitizer->note_atomic(address, bytes, thread_id(*info), *touches);
+}
+
+void note_store(const void* address, size_t bytes, bool updates) {
+  const ThreadInfo* info;
+  AccessLog* touches;
+  if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->note_store(address, bytes, updates, *touches);
 }
 
 void inactive_lane_read(uint32_t lane) {
   const ThreadInfo* info;
-  std::vector<Touch>* touches;
+  AccessLog* touches;
   if (!t_sanitizer || !current_accesses(&info, &touches)) return;
   raise("inactive_lane", where_info(*info) + " read lane " + std::to_string(lane) +
                              " of its SIMD-group through a shuffle, but that lane is not active "
@@ -687,7 +704,7 @@ void count_fmas(unsigned n) {
 
 bool inject_spurious_cas_failure() {
   const ThreadInfo* info;
-  std::vector<Touch>* touches;
+  AccessLog* touches;
   if (!t_sanitizer || !current_accesses(&info, &touches)) return false;
   return t_sanitizer->spurious_cas_failure();
 }

@@ -3,16 +3,37 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace tsm_emu {
 
 namespace {
 constexpr unsigned kMemDevice = 1, kMemThreadgroup = 2;  // metal::mem_flags
-constexpr unsigned char kPoison = 0xA5;
-// A spin-wait repeats one access; a thread this far into repeating it is not coming back.
+// A spin-wait repeats accesses to memory it has already accessed since it last stopped; a
+// thread this far into doing nothing else is not coming back.
 constexpr uint64_t kMaxRepeats = uint64_t(1) << 22;
-// The per-thread access log between two stops, as a memory bound (about 1 GB).
+// Distinct accesses of one thread between two stops, as a memory bound (about 1.5 GB).
 constexpr size_t kMaxLoggedAccesses = size_t(1) << 24;
+// Log entries past which a thread's earlier accesses are looked up in an index.
+constexpr size_t kIndexFrom = 4096;
+
+AccessLog::Key key_of(const Touch& t) {
+  return {t.address, t.bytes, t.element_bytes, t.element_offset, t.atomic};
+}
+
+// memcpy / memcmp of the common element sizes without a library call: the sanitizer's hot
+// path runs these once per access.
+template <class F>
+void with_size(size_t bytes, F f) {
+  switch (bytes) {
+    case 1: f(std::integral_constant<size_t, 1>()); break;
+    case 2: f(std::integral_constant<size_t, 2>()); break;
+    case 4: f(std::integral_constant<size_t, 4>()); break;
+    case 8: f(std::integral_constant<size_t, 8>()); break;
+    case 16: f(std::integral_constant<size_t, 16>()); break;
+    default: f(bytes);
+  }
+}
 
 std::unique_ptr<Region> make_region(void* base, size_t bytes, RegionKind kind, int index,
                                     std::string name) {
@@ -62,8 +83,8 @@ void Sanitizer::begin_group(uint32_t simdgroups, void* const* args, const uint64
   for (int i = 0; i < num_args; ++i) {
     threadgroup_args_.push_back(make_region(args[i], size_t(bytes[i]), R_THREADGROUP_ARG, i,
                                             names && names[i] ? names[i] : ""));
-    std::memset(args[i], kPoison, size_t(bytes[i]));
   }
+  uninitialized_.reset();
 }
 
 void Sanitizer::static_variable(const void* address, size_t bytes, const char* name) {
@@ -78,7 +99,6 @@ void Sanitizer::static_variable(const void* address, size_t bytes, const char* n
     region = threadgroup_vars_.back().get();
   }
   region->shadow.clear();
-  std::memset(region->base, kPoison, region->bytes);
 }
 
 std::string Sanitizer::describe(const Region& r) const {
@@ -93,80 +113,144 @@ std::string Sanitizer::describe(const Region& r) const {
   return "memory";
 }
 
+std::string Sanitizer::element_name(const Region& r, const Touch& t) const {
+  const size_t offset = size_t(t.address - r.base);
+  return describe(r) + " element " + std::to_string(size_t(t.element() - r.base) / t.element_bytes) +
+         " (byte offset " + std::to_string(offset) + ")";
+}
+
 std::string Sanitizer::thread_name(uint32_t group, uint32_t thread) const {
   u3 pos{group % groups_.x, (group / groups_.x) % groups_.y, group / (groups_.x * groups_.y)};
   return where_info(thread_info(grid_, group_size_, groups_, pos, thread));
 }
 
-void Sanitizer::access(const Region* region, const void* address, size_t bytes, bool atomic,
-                       const ThreadId& who, std::vector<Touch>& touches) {
-  const char* a = static_cast<const char*>(address);
+void Sanitizer::access(const Region* region, const void* element, size_t element_bytes,
+                       const void* address, size_t bytes, bool atomic, const ThreadId& who,
+                       AccessLog& log) {
+  const char* e = static_cast<const char*>(element);
   if (!region) {
     std::string msg = thread_name(who.group, who.thread) +
                       " accesses memory through a pointer that points into no buffer or "
                       "threadgroup variable of this dispatch";
     fault("out_of_bounds", msg.c_str());
   }
-  if (a < region->base || a + bytes > region->base + region->bytes) {
-    long long offset = (long long)(a - region->base);
-    long long element = offset >= 0 ? offset / (long long)bytes : -((-offset + (long long)bytes - 1) / (long long)bytes);
+  if (e < region->base || e + element_bytes > region->base + region->bytes) {
+    const long long offset = (long long)(e - region->base), n = (long long)element_bytes;
+    const long long index = offset >= 0 ? offset / n : -((-offset + n - 1) / n);
     std::string msg = thread_name(who.group, who.thread) + " accesses " + describe(*region) +
-                      " at element " + std::to_string(element) + " (byte offset " +
-                      std::to_string(offset) + ", " + std::to_string(bytes) + " bytes) but it holds " +
-                      std::to_string(region->bytes / bytes) + " elements (" +
+                      " at element " + std::to_string(index) + " (byte offset " +
+                      std::to_string(offset) + ", " + std::to_string(element_bytes) + " bytes) but it holds " +
+                      std::to_string(region->bytes / element_bytes) + " elements (" +
                       std::to_string(region->bytes) + " bytes)";
     fault("out_of_bounds", msg.c_str());
   }
-  // An atomic through a checked pointer: recorded (it races plain accesses), counted by
-  // note_atomic when the operation runs.
-  // The same access again (a loop re-reading one element, a spin-wait): counted on the
-  // logged one, whose first snapshot is all a write check needs.
-  if (!touches.empty()) {
-    Touch& last = touches.back();
-    if (last.address == a && last.bytes == bytes && last.region == region && last.atomic == atomic) {
-      // Metal promises no forward progress between threads: a thread spinning on memory
-      // another thread sets never yields to it here (threads run one at a time). Report the
-      // spin instead of hanging the process.
-      if (++last.count >= kMaxRepeats) {
-        std::string msg = thread_name(who.group, who.thread) + " accessed " + describe(*region) +
-                          " element " + std::to_string((a - region->base) / bytes) + " " +
-                          std::to_string(last.count) + " times in a row without reaching a "
-                          "barrier, a SIMD-group function or its end: a spin-wait on another "
-                          "thread? Metal guarantees no forward progress between threads, so such "
-                          "a kernel can hang on the GPU too";
-        fault("hang", msg.c_str());
-      }
-      return;
-    }
+  log_access(log, region, e, element_bytes, static_cast<const char*>(address), bytes, atomic, who);
+  if (region->kind != R_BUFFER && !atomic) {
+    // Each access in program order: the k-th of every lane of a SIMD-group is one instruction.
+    ++counters_.threadgroup_accesses;
+    const uintptr_t first = uintptr_t(address) / 4, last = (uintptr_t(address) + bytes - 1) / 4;
+    bank_log_[who.simdgroup][who.thread % 32].emplace_back(first, uint32_t(last - first + 1));
   }
-  if (touches.size() >= kMaxLoggedAccesses)
-    fault("launch", "the sanitizer's log of one thread's accesses between two barriers is full "
-                    "(16M accesses): run this kernel unsanitized, or on smaller data");
-  touches.emplace_back();
-  Touch& t = touches.back();
-  t.address = const_cast<char*>(a);
-  t.bytes = bytes;
-  t.region = const_cast<Region*>(region);
-  t.atomic = atomic;
-  t.count = 1;
-  if (atomic) return;
-  if (bytes <= sizeof t.before)
-    std::memcpy(t.before, a, bytes);
-  else
-    t.before_big.assign(a, a + bytes);
 }
 
-void Sanitizer::note_atomic(const void* address, size_t bytes, std::vector<Touch>& touches) {
+[[gnu::always_inline]] inline void Sanitizer::log_access(AccessLog& log, const Region* region,
+                                                        const char* element, size_t element_bytes,
+                                                        const char* a, size_t bytes, bool atomic,
+                                                        const ThreadId& who) {
+  const AccessLog::Key key{a, uint32_t(bytes), uint32_t(element_bytes), uint32_t(a - element), atomic};
+  Touch* seen = nullptr;
+  if (log.latest < log.touches.size() && key_of(log.touches[log.latest]) == key)
+    seen = &log.touches[log.latest];  // a loop re-reading one element: no lookup
+  else if (!log.index.empty() || log.touches.size() >= kIndexFrom)
+    seen = look_up(log, key);
+  log.repeats_before_latest = log.repeats;
+  if (seen) {
+    ++seen->count;
+    // Metal promises no forward progress between threads: a thread spinning on memory
+    // another thread sets never yields to it here (threads run one at a time). Report the
+    // spin instead of hanging the process.
+    if (++log.repeats >= kMaxRepeats) hang(log, *seen, who);
+    return;
+  }
+  log.repeats = 0;
+  if (log.touches.size() >= kMaxLoggedAccesses)
+    fault("launch", "the sanitizer's log of one thread's accesses between two barriers is full "
+                    "(16M distinct accesses): run this kernel unsanitized, or on smaller data");
+  log.latest = log.touches.size();
+  if (!log.index.empty()) log.index.emplace(key, uint32_t(log.latest));
+  log.touches.emplace_back(const_cast<char*>(a), const_cast<Region*>(region), key.bytes,
+                           key.element_bytes, key.element_offset, atomic);
+  Touch& t = log.touches.back();
+  if (!atomic) {
+    if (bytes <= sizeof t.before)
+      with_size(bytes, [&](auto n) { std::memcpy(t.before, a, n); });
+    else
+      t.before_big.assign(a, a + bytes);
+  }
+}
+
+Touch* Sanitizer::look_up(AccessLog& log, const AccessLog::Key& key) {
+  if (log.index.empty()) {  // from now on every access is looked up: merge the log's repeats
+    size_t kept = 0;
+    for (size_t i = 0; i < log.touches.size(); ++i) {
+      auto slot = log.index.emplace(key_of(log.touches[i]), uint32_t(kept));
+      Touch& into = log.touches[slot.first->second];
+      if (log.latest == i) log.latest = slot.first->second;
+      if (slot.second) {
+        if (kept != i) into = std::move(log.touches[i]);
+        ++kept;
+      } else {
+        into.count += log.touches[i].count;
+        into.stored |= log.touches[i].stored;
+      }
+    }
+    log.touches.erase(log.touches.begin() + ptrdiff_t(kept), log.touches.end());
+  }
+  const auto found = log.index.find(key);
+  if (found == log.index.end()) return nullptr;
+  log.latest = found->second;
+  return &log.touches[log.latest];
+}
+
+void Sanitizer::hang(const AccessLog& log, const Touch& t, const ThreadId& who) const {
+  std::string msg = thread_name(who.group, who.thread) + " made " + std::to_string(log.repeats) +
+                    " accesses in a row, all to memory it had already accessed (the last: " +
+                    element_name(*t.region, t) + "), without reaching a barrier, a SIMD-group "
+                    "function or its end: a spin-wait on another thread? Metal guarantees no "
+                    "forward progress between threads, so such a kernel can hang on the GPU too";
+  fault("hang", msg.c_str());
+}
+
+void Sanitizer::note_atomic(const void* address, size_t bytes, const ThreadId& who, AccessLog& log) {
   const char* a = static_cast<const char*>(address);
   ++counters_.atomics;
-  // The latest access to these bytes made the pointer this operation uses (the p[i] in
-  // atomic_...(&p[i], ...)): it was the atomic access, not a plain one. Earlier plain
-  // accesses to the same bytes stay plain.
-  for (auto t = touches.rbegin(); t != touches.rend(); ++t)
-    if (t->address < a + bytes && a < t->address + t->bytes) {
-      t->atomic = true;
-      break;
-    }
+  // The latest access made the pointer this operation uses (the p[i] in
+  // atomic_...(&p[i], ...)): it was the atomic access, not a plain one.
+  if (log.latest >= log.touches.size()) return;
+  Touch* t = &log.touches[log.latest];
+  if (t->atomic || !(t->address < a + bytes && a < t->address + t->bytes)) return;
+  const Touch plain = *t;
+  if (plain.region->kind != R_BUFFER) {  // counted as a plain threadgroup access: it was not
+    --counters_.threadgroup_accesses;
+    bank_log_[who.simdgroup][who.thread % 32].pop_back();
+  }
+  if (t->count > 1) {
+    --t->count;
+  } else {  // the access made this entry, the last one
+    if (!log.index.empty()) log.index.erase(key_of(*t));
+    log.touches.pop_back();
+  }
+  log.repeats = log.repeats_before_latest;
+  log_access(log, plain.region, plain.element(), plain.element_bytes, plain.address, plain.bytes, true, who);
+}
+
+void Sanitizer::note_store(const void* address, size_t bytes, bool updates, AccessLog& log) {
+  if (log.latest >= log.touches.size()) return;
+  Touch& t = log.touches[log.latest];
+  const char* a = static_cast<const char*>(address);
+  if (a < t.address || a + bytes > t.address + t.bytes) return;  // not the access just made
+  if (t.count == 1 && !t.stored) t.first = updates ? USE_UPDATE : USE_STORE;
+  t.stored = true;
 }
 
 bool Sanitizer::ordered(const Region& r, const Access& a, const Access& b) const {
@@ -180,15 +264,13 @@ bool Sanitizer::conflict(const Region& r, const Access& a, const Access& b) cons
   return (a.write || b.write) && !(a.atomic && b.atomic) && !ordered(r, a, b);
 }
 
-void Sanitizer::race(const Region& r, size_t offset, size_t element_bytes, const Access& earlier,
-                     const Access& now) {
+void Sanitizer::race(const Region& r, const Touch& t, const Access& earlier, const Access& now) {
   const bool device = r.kind == R_BUFFER;
   auto how = [](const Access& a) {
     return a.atomic ? " updated it atomically"
                     : (a.write ? " wrote it" : " read it (or stored the value already there)");
   };
-  std::string msg = describe(r) + " element " + std::to_string(offset / element_bytes) + " (byte offset " +
-                    std::to_string(offset) + "): " + thread_name(earlier.group, earlier.thread) +
+  std::string msg = element_name(r, t) + ": " + thread_name(earlier.group, earlier.thread) +
                     how(earlier) + " and " + thread_name(now.group, now.thread) + how(now);
   if (device && earlier.group != now.group)
     msg += "; threads of different threadgroups are never ordered within a dispatch (use atomics, "
@@ -200,35 +282,41 @@ void Sanitizer::race(const Region& r, size_t offset, size_t element_bytes, const
   fault(device ? "device_race" : "threadgroup_race", msg.c_str());
 }
 
-void Sanitizer::record(Region& r, size_t offset, size_t bytes, const Access& base, bool write) {
+namespace {
+// Bit b of the result: byte 4 * word + b lies in [offset, offset + bytes).
+uint8_t word_mask(size_t word, size_t offset, size_t bytes) {
+  uint8_t mask = 0;
+  for (size_t b = 0; b < 4; ++b) {
+    const size_t byte = word * 4 + b;
+    if (byte >= offset && byte < offset + bytes) mask |= uint8_t(1u << b);
+  }
+  return mask;
+}
+}  // namespace
+
+void Sanitizer::record(const Touch& t, const Access& base, bool write) {
+  Region& r = *t.region;
+  const size_t offset = size_t(t.address - r.base), bytes = t.bytes;
+  const bool threadgroup = r.kind != R_BUFFER;
+  // A read (or the read of a +=) of threadgroup bytes nobody has written: a race if another
+  // thread writes them later in this interval, so reported when the interval ends.
+  const bool reads_first = threadgroup && !t.atomic && (!write || t.first == USE_UPDATE);
+  // Initialization is per element: a write of one field initializes its element.
+  const bool whole_element = t.element_offset == 0 && t.element_bytes == t.bytes;
   for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
-    uint8_t mask = 0;
-    for (size_t b = 0; b < 4; ++b) {
-      size_t byte = word * 4 + b;
-      if (byte >= offset && byte < offset + bytes) mask |= uint8_t(1u << b);
-    }
     Access now = base;
-    now.mask = mask;
+    now.mask = word_mask(word, offset, bytes);
     now.write = write;
     Cell& c = r.shadow[word];
-    if (r.kind != R_BUFFER) {
-      if (write) {
-        c.written |= mask;  // atomic stores initialize memory too
-      } else if (mask & ~c.written) {
-        std::string msg = thread_name(now.group, now.thread) + " reads " + describe(r) + " element " +
-                          std::to_string(offset / bytes) + " (byte offset " + std::to_string(offset) +
-                          ") before any thread of its threadgroup wrote it (threadgroup memory "
-                          "starts undefined)";
-        fault("uninitialized_read", msg.c_str());
-      }
-    }
+    if (reads_first && (now.mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
+    if (threadgroup && write && whole_element) c.written |= now.mask;
     for (unsigned b = 0; b < 4; ++b)
-      if ((mask & c.write_mask) >> b & 1 && conflict(r, c.writes[b], now)) race(r, offset, bytes, c.writes[b], now);
+      if ((now.mask & c.write_mask) >> b & 1 && conflict(r, c.writes[b], now)) race(r, t, c.writes[b], now);
     for (uint8_t i = 0; i < c.n_reads; ++i)
-      if ((c.reads[i].mask & mask) && conflict(r, c.reads[i], now)) race(r, offset, bytes, c.reads[i], now);
+      if ((c.reads[i].mask & now.mask) && conflict(r, c.reads[i], now)) race(r, t, c.reads[i], now);
     if (write) {
       for (unsigned b = 0; b < 4; ++b) {
-        if (!(mask >> b & 1)) continue;
+        if (!(now.mask >> b & 1)) continue;
         const Access& last = c.writes[b];
         // A thread's plain write followed by its own atomic one in the same epoch: the plain
         // write is what other threads' atomics race with, so it stays the one remembered.
@@ -237,7 +325,7 @@ void Sanitizer::record(Region& r, size_t offset, size_t bytes, const Access& bas
                                 last.epoch == now.epoch && last.sg_epoch == now.sg_epoch;
         if (!keep_plain) c.writes[b] = now;
       }
-      c.write_mask |= mask;
+      c.write_mask |= now.mask;
     }
     // Reads ordered before this access are ordered before every later one too (epochs only
     // grow, and a later access of another threadgroup conflicts with this one as well).
@@ -253,30 +341,42 @@ void Sanitizer::record(Region& r, size_t offset, size_t bytes, const Access& bas
     c.reads[slot] = now;
     if (slot == c.n_reads) ++c.n_reads;
   }
+  if (threadgroup && write && !whole_element) mark_written(t);
 }
 
-void Sanitizer::end_segment(const ThreadId& who, std::vector<Touch>& touches) {
-  for (const Touch& t : touches) {
+void Sanitizer::remember_uninitialized_read(const Touch& t, const Access& reader) {
+  uninitialized_.reset(new UninitializedRead{t, reader});
+}
+
+void Sanitizer::mark_written(const Touch& t) {
+  Region& r = *t.region;
+  const size_t element = size_t(t.element() - r.base);
+  for (size_t word = element / 4, end = (element + t.element_bytes + 3) / 4; word < end; ++word)
+    r.shadow.try_emplace(word).first->second.written |= word_mask(word, element, t.element_bytes);
+}
+
+void Sanitizer::report_uninitialized_read() {
+  if (!uninitialized_) return;
+  const UninitializedRead& u = *uninitialized_;
+  std::string msg = thread_name(u.reader.group, u.reader.thread) + " reads " +
+                    element_name(*u.touch.region, u.touch) + " before any thread of its threadgroup "
+                    "wrote it (threadgroup memory starts undefined)";
+  fault("uninitialized_read", msg.c_str());
+}
+
+void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
+  for (const Touch& t : log.touches) {
     const bool device = t.region->kind == R_BUFFER;
     Access base{who.group, device ? dev_epoch_ : tg_epoch_,
                 device ? sg_dev_epoch_[who.simdgroup] : sg_tg_epoch_[who.simdgroup],
                 uint16_t(who.thread), uint8_t(who.simdgroup), 0, false, t.atomic};
-    if (t.atomic) {  // a read-modify-write, whatever it stored
-      record(*t.region, size_t(t.address - t.region->base), t.bytes, base, true);
-      continue;
-    }
-    const bool write = std::memcmp(t.snapshot(), t.address, t.bytes) != 0;
-    if (device) {
-      (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes * t.count;
-    } else {
-      counters_.threadgroup_accesses += t.count;
-      const uintptr_t first = uintptr_t(t.address) / 4, last = (uintptr_t(t.address) + t.bytes - 1) / 4;
-      for (uint64_t r = 0; r < t.count; ++r)
-        bank_log_[who.simdgroup][who.thread % 32].emplace_back(first, uint32_t(last - first + 1));
-    }
-    record(*t.region, size_t(t.address - t.region->base), t.bytes, base, write);
+    // An atomic is a read-modify-write, whatever it stored.
+    bool write = t.atomic || t.stored;
+    if (!write) with_size(t.bytes, [&](auto n) { write = std::memcmp(t.snapshot(), t.address, n) != 0; });
+    if (device && !t.atomic) (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes * t.count;
+    record(t, base, write);
   }
-  touches.clear();
+  log.clear();
 }
 
 void Sanitizer::flush_bank_log() {
@@ -305,9 +405,14 @@ void Sanitizer::flush_bank_log() {
 
 void Sanitizer::threadgroup_barrier(unsigned flags) {
   ++counters_.barriers;
-  if (flags & kMemThreadgroup) ++tg_epoch_;
+  if (flags & kMemThreadgroup) {
+    report_uninitialized_read();  // the interval ended with no thread writing it
+    ++tg_epoch_;
+  }
   if (flags & kMemDevice) ++dev_epoch_;
 }
+
+void Sanitizer::end_group() { report_uninitialized_read(); }
 
 void Sanitizer::simdgroup_barrier(uint32_t simdgroup, unsigned flags) {
   if (flags & kMemThreadgroup) ++sg_tg_epoch_[simdgroup];

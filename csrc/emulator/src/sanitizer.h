@@ -2,26 +2,32 @@
 //
 // A sanitized dispatch runs on one worker, one Metal thread at a time, so nothing here
 // needs locks. Each access of a thread is checked against its region's bounds when it
-// happens and recorded with a snapshot of the bytes; when the thread stops (barrier, SIMD
-// collective, end) its recorded accesses are classified (bytes changed: a write) and
-// compared with the other threads' accesses to the same bytes in the region's shadow.
+// happens and logged with a snapshot of the bytes (a repeat of a logged access is counted
+// on it, see AccessLog); when the thread stops (barrier, SIMD-group function, end) its logged accesses
+// are classified and compared with the other threads' accesses to the same bytes in the
+// region's shadow. An access is a write if the rewriter marked it as an assignment's target
+// (sanitize.h) or if it changed the bytes; otherwise a read.
 // Two accesses of different threads, at least one a write, race unless ordered:
 //   threadgroup memory: by a threadgroup_barrier with mem_threadgroup, or, for lanes of one
 //                       SIMD-group, a simdgroup_barrier with mem_threadgroup;
 //   device memory:      likewise with mem_device, and only within one threadgroup: threads
 //                       of different threadgroups are never ordered within a dispatch.
-// Two atomic accesses never race; an atomic and a plain access do. A write that stores the
-// value already there is not seen. An access to a vector or struct element counts for the
-// whole element (a write of one component of a float4 is a write of the float4).
-// Threadgroup memory starts each threadgroup filled with a poison byte pattern (0xA5), and
-// a read of bytes no thread of the threadgroup has written is reported (uninitialized_read).
+// Two atomic accesses never race; an atomic and a plain access do. An access is to the bytes
+// it touched: a field of a struct element (member_of in sanitize.h), but a vector whole (a
+// write of one component of a float4 is a write of the float4).
+// Threadgroup memory has a shadow of which bytes a thread of the threadgroup has written
+// (per element: a write of one field counts for its element). A read of bytes nobody has
+// written is reported as uninitialized_read only when the interval ends (the next barrier
+// with mem_threadgroup, or the threadgroup's end) without a race: a thread that writes them
+// later in the same interval is a threadgroup_race, the missing barrier being the cause.
 #pragma once
 
 #include <cstdint>
-#include <utility>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "tsm_emu/runtime.h"
@@ -59,15 +65,62 @@ struct Region {
   std::unordered_map<size_t, Cell> shadow;
 };
 
+// How the first access of a Touch used it, when the rewriter said (sanitize.h).
+enum FirstUse : uint8_t { USE_UNKNOWN, USE_STORE, USE_UPDATE };
+
 struct Touch {
-  char* address;
-  size_t bytes;
+  // The snapshot is taken by whoever logs it (nothing for atomics).
+  Touch(char* address, Region* region, uint32_t bytes, uint32_t element_bytes,
+        uint32_t element_offset, bool atomic)
+      : address(address), region(region), bytes(bytes), element_bytes(element_bytes),
+        element_offset(element_offset), atomic(atomic) {}
+
+  char* address;        // the bytes accessed: an element, or a field of a struct element
   Region* region;
+  uint32_t bytes;
+  uint32_t element_bytes;   // the element they lie in, from element_offset bytes before them
+  uint32_t element_offset;
   bool atomic;
-  uint64_t count;                       // the same access repeated back to back
-  unsigned char before[32];            // the bytes at first touch (elements up to 32 bytes)
-  std::vector<unsigned char> before_big;  // larger elements (structs)
+  bool stored = false;  // the target of an assignment: a write, whatever it stored
+  FirstUse first = USE_UNKNOWN;
+  uint64_t count = 1;   // accesses merged into this one
+  unsigned char before[32];            // the bytes at first touch (up to 32 bytes)
+  std::vector<unsigned char> before_big;  // larger ones (structs)
   const unsigned char* snapshot() const { return bytes <= sizeof before ? before : before_big.data(); }
+  const char* element() const { return address - element_offset; }
+};
+
+// One thread's accesses since it last stopped. Short logs are searched only for the latest
+// access (a loop re-reading one element); past kIndexFrom entries an index finds any earlier
+// one, so a loop over a few elements (a spin-wait) does not grow the log.
+struct AccessLog {
+  struct Key {
+    const char* address;
+    uint32_t bytes, element_bytes, element_offset;
+    bool atomic;
+    bool operator==(const Key& o) const {
+      return address == o.address && bytes == o.bytes && element_bytes == o.element_bytes &&
+             element_offset == o.element_offset && atomic == o.atomic;
+    }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.address) ^ (size_t(k.bytes) << 1) ^ size_t(k.atomic);
+    }
+  };
+
+  std::vector<Touch> touches;
+  std::unordered_map<Key, uint32_t, KeyHash> index;  // once touches reached kIndexFrom
+  size_t latest = 0;      // the touch the latest access went to
+  uint64_t repeats = 0;   // accesses in a row to memory already in the log
+  uint64_t repeats_before_latest = 0;
+
+  void clear() {
+    touches.clear();
+    if (!index.empty()) index = {};  // give back a long segment's buckets
+    latest = 0;
+    repeats = repeats_before_latest = 0;
+  }
 };
 
 struct ThreadId {
@@ -77,8 +130,8 @@ struct ThreadId {
 };
 
 // What an instrumented dispatch did, summed over all its threads. Bytes are what the
-// kernel asked for (no cache model); an access that changed memory counts as written, one
-// that did not as read. Bank conflicts: for each SIMD-group, the k-th threadgroup access of
+// kernel asked for (no cache model); an access that stored or changed memory counts as
+// written, any other as read. Bank conflicts: for each SIMD-group, the k-th threadgroup access of
 // every lane between two stops is taken as one instruction; its lanes' 4-byte words map to
 // 32 banks, and each bank serving n distinct words costs n - 1 extra cycles.
 struct Counters {
@@ -100,13 +153,18 @@ class Sanitizer {
                    const char* const* names);
   void static_variable(const void* address, size_t bytes, const char* name);
 
-  void access(const Region* region, const void* address, size_t bytes, bool atomic,
-              const ThreadId& who, std::vector<Touch>& touches);
-  void note_atomic(const void* address, size_t bytes, std::vector<Touch>& touches);
-  void end_segment(const ThreadId& who, std::vector<Touch>& touches);
+  // An access to `bytes` at `address`, inside the element of `element_bytes` at `element`
+  // (the same range unless the access is to a field).
+  void access(const Region* region, const void* element, size_t element_bytes, const void* address,
+              size_t bytes, bool atomic, const ThreadId& who, AccessLog& log);
+  void note_atomic(const void* address, size_t bytes, const ThreadId& who, AccessLog& log);
+  void note_store(const void* address, size_t bytes, bool updates, AccessLog& log);
+  void end_segment(const ThreadId& who, AccessLog& log);
 
   void threadgroup_barrier(unsigned flags);
   void simdgroup_barrier(uint32_t simdgroup, unsigned flags);
+  // Every thread of the threadgroup has returned.
+  void end_group();
 
   // Every third weak compare-and-swap fails spuriously (deterministic, so reproducible).
   bool spurious_cas_failure() { return ++cas_calls_ % 3 == 0; }
@@ -118,13 +176,21 @@ class Sanitizer {
   const Counters& counters() const { return counters_; }
 
  private:
-  [[noreturn]] void race(const Region& r, size_t element_offset, size_t element_bytes,
-                         const Access& earlier, const Access& now);
+  [[noreturn]] void race(const Region& r, const Touch& t, const Access& earlier, const Access& now);
   std::string describe(const Region& r) const;
+  std::string element_name(const Region& r, const Touch& t) const;
   std::string thread_name(uint32_t group, uint32_t thread) const;
   bool ordered(const Region& r, const Access& a, const Access& b) const;
   bool conflict(const Region& r, const Access& a, const Access& b) const;
-  void record(Region& r, size_t offset, size_t bytes, const Access& base, bool write);
+  void log_access(AccessLog& log, const Region* region, const char* element, size_t element_bytes,
+                  const char* address, size_t bytes, bool atomic, const ThreadId& who);
+  Touch* look_up(AccessLog& log, const AccessLog::Key& key);  // in a long log
+  [[noreturn]] void hang(const AccessLog& log, const Touch& t, const ThreadId& who) const;
+  void record(const Touch& t, const Access& base, bool write);
+  // Out of record's loop, which is the sanitizer's hot spot.
+  [[gnu::noinline]] void remember_uninitialized_read(const Touch& t, const Access& reader);
+  [[gnu::noinline]] void mark_written(const Touch& t);  // the element of a field written
+  void report_uninitialized_read();
 
   u3 grid_, group_size_, groups_;
   std::vector<std::unique_ptr<Region>> buffers_, threadgroup_args_, threadgroup_vars_;
@@ -132,6 +198,12 @@ class Sanitizer {
   std::vector<uint32_t> sg_tg_epoch_, sg_dev_epoch_;
   uint64_t cas_calls_ = 0;
   Counters counters_;
+  // The first read of threadgroup memory nobody had written, in the current interval.
+  struct UninitializedRead {
+    Touch touch;
+    Access reader;
+  };
+  std::unique_ptr<UninitializedRead> uninitialized_;
   // Per SIMD-group, per lane: the first 4-byte word and word count of each threadgroup
   // access, in program order, since the last flush.
   std::vector<std::vector<std::vector<std::pair<uintptr_t, uint32_t>>>> bank_log_;

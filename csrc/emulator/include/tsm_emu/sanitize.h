@@ -4,15 +4,27 @@
 // source into tsm_emu::ptr<T>, and every threadgroup array into tsm_emu::tg_var<T[N]...>.
 // Each element access goes through the runtime, which checks it against the bounds of the
 // buffer or variable the pointer came from and records it for race detection. Accesses
-// return plain references, so kernel code type-checks exactly as before; whether an access
-// wrote is decided when the thread next stops (at a barrier, a SIMD-group function or its
-// end) by comparing the element with its value at first touch: only one thread runs at a
-// time in a sanitized dispatch.
+// return plain references, so kernel code type-checks exactly as before. The rewriter adds
+// what a reference cannot say (torch_sparse_metal/metal/_access_rewrite.py): `p[i].f`
+// becomes member_of(<address of p[i]>, ...), an access of the field's bytes only, and the
+// target of an assignment is wrapped in stored() (`=`) or updated() (`+=`, `++`, ...), so a
+// store counts as a write even when it leaves the bytes as they were. Any other access is a write if it changed the element's bytes, which is decided
+// when the thread next stops (at a barrier, a SIMD-group function or its end) by comparing
+// them with their value at first touch: only one thread runs at a time in a sanitized
+// dispatch.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
+
+namespace metal {
+namespace tsm_detail {
+template <class X>
+struct is_vec_like;  // tsm_emu/types.h: vectors, packed vectors, swizzles
+}  // namespace tsm_detail
+}  // namespace metal
 
 namespace tsm_emu {
 
@@ -23,9 +35,45 @@ const Region* region_of(const void* address);
 // Check that [address, address + bytes) lies in `region` (faults with kind out_of_bounds
 // otherwise) and record the access for race detection (`atomic`: never a race).
 void check_access(const Region* region, const void* address, size_t bytes, bool atomic);
+// The same for the `field_bytes` at `field` inside the element at `element`: the element
+// is checked against the bounds, the field's bytes are what the access touched.
+void check_field_access(const Region* region, const void* element, size_t element_bytes,
+                        const void* field, size_t field_bytes);
 // An atomic operation through a raw pointer (from &p[i]): the access p[i] recorded is
 // atomic, not a plain write.
 void note_atomic(const void* address, size_t bytes);
+// The latest access, to [address, address + bytes), was the target of an assignment: a
+// write, which read the old value first if `updates` (+=, ++, ...).
+void note_store(const void* address, size_t bytes, bool updates);
+
+// Addresses of volatile objects go to the functions above as plain addresses.
+inline const void* untyped(const volatile void* p) { return const_cast<const void*>(p); }
+inline const Region* region_of(const volatile void* address) { return region_of(untyped(address)); }
+inline void check_access(const Region* region, const volatile void* address, size_t bytes, bool atomic) {
+  check_access(region, untyped(address), bytes, atomic);
+}
+inline void note_atomic(const volatile void* address, size_t bytes) { note_atomic(untyped(address), bytes); }
+
+// The rewriter's marks on assignment targets: `stored(p[i]) = v;`, `updated(p[i]) += v;`.
+// Anything else (a local, a swizzle proxy) passes through unmarked.
+template <class T>
+T& stored(T& target) {
+  note_store(untyped(&target), sizeof(T), false);
+  return target;
+}
+template <class T>
+T& updated(T& target) {
+  note_store(untyped(&target), sizeof(T), true);
+  return target;
+}
+template <class T, class = std::enable_if_t<!std::is_lvalue_reference<T>::value>>
+T&& stored(T&& target) {
+  return static_cast<T&&>(target);
+}
+template <class T, class = std::enable_if_t<!std::is_lvalue_reference<T>::value>>
+T&& updated(T&& target) {
+  return static_cast<T&&>(target);
+}
 
 template <class T>
 class ptr;
@@ -36,7 +84,7 @@ struct element_access {
   // p[i] of a pointer to E: a checked reference, or for an array E (a row of a 2-D array)
   // a checked pointer to its first element, as the array would decay to.
   static E& get(E* p, const Region* r) {
-    check_access(r, p, sizeof(E), false);
+    check_access(r, untyped(p), sizeof(E), false);
     return *p;
   }
 };
@@ -80,8 +128,9 @@ class ptr : public sanitize_detail::ptr_base<T> {
   // A C-style cast of a raw pointer to another pointee type, (device uint*)&out[i].
   template <class U, class = std::enable_if_t<!std::is_convertible<U*, T*>::value>>
   explicit ptr(U* p) : ptr(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(p))) {}
+  // ptr<float> -> ptr<volatile float> (to ptr<const float> it is its own base class).
   template <class U, class = std::enable_if_t<std::is_convertible<U*, T*>::value &&
-                                              !std::is_same<std::remove_cv_t<U>, std::remove_cv_t<T>>::value>>
+                                              !std::is_base_of<ptr, ptr<U>>::value>>
   ptr(const ptr<U>& other) : base(other.get(), other.region()) {}
   // A cast between pointee types, (device uint*)float_ptr, keeps the region.
   template <class U, class = std::enable_if_t<!std::is_convertible<U*, T*>::value>, class = void>
@@ -97,7 +146,7 @@ class ptr : public sanitize_detail::ptr_base<T> {
   }
   decltype(auto) operator*() const { return (*this)[0]; }
   T* operator->() const {
-    check_access(region(), get(), sizeof(T), false);
+    check_access(region(), untyped(get()), sizeof(T), false);
     return get();
   }
 
@@ -158,6 +207,8 @@ class tg_scalar {
     check_access(region_of(&value_), &value_, sizeof(T), false);
     return value_;
   }
+  // For m.f: the variable's address, no access yet (member_of below records the field).
+  ptr<T> pointer() { return ptr<T>(&value_, region_of(&value_)); }
 
  private:
   T value_;
@@ -177,6 +228,51 @@ auto element_address(P& p, I i) {
 template <class P, class I>
 auto element_address(P&& p, I i) -> decltype(p + ptrdiff_t(i)) {  // p[i] of a row: a temporary ptr
   return p + ptrdiff_t(i);
+}
+
+namespace sanitize_detail {
+template <class X>
+decltype(auto) apply(X&& x) {
+  return static_cast<X&&>(x);
+}
+template <class X, class F, class... Fs>
+decltype(auto) apply(X&& x, F step, Fs... rest) {
+  return apply(step(static_cast<X&&>(x)), rest...);
+}
+
+// Follow a member path from an element, and record the access of what it ends at: a
+// field of a struct (nested ones included), but a vector whole, as Metal counts a write
+// of one component as a write of the vector.
+template <class X>
+X& walk(const Region* r, const void* element, size_t element_bytes, X& x) {
+  check_field_access(r, element, element_bytes, untyped(&x), sizeof(X));
+  return x;
+}
+template <class X, class F, class... Fs>
+decltype(auto) walk(const Region* r, const void* element, size_t element_bytes, X& x, F step,
+                    Fs... rest) {
+  if constexpr (metal::tsm_detail::is_vec_like<std::remove_cv_t<X>>::value) {
+    check_field_access(r, element, element_bytes, untyped(&x), sizeof(X));
+    return apply(x, step, rest...);
+  } else {
+    return walk(r, element, element_bytes, step(x), rest...);
+  }
+}
+}  // namespace sanitize_detail
+
+// p[i].a.b, p->a, (*p).a in a sanitized build: member_of(address of the element, one step
+// per member), so that two threads writing different fields of one element do not race.
+template <class P, class... Path>
+decltype(auto) member_of(P&& p, Path... path) {
+  using Q = std::remove_cv_t<std::remove_reference_t<P>>;
+  if constexpr (std::is_base_of<sanitize_detail::ptr_marker, Q>::value) {
+    auto* element = p.get();
+    return sanitize_detail::walk(p.region(), untyped(element), sizeof(*element), *element, path...);
+  } else if constexpr (std::is_pointer<Q>::value) {
+    return sanitize_detail::apply(*p, path...);
+  } else {
+    return sanitize_detail::apply(*p.operator->(), path...);
+  }
 }
 
 // reinterpret_cast<device T*>(p) in a sanitized build: the same pointer, same region.

@@ -86,7 +86,8 @@ template <class T, int C, int R, class P, class O = unsigned long>
 inline void simdgroup_store(const simdgroup_matrix<T, C, R>& m, P dst, unsigned long elements_per_row = C,
                             O matrix_origin = 0, bool transpose_matrix = false) {
   for (unsigned i = 0; i < 2; ++i)
-    dst[simdgroup_detail::element_offset(i, elements_per_row, matrix_origin, transpose_matrix)] = m.elements_[i];
+    tsm_emu::stored(dst[simdgroup_detail::element_offset(i, elements_per_row, matrix_origin, transpose_matrix)]) =
+        m.elements_[i];
 }
 
 namespace simdgroup_detail {
