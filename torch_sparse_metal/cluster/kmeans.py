@@ -182,9 +182,7 @@ class KMeans(nn.Module):
                  seed: Optional[int] = None, verbose: bool = False,
                  accumulate: str = "auto") -> None:
         super().__init__()
-        if isinstance(n_clusters, bool) or not isinstance(n_clusters, (int, np.integer)) \
-                or n_clusters < 1:
-            raise ValueError(f"{_NAME}: n_clusters must be an int >= 1, got {n_clusters!r}")
+        n_clusters = V.check_int(_NAME, "n_clusters", n_clusters, minimum=1)
         if isinstance(init, str):
             if init not in _INITS:
                 raise ValueError(f"{_NAME}: init must be one of {_INITS} or a tensor of "
@@ -192,22 +190,20 @@ class KMeans(nn.Module):
         elif not isinstance(init, (torch.Tensor, np.ndarray)):
             raise TypeError(f"{_NAME}: init must be a string or a (n_clusters, n_features) "
                             f"tensor, got {type(init).__name__}")
-        for name, value in (("n_init", n_init), ("max_iter", max_iter)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{_NAME}: {name} must be an int >= 1, got {value!r}")
-        if not isinstance(tol, (int, float)) or not tol >= 0:
-            raise ValueError(f"{_NAME}: tol must be a number >= 0, got {tol!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise ValueError(f"{_NAME}: seed must be an int or None, got {seed!r}")
+        n_init = V.check_int(_NAME, "n_init", n_init, minimum=1)
+        max_iter = V.check_int(_NAME, "max_iter", max_iter, minimum=1)
+        tol = V.check_number(_NAME, "tol", tol, minimum=0)
+        if seed is not None:
+            seed = V.check_int(_NAME, "seed", seed)
         if accumulate not in K.ACCUMULATE_MODES:
             raise ValueError(f"{_NAME}: accumulate must be one of {K.ACCUMULATE_MODES}, "
                              f"got {accumulate!r}")
-        self.n_clusters = int(n_clusters)
+        self.n_clusters = n_clusters
         self.init = init
-        self.n_init = int(n_init)
-        self.max_iter = int(max_iter)
-        self.tol = float(tol)
-        self.seed = None if seed is None else int(seed)
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.seed = seed
         self.verbose = bool(verbose)
         self.accumulate = accumulate
         self.register_buffer("cluster_centers_", None)

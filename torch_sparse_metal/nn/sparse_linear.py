@@ -6,6 +6,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from .. import _validation as V
 from .._activations import check_activation
 from ..ops.sparse_linear import BySource, CSRPattern, sparse_linear_pattern
 
@@ -23,8 +24,7 @@ def random_csr_pattern(in_features: int, out_features: int, density: float, *,
     Returns ``(indptr, indices)`` as int32 on the generator's device (CPU by default),
     columns sorted within each row. Rows may come out empty at low density.
     """
-    if not 0.0 <= density <= 1.0:
-        raise ValueError(f"{_MODULE}: density must lie in [0, 1], got {density}")
+    density = V.check_number(_MODULE, "density", density, minimum=0, maximum=1)
     device = generator.device if generator is not None else torch.device("cpu")
     cells = in_features * out_features
     nnz = round(density * cells)
@@ -92,9 +92,8 @@ class SparseLinear(nn.Module):
                  generator: Optional[torch.Generator] = None) -> None:
         super().__init__()
         self.activation = check_activation(_MODULE, activation)
-        for name, n in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError(f"{_MODULE}: {name} must be a non-negative int, got {n!r}")
+        in_features = V.check_int(_MODULE, "in_features", in_features, minimum=0)
+        out_features = V.check_int(_MODULE, "out_features", out_features, minimum=0)
         has_pattern = indptr is not None or indices is not None
         if (density is not None) == has_pattern:
             raise ValueError(f"{_MODULE}: give exactly one of density or indptr + indices")
@@ -104,7 +103,7 @@ class SparseLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         if density is not None:
-            indptr, indices = random_csr_pattern(in_features, out_features, float(density),
+            indptr, indices = random_csr_pattern(in_features, out_features, density,
                                                  generator=generator)
         pattern = CSRPattern(indptr, indices, in_features, out_features=out_features, op=_MODULE)
 

@@ -350,9 +350,7 @@ def accumulate(x: torch.Tensor, labels: torch.Tensor, k: int, *, mode: str = "au
     V.check_floating_tensor(f"{OP}.accumulate", "x", x, 2)
     _check_vector("accumulate", "labels", labels, x.shape[0], "the number of points", x,
                   integer=True)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise ValueError(f"{OP}.accumulate: k must be an int >= 0, got {k!r}")
-    k = int(k)
+    k = V.check_int(f"{OP}.accumulate", "k", k, minimum=0)
     backend = _backend(backend, x, labels)
     if backend == "reference":
         return R.accumulate_reference(x, labels, k)

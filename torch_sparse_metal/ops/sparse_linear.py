@@ -58,9 +58,7 @@ class CSRPattern:
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, in_features: int, *,
                  out_features: Optional[int] = None, op: str = OP) -> None:
-        in_features = int(in_features)
-        if in_features < 0:
-            raise ValueError(f"{op}: in_features must be >= 0, got {in_features}")
+        in_features = V.check_int(op, "in_features", in_features, minimum=0)
         self.indptr, self.indices = V.validate_csr(op, indptr, indices, n_cols=in_features,
                                                    n_rows=out_features)
         self.in_features = in_features
