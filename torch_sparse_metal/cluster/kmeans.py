@@ -293,6 +293,7 @@ class KMeans(nn.Module):
         n_total = int(sizes.sum())
         if n_total < k:
             raise ValueError(f"{_NAME}.fit: n_samples = {n_total} should be >= n_clusters = {k}")
+        K.check_fit_limits(f"{_NAME}.fit", x.shape[0], k, x.shape[1], x.dtype, backend)
         start = int(sizes[:comm.rank].sum())
 
         seed = self.seed
@@ -544,23 +545,28 @@ class KMeans(nn.Module):
         absorbed (``cluster_counts_`` weighs the past). An unfitted model is first
         initialised from this batch with ``init``. Sets ``labels_`` / ``inertia_`` to the
         batch's (under the centroids before the update). Returns ``self``."""
-        if self.cluster_centers_ is None:
+        fitted = self.cluster_centers_ is not None
+        if fitted:
+            x, backend = self._prepare_for_centroids(x, "partial_fit")
+        else:
             x = self._prepare(x, "partial_fit")
             if x.shape[0] < self.n_clusters and isinstance(self.init, str):
                 raise ValueError(f"{_NAME}.partial_fit: the first batch has n_samples = "
                                  f"{x.shape[0]}, should be >= n_clusters = {self.n_clusters}")
             backend = self._backend("partial_fit", x)
+        K.check_fit_limits(f"{_NAME}.partial_fit", x.shape[0], self.n_clusters, x.shape[1],
+                           x.dtype, backend)
+        if fitted:
+            centers, counts = self.cluster_centers_.contiguous(), self.cluster_counts_
+            if counts is None:  # centroids loaded without counts
+                counts = torch.zeros(self.n_clusters, dtype=torch.int32, device=x.device)
+        else:
             seed = self.seed if self.seed is not None else int(torch.randint(0, 2**62, ()))
             gen = torch.Generator().manual_seed(seed)
             comm = _Comm(False)
             x_sq = K.sq_norms(x, backend=backend)
             centers = self._init_centroids(x, x_sq, gen, comm, backend, x.shape[0], 0)
             counts = torch.zeros(self.n_clusters, dtype=torch.int32, device=x.device)
-        else:
-            x, backend = self._prepare_for_centroids(x, "partial_fit")
-            centers, counts = self.cluster_centers_.contiguous(), self.cluster_counts_
-            if counts is None:  # centroids loaded without counts
-                counts = torch.zeros(self.n_clusters, dtype=torch.int32, device=x.device)
         if int(counts.max()) + x.shape[0] > V.INT32_MAX:
             raise ValueError(f"{_NAME}.partial_fit: a centroid's count would pass 2**31 - 1")
         mode = K.choose_accumulate_mode(self.accumulate, backend, x.dtype)

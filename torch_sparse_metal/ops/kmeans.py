@@ -315,7 +315,7 @@ class AccumulateShape(NamedTuple):
     threadgroup_memory: Tuple[int, int]
 
 
-def accumulate_shape(n: int, k: int, d: int, itemsize: int) -> AccumulateShape:
+def accumulate_shape(n: int, k: int, d: int, itemsize: int, *, op: str = OP) -> AccumulateShape:
     """Pick the widest feature tile (<= 32) and the most point rows (<= 256 threads in all)
     whose partial sums ``tp * k * tf`` and counts ``tp * k`` fit in 32 KB of threadgroup
     memory. Raises when even one thread's ``k`` sums do not fit (k > ~4000)."""
@@ -327,7 +327,7 @@ def accumulate_shape(n: int, k: int, d: int, itemsize: int) -> AccumulateShape:
                 break
         else:
             if tf == 1:
-                raise ValueError(f"{OP}: n_clusters = {k} is too many for the kernels' "
+                raise ValueError(f"{op}: n_clusters = {k} is too many for the kernels' "
                                  "threadgroup partial sums (32 KB); use backend 'reference'")
             tf //= 2
             continue
@@ -339,6 +339,18 @@ def accumulate_shape(n: int, k: int, d: int, itemsize: int) -> AccumulateShape:
     blocks = max(1, -(-n // block))
     tiles = -(-d // tf)
     return AccumulateShape(tf, tp, block, tiles, blocks, mem)
+
+
+def check_fit_limits(op: str, n: int, k: int, d: int, dtype: torch.dtype, backend: str) -> None:
+    """Every size limit the kernels of a k-means fit (``k`` clusters, ``n`` points of ``d``
+    features) meet, checked before any work: each step checks its own again when it runs,
+    but a fit should not seed for minutes and then fail. ``op`` starts the message."""
+    if backend == "reference":
+        return
+    for what, size in (("n * d", n * d), ("n * k", n * k), ("k * d", k * d)):
+        V.check_fits_uint32(op, what, size)
+    shape = accumulate_shape(n, k, d, torch.empty((), dtype=dtype).element_size(), op=op)
+    V.check_fits_uint32(op, "blocks * k * d", shape.blocks * k * d)
 
 
 def accumulate(x: torch.Tensor, labels: torch.Tensor, k: int, *, mode: str = "auto",
