@@ -62,6 +62,14 @@ def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: b
     """Compile MSL ``source`` for the emulator (cached by content: no recompilation).
 
     ``sanitize=True``: bounds-checked, race-checked variant (one CPU thread, slower).
+    ``include_dirs``: where quoted and angle includes resolve, besides the package's
+    ``shaders/`` and the emulated ``<metal_*>`` headers; nothing outside them can be
+    included (no absolute paths, no ``..`` or symbolic link out of them).
+
+    Security: the emulator compiles the shader as C++ with the system compiler and loads
+    the result into this process, so compiling a shader runs it as native code with your
+    rights (static initialisers run on loading, kernels on launch), exactly as building a
+    ``torch.utils.cpp_extension`` does. Compile only shaders you would run.
     """
     if not isinstance(source, str):
         raise TypeError(f"compile_shader expects the shader source as a str, got {type(source).__name__}")

@@ -5,8 +5,12 @@
    (MLX-style instantiation macros included) and ``#line`` markers kept.
 2. :mod:`._rewrite` finds the kernels and translates to C++, appending the binding table.
 3. The system C++ compiler builds a shared library from it and the runtime object; the
-   library is cached under a hash of everything that went into it, so a second run (or
-   a second process) does not recompile.
+   library is cached (:mod:`._cache`) under a hash of everything that went into it, so a
+   second run (or a second process) does not recompile.
+
+The shader is C++ to the host compiler and the library it builds runs in this process with
+the user's rights, as with ``torch.utils.cpp_extension``: only compile shaders you would
+run. What the compiler may read is limited (:mod:`._includes`).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
-from . import _rewrite
+from . import _cache, _includes, _rewrite
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -29,6 +33,9 @@ CXX_STANDARD = "-std=c++17"
 # through the kernels sees exact IEEE arithmetic.
 BASE_CXX_FLAGS = ("-O2", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden",
                   "-Wno-attributes", "-Wno-ignored-attributes", "-Wno-unused-result")
+# Diagnostics must not quote files the shader names in #line directives: the compiler
+# would read and print them.
+NO_SOURCE_QUOTES = ("-fno-diagnostics-show-caret",)
 # Stack-clash protection probes every page of a large frame, so a fiber that overflows its
 # stack hits the guard page below it instead of writing over a neighbouring fiber's stack.
 # Used where the compiler accepts it.
@@ -43,14 +50,6 @@ class CompiledLibrary:
     uses_synchronisation: bool
     origin: str
     sanitize: bool
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("TSM_CACHE_DIR")
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_sparse_metal"
-    path = base / "emulator"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,44 +87,41 @@ def _toolchain_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _staged(final: Path) -> Path:
-    """A fresh file beside ``final`` to write into and then ``os.replace`` onto it: unique
-    per process and thread, so concurrent compiles of the same thing never share it."""
-    fd, name = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=".tmp")
-    os.close(fd)
-    return Path(name)
-
-
 def _run(cmd: Sequence[str], what: str, source_text: Optional[str] = None,
          origin: str = "") -> None:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True)
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise MetalCompileError.from_log(what, proc.stderr, source_text, origin)
 
 
-@functools.lru_cache(maxsize=None)
 def _runtime_objects() -> List[Path]:
     """The emulator runtime (csrc/emulator/src/*.cpp), compiled once per toolchain."""
     objects = []
     for source in sorted((EMULATOR_DIR / "src").glob("*.cpp")):
-        out = cache_dir() / f"{source.stem}-{_toolchain_fingerprint()[:16]}.o"
-        if not out.exists():
-            tmp = _staged(out)
+        def build(out: Path, source: Path = source) -> None:
             _run([compiler(), CXX_STANDARD, *cxx_flags(), "-I", str(EMULATOR_INCLUDE_DIR), "-c",
-                  str(source), "-o", str(tmp)], f"compiling the emulator runtime ({source.name})")
-            os.replace(tmp, out)
-        objects.append(out)
+                  str(source), "-o", str(out)], f"compiling the emulator runtime ({source.name})")
+        objects.append(_cache.fetch(f"{source.stem}-{_toolchain_fingerprint()[:16]}.o", build))
     return objects
 
 
 def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str) -> str:
-    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-D__TSM_EMU_PARSE__=1", *PREDEFINED,
-           "-I", str(EMULATOR_INCLUDE_DIR)]
-    for d in include_dirs:
+    """The user's code alone, macros expanded; includes resolve only in ``include_dirs``
+    (the emulated headers, empty in this pass, for ``<metal_stdlib>``), after
+    :func:`._includes.check_includes` vetted them. Runs in the source's directory on its
+    bare name, so line markers carry no path of it (nor of the cache): cache keys do not
+    depend on where the source or the cache lives."""
+    search = [Path(d).resolve() for d in (EMULATOR_INCLUDE_DIR, *include_dirs)]
+    _includes.check_includes(path, search, EMULATOR_INCLUDE_DIR, origin)
+    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-nostdinc", "-nostdinc++",
+           *NO_SOURCE_QUOTES, "-D__TSM_EMU_PARSE__=1", *PREDEFINED]
+    for d in search:
         cmd += ["-I", str(d)]
-    proc = subprocess.run(cmd + [str(path)], capture_output=True, text=True)
+    proc = subprocess.run(cmd + [path.name], capture_output=True, text=True, cwd=path.parent,
+                          stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise MetalCompileError.from_log("preprocessing", proc.stderr, path.read_text(), origin)
+    _includes.check_preprocessed(proc.stdout, origin)
     return proc.stdout
 
 
@@ -146,31 +142,26 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
     cxx = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
            _rewrite.rewrite(preprocessed, sanitize=sanitize) + _rewrite.binding_table(kernels))
     key = hashlib.sha256((_toolchain_fingerprint() + cxx).encode()).hexdigest()[:24]
-    lib = cache_dir() / f"{key}.so"
-    if not lib.exists():
+
+    def build(out: Path) -> None:
         runtime = _runtime_objects()
         with tempfile.TemporaryDirectory(prefix="tsm-emu-") as tmp:
             src = Path(tmp) / "kernel.cpp"
             src.write_text(cxx)
-            out = Path(tmp) / "kernel.so"
-            _run([compiler(), CXX_STANDARD, *cxx_flags(), "-shared", "-I", str(EMULATOR_INCLUDE_DIR),
-                  str(src), *map(str, runtime), "-o", str(out), "-lm", "-lpthread"],
-                 f"compiling {origin}", source_text, origin)
-            staged = _staged(lib)
-            shutil.copyfile(out, staged)
-            os.replace(staged, lib)
+            _run([compiler(), CXX_STANDARD, *cxx_flags(), *NO_SOURCE_QUOTES, "-shared",
+                  "-I", str(EMULATOR_INCLUDE_DIR), str(src), *map(str, runtime), "-o", str(out),
+                  "-lm", "-lpthread"], f"compiling {origin}", source_text, origin)
+
+    lib = _cache.fetch(f"{key}.so", build)
     return CompiledLibrary(lib, kernels, _rewrite.uses_synchronisation(preprocessed), origin, sanitize)
 
 
 def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False
                    ) -> CompiledLibrary:
-    """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-    src_dir = cache_dir() / "sources"
-    src_dir.mkdir(exist_ok=True)
-    path = src_dir / f"shader-{digest}.metal"
-    if not path.exists():
-        tmp = _staged(path)
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>", sanitize=sanitize)
+    """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it). It has no
+    directory of its own: its includes resolve in ``include_dirs`` and ``shaders/``."""
+    with tempfile.TemporaryDirectory(prefix="tsm-emu-source-") as tmp:
+        path = Path(tmp) / "shader.metal"
+        path.write_text(source)
+        return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>",
+                            sanitize=sanitize)

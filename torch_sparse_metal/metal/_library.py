@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from . import _rewrite
+from . import _cache, _rewrite
 from ._compiler import CompiledLibrary
 from ._errors import FAULT_KINDS, KernelFault, LaunchError
 from ._record import COUNTERS, as_dim3, record_launch
@@ -263,7 +263,12 @@ class Library:
         self.path = compiled.path
         self.uses_synchronisation = compiled.uses_synchronisation
         self.sanitize = compiled.sanitize
-        self._dll = ctypes.CDLL(str(compiled.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        try:
+            self._dll = ctypes.CDLL(str(compiled.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        except OSError as e:
+            raise OSError(f"{self.origin}: cannot load the emulator's build of it, {compiled.path}, "
+                          f"from the compile cache ({_cache.ENV} chooses its directory; deleting "
+                          f"the file makes the next run rebuild it): {e}") from None
         self._dll.tsm_num_kernels.restype = ctypes.c_int
         self._dll.tsm_kernel_name.restype = ctypes.c_char_p
         self._dll.tsm_kernel_name.argtypes = [ctypes.c_int]
