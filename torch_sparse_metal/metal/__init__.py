@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
+from . import _cache, _record
 from ._compiler import compile_file, compile_source
 from ._errors import KernelFault, LaunchError, MetalCompileError
 from ._library import Kernel, Library
@@ -34,6 +35,19 @@ __all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "Laun
 
 _lock = threading.Lock()
 _libraries: Dict[Tuple[str, Tuple[str, ...], bool], Library] = {}
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread held one of the emulator's locks (compiling a
+    shader, say) would wait for it forever: the child has only the forking thread. (The
+    runtime does the same for its dispatch lock.)"""
+    global _lock
+    _lock = threading.Lock()
+    _record._lock = threading.Lock()
+    _cache._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _instrumented_depth = [0]
