@@ -738,3 +738,21 @@ def test_the_largest_cluster_count_that_fits_does_fit():
         K.check_fit_limits("KMeans.fit", 5000, 4097, 2, torch.float32, "emulator")
     with pytest.raises(ValueError, match=r"^KMeans.fit: n \* k is 4294967296, past the 32-bit"):
         K.check_fit_limits("KMeans.fit", 2**22, 2**10, 1, torch.float32, "emulator")
+
+
+def test_auto_accumulation_follows_torch_deterministic_mode(emulator):
+    x, labels = torch.randn(64, 3), torch.randint(0, 4, (64,), dtype=torch.int32)
+
+    def accumulate_kernels():
+        with tsm.metal.record() as launches:
+            K.accumulate(x, labels, 4, mode="auto")
+        return {l.kernel.rsplit("_", 1)[0] for l in launches}
+
+    assert "kmeans_accumulate_atomic" in accumulate_kernels()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert accumulate_kernels() == {"kmeans_accumulate_blocks", "kmeans_reduce_blocks"}
+        assert K.choose_accumulate_mode("atomic", "emulator", torch.float32) == "atomic"
+    finally:
+        torch.use_deterministic_algorithms(previous)

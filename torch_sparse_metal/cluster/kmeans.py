@@ -160,7 +160,8 @@ class KMeans(nn.Module):
         verbose: show progress per iteration (inertia, largest centroid shift): a bar
             redrawn in place on a terminal, one line per iteration otherwise.
         accumulate: how the kernels sum points per cluster: ``"auto"`` (native float atomics
-            where the GPU has Metal 3, compare-and-swap emulation otherwise), ``"atomic"``,
+            where the GPU has Metal 3, compare-and-swap emulation otherwise; under
+            ``torch.use_deterministic_algorithms(True)``, ``"deterministic"``), ``"atomic"``,
             ``"cas"`` (float32 only), or ``"deterministic"`` (bit-identical run to run).
             Ignored by the reference backend, which is deterministic.
 

@@ -273,7 +273,8 @@ def assign(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.Ten
 def choose_accumulate_mode(requested: str, backend: str, dtype: torch.dtype) -> str:
     """The accumulate kernel to run: ``"atomic"``, ``"cas"`` or ``"deterministic"``.
 
-    ``"auto"`` takes native float atomics where the GPU has them (Metal 3, as probed by
+    ``"auto"`` takes ``"deterministic"`` under ``torch.use_deterministic_algorithms(True)``,
+    else native float atomics where the GPU has them (Metal 3, as probed by
     :func:`torch_sparse_metal._metal_backend.device_capabilities`, which
     ``TSM_FORCE_NO_ATOMIC_FLOAT=1`` overrides) and the CAS emulation otherwise; on the
     emulator, which has both, ``"atomic"``. The reference backend is deterministic and
@@ -284,6 +285,8 @@ def choose_accumulate_mode(requested: str, backend: str, dtype: torch.dtype) -> 
                          f"got {requested!r}")
     if backend == "reference":
         return "deterministic"
+    if requested == "auto" and torch.are_deterministic_algorithms_enabled():
+        requested = "deterministic"
     if requested == "deterministic":
         return requested
     if requested == "cas" and dtype != torch.float32:
