@@ -176,8 +176,8 @@ thread_local Sanitizer* t_sanitizer = nullptr;            // sanitized dispatche
 enum StopReason : int { kRunning = 0, kInterrupted = 1, kTimedOut = 2 };
 std::atomic<int> g_stop{kRunning};
 thread_local volatile sig_atomic_t t_runtime_depth = 1;
-constexpr int kJumpCrashed = 1, kJumpStopped = 2;  // siglongjmp values
-thread_local sigjmp_buf* t_crash_jump = nullptr;   // this worker's way out (set per dispatch)
+thread_local sigjmp_buf* t_crash_jump = nullptr;  // this worker's way out (set per dispatch)
+thread_local bool t_jumped_to_stop = false;       // why it took it: a stop, else a crash
 
 double g_time_limit_s = 0;  // of the current dispatch, for the message
 
@@ -194,8 +194,13 @@ KernelFault stop_fault() {
 }
 
 // At the edge between kernel and runtime code (depth 0): leave the kernel if asked to.
+[[noreturn]] void jump_out_to_stop() {
+  t_jumped_to_stop = true;
+  siglongjmp(*t_crash_jump, 1);
+}
+
 void stop_here_if_requested() {
-  if (stop_requested() && t_crash_jump) siglongjmp(*t_crash_jump, kJumpStopped);
+  if (stop_requested() && t_crash_jump) jump_out_to_stop();
 }
 
 // Every runtime service kernel code calls holds one for its duration.
@@ -604,7 +609,8 @@ void on_crash(int sig, siginfo_t* info, void* context) {
     const ThreadInfo* t = (w && w->current) ? &w->current->info : t_plain_thread;
     t_crash_thread_known = t != nullptr;
     if (t) std::memcpy(&t_crash_thread, t, sizeof t_crash_thread);
-    siglongjmp(*t_crash_jump, kJumpCrashed);
+    t_jumped_to_stop = false;
+    siglongjmp(*t_crash_jump, 1);
   }
   for (size_t i = 0; i < sizeof kCrashSignals / sizeof kCrashSignals[0]; ++i) {
     if (kCrashSignals[i] != sig) continue;
@@ -737,7 +743,7 @@ void chain(const struct sigaction& previous, int sig, siginfo_t* info, void* con
 
 void on_stop_signal(int sig, siginfo_t* info, void* context) {
   if (t_worker != nullptr && t_crash_jump != nullptr) {  // a worker of this library
-    if (t_runtime_depth == 0 && stop_requested()) siglongjmp(*t_crash_jump, kJumpStopped);
+    if (t_runtime_depth == 0 && stop_requested()) jump_out_to_stop();
     return;
   }
   chain(g_previous_stop_signal, sig, info, context);  // another library's worker, say
@@ -1130,14 +1136,14 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     sigjmp_buf jump;
     CrashGuard guard(&jump);
     SlotGuard slot(index);  // stop requests reach this thread from here on
-    if (int how = sigsetjmp(jump, 1)) {
+    if (sigsetjmp(jump, 1) != 0) {
       w->current = nullptr;
       t_plain_thread = nullptr;
       t_runtime_depth = 1;
       std::lock_guard<std::mutex> g(fault_lock);
       if (!faulted) {
         faulted = true;
-        first_fault = how == kJumpStopped ? stop_fault() : crash_fault();
+        first_fault = t_jumped_to_stop ? stop_fault() : crash_fault();
       }
       stop = true;
       t_worker = nullptr;
