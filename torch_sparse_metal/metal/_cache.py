@@ -8,7 +8,7 @@
   tool) is rebuilt, never loaded: a truncated shared object crashes the process that maps
   it (SIGBUS). Files are replaced, never rewritten in place, so a library another process
   has loaded stays intact.
-* The directory is ``$TSM_CACHE_DIR``, else ``$XDG_CACHE_HOME/torch_sparse_metal/emulator``
+* The directory is ``$TSM_CACHE_DIR/emulator``, else ``$XDG_CACHE_HOME/torch_sparse_metal/emulator``
   (``~/.cache/...``). When it cannot be created or written, valid entries already in it are
   still used and new ones go to a private temporary directory for the life of the process
   (removed at exit), with one warning naming ``TSM_CACHE_DIR``.

@@ -173,7 +173,7 @@ def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tens
             ``torch.nn.functional.gelu(z, approximate="tanh")``) or ``"tanh"``; fused into
             the forward kernel, and its derivative into the one backward dispatch.
         deterministic: the backward kernel: False sums the weight and bias gradients over
-            the batch with atomics (fast; their last bits vary run to run), True in a fixed
+            the batch with atomics (their last bits vary run to run), True in a fixed
             order (bit-identical runs); None follows
             ``torch.are_deterministic_algorithms_enabled()``.
 
