@@ -163,6 +163,37 @@ def test_module_rebuilds_a_by_source_buffer_written_behind_its_back(buffer):
         assert torch.equal(now, before)
 
 
+@pytest.mark.parametrize("target, replacement, match", [
+    ("values", lambda t: torch.randn(2, dtype=t.dtype), r"the values saved .*now shape \(2,\)"),
+    ("values", lambda t: t.detach().float(), r"the values saved .*dtype torch\.float32"),
+    ("indices", lambda t: t[:3].clone(), "the pattern's index arrays were written"),
+    ("indptr", lambda t: t.long(), "the pattern's index arrays were written"),
+])
+def test_a_saved_tensor_swapped_through_data_before_backward_raises(target, replacement, match):
+    """``t.data = other`` bumps no version counter: backward must not read the new tensor
+    with the forward's sizes (it read past the end of a shorter one)."""
+    indptr, indices, x, values, bias = problem()
+    y = tsm.sparse_linear(x, indptr, indices, values, bias)
+    tensor = dict(values=values, indices=indices, indptr=indptr)[target]
+    tensor.data = replacement(tensor)
+    with pytest.raises(ValueError, match="^sparse_linear backward: " + match):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("replacement", [lambda t: torch.randn(1, 5, dtype=t.dtype),
+                                         lambda t: t.detach().float()])
+def test_an_input_swapped_through_data_leaves_the_saved_copy_intact(replacement):
+    """The kernels read a flattened view of the input, which keeps the forward's storage:
+    backward gives the forward's gradients."""
+    indptr, indices, x, values, bias = problem()
+    _, (_, gw, gb) = reference_grads(indptr, indices, x, values, bias)
+    y = tsm.sparse_linear(x, indptr, indices, values, bias)
+    x.data = replacement(x)
+    y.sum().backward()
+    torch.testing.assert_close(values.grad, gw)
+    torch.testing.assert_close(bias.grad, gb)
+
+
 @pytest.mark.parametrize("buffer", ["indices", "src_perm"])
 def test_module_write_through_data_between_forward_and_backward_raises(buffer):
     layer = SparseLinear(6, 5, density=0.5, generator=torch.Generator().manual_seed(0))

@@ -72,6 +72,7 @@ class CSRPattern:
         self._fingerprint = _fingerprint((self.indptr, self.indices))
         self._by_source: Optional[BySource] = None
         self._by_source_fingerprint: Optional[torch.Tensor] = None
+        self._layout = _layout((self.indptr, self.indices))
 
     @property
     def nnz(self) -> int:
@@ -95,11 +96,16 @@ class CSRPattern:
         if self._by_source is None:
             self._by_source = _build_by_source(self.indptr, self.indices, self.in_features)
             self._by_source_fingerprint = _fingerprint(self._by_source)
+            self._layout = _layout((self.indptr, self.indices, *self._by_source))
         return self._by_source
 
     def changed(self) -> bool:
         """Whether any index array (``indptr``, ``indices``, the by-source CSR if built) was
-        written since it was validated or built. One pass over them and one device read-back."""
+        written, or swapped for another through ``.data``, since it was validated or built.
+        One pass over them and one device read-back."""
+        arrays = (self.indptr, self.indices, *(self._by_source or ()))
+        if _layout(arrays) != self._layout:
+            return True
         now = [_fingerprint((self.indptr, self.indices))]
         then = [self._fingerprint]
         if self._by_source is not None:
@@ -119,11 +125,17 @@ class CSRPattern:
         if self._by_source is not None:
             moved._by_source = BySource(*(t.to(device) for t in self._by_source))
             moved._by_source_fingerprint = self._by_source_fingerprint.to(device)
+        moved._layout = _layout((moved.indptr, moved.indices, *(moved._by_source or ())))
         return moved
 
     def __repr__(self) -> str:
         return (f"CSRPattern(out_features={self.out_features}, in_features={self.in_features}, "
                 f"nnz={self.nnz}, device={self.device})")
+
+
+def _layout(arrays: Sequence[torch.Tensor]) -> Tuple:
+    """What the kernels assume of each array besides its contents."""
+    return tuple((a.shape, a.dtype, a.device, a.is_contiguous()) for a in arrays)
 
 
 def _fingerprint(arrays: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -294,6 +306,19 @@ class _SparseLinearFunction(torch.autograd.Function):
         if ctx.pattern.changed():
             raise ValueError(f"{OP} backward: {_CHANGED} after the forward pass; run the "
                              "forward pass again")
+        # `t.data = other` swaps a saved tensor for another without a version bump: the
+        # kernel must not read it with the forward's sizes.
+        batch, out_features = grad_out.shape
+        expected = {"input": (x, (batch, ctx.pattern.in_features)),
+                    "values": (values, (ctx.pattern.nnz,)),
+                    "activation's output": (act_saved, (batch, out_features))}
+        for name, (t, shape) in expected.items():
+            if t is not None and (tuple(t.shape) != shape or t.dtype != grad_out.dtype
+                                  or not t.is_contiguous()):
+                raise ValueError(f"{OP} backward: the {name} saved by the forward pass was "
+                                 f"replaced since (now shape {tuple(t.shape)}, dtype {t.dtype}; "
+                                 f"expected {shape}, {grad_out.dtype}), bypassing torch's "
+                                 "version counter (through .data); run the forward pass again")
         need_input, need_values, need_bias = ctx.needs_input_grad[:3]
         grads = _backward(grad_out.contiguous(), x, values, ctx.pattern, ctx.backend,
                           need_input=need_input, need_values=need_values,
