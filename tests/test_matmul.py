@@ -492,6 +492,19 @@ def test_linear_with_zero_out_features_matches_torch(batch):
     torch.testing.assert_close(x.grad, torch.zeros_like(x))
 
 
+@pytest.mark.parametrize("swap", ["a", "b"])
+def test_an_operand_swapped_through_data_before_backward_is_an_error(swap):
+    """``t.data = other`` bumps no version counter; the backward kernel used to read the
+    new, smaller operand with the forward's sizes."""
+    a, b = (torch.randn(64, 64, requires_grad=True) for _ in range(2))
+    y = tsm.mm(a, b)
+    dict(a=a, b=b)[swap].data = torch.randn(2, 2)
+    with pytest.raises(ValueError, match=r"^mm: a is .* and b is .*; a's columns must equal b's "
+                                         r"rows and the dtypes match \(was a tensor saved for "
+                                         r"backward replaced through \.data\?\)$"):
+        y.sum().backward()
+
+
 def test_backward_and_operand_errors_name_the_public_op():
     # Errors raised inside launch_matmul (here: an operand too large for 32-bit offsets,
     # faked by lowering the limit) carry the op the user called, also from backward.

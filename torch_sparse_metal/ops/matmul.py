@@ -374,6 +374,12 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]
     """
     m, k = a.shape
     n = b.shape[1]
+    if b.shape[0] != k or b.dtype != a.dtype:
+        # Validated by the caller; in backward, an operand swapped through `.data` since
+        # the forward pass (no version bump) would otherwise be read with the wrong sizes.
+        raise ValueError(f"{op}: a is {tuple(a.shape)} {a.dtype} and b is {tuple(b.shape)} "
+                         f"{b.dtype}; a's columns must equal b's rows and the dtypes match "
+                         "(was a tensor saved for backward replaced through .data?)")
     rung = RUNGS[resolve_kernel(kernel, m, n, k, a.dtype, backend)]
     if rung.needs_simdgroup_matrix:
         check_simdgroup(op, a.dtype, backend)
