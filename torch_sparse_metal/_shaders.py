@@ -11,8 +11,10 @@ _QUOTED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"[ \t]*$', re.
 
 
 def shader_path(name: str) -> Path:
+    """``shaders/<name>``; a name leading out of ``shaders/`` names no shader."""
     path = SHADERS_DIR / name
-    if not path.is_file():
+    inside = SHADERS_DIR.resolve() in path.resolve().parents
+    if not inside or not path.is_file():
         raise FileNotFoundError(f"no shader {name!r} in {SHADERS_DIR}")
     return path
 

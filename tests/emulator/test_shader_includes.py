@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import MetalCompileError, compile_shader
+from torch_sparse_metal.metal import MetalCompileError, compile_shader, load_shader_file
 
 SECRET = "SECRET-7f3a-do-not-print"
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
@@ -141,3 +141,9 @@ def test_the_package_headers_stay_available():
     lib = compile_shader(HEAD + '#include "tsm_common.h"\n#include "activations.h"\n'
                          + KERNEL.replace("VALUE", "tsm_activate(-2.0f, TSM_ACT_RELU) + 4.0f"))
     np.testing.assert_array_equal(run(lib).numpy(), 4.0)
+
+
+@pytest.mark.parametrize("name", ["../README.md", "/etc/hostname", "bench/../../setup.py"])
+def test_load_shader_file_reads_only_the_package_shaders(name):
+    with pytest.raises(FileNotFoundError, match="^no shader"):
+        load_shader_file(name)
