@@ -8,6 +8,23 @@
 #include "tsm_common.h"
 using namespace metal;
 
+// The host validates every pattern before a kernel sees it (and checks before each use that
+// its index arrays did not change since). The kernels still check every index they follow
+// against the buffers' sizes, so that a pattern edited behind torch's back (through .data or
+// .numpy()) between the host's check and the dispatch can only make the affected outputs
+// NaN: never a read or write outside a buffer. The checks are compares on values already
+// loaded.
+inline bool tsm_edge_range_ok(int begin, int end, uint nnz) {
+  return begin >= 0 && begin <= end && uint(end) <= nnz;
+}
+
+// d loss / d z of target `row` in batch row `g` (and `saved`, what the forward saved for
+// the activation's derivative).
+template <typename T>
+inline T tsm_grad_preact(device const T* g, device const T* saved, int row, uint activation) {
+  return activation == TSM_ACT_NONE ? g[row] : g[row] * tsm_activation_grad(saved[row], activation);
+}
+
 // One thread per (target neuron, batch element), flattened as gid = b * out_features + row
 // (the seed engine's 1D layout). Neighbouring threads then write neighbouring outputs and
 // gather from the same input row, which stays in cache. A 2D grid would give the same
@@ -30,6 +47,7 @@ template <typename T>
     device T* preact               [[buffer(10)]],  // (batch, out_features), if save_preact
     constant uint& activation      [[buffer(11)]],  // TSM_ACT_*
     constant uint& save_preact     [[buffer(12)]],  // GELU under autograd: backward needs z
+    constant uint& nnz             [[buffer(13)]],
     uint gid                       [[thread_position_in_grid]]) {
   // The grid may be rounded up to whole threadgroups by the launcher.
   if (gid >= batch * out_features) {
@@ -41,14 +59,32 @@ template <typename T>
 
   // Starting from the bias saves a second pass (and a second dispatch) over the output.
   T acc = has_bias != 0 ? bias[row] : T(0);
-  const int end = indptr[row + 1];
-  for (int e = indptr[row]; e < end; ++e) {
-    acc = fma(values[e], x[indices[e]], acc);
+  const int begin = indptr[row], end = indptr[row + 1];
+  bool bad = !tsm_edge_range_ok(begin, end, nnz);
+  for (int e = begin; !bad && e < end; ++e) {
+    const int col = indices[e];
+    if (uint(col) >= in_features) {  // a negative index wraps past the end too
+      bad = true;
+      break;
+    }
+    acc = fma(values[e], x[col], acc);
+  }
+  if (bad) {
+    acc = numeric_limits<T>::quiet_NaN();
   }
   if (save_preact != 0) {
     preact[gid] = acc;
   }
   output[gid] = tsm_activate(acc, activation);
+}
+
+// The by-source edge at position p: its target row and by-target edge id, false when either
+// lies outside [0, out_features) or [0, nnz).
+inline bool tsm_source_edge(device const int* src_rows, device const int* src_perm, int p,
+                            uint out_features, uint nnz, thread int& row, thread int& edge) {
+  row = src_rows[p];
+  edge = src_perm[p];
+  return uint(row) < out_features && uint(edge) < nnz;
 }
 
 // The whole backward in one dispatch, as the seed engine found two dispatches slower than
@@ -67,7 +103,9 @@ template <typename T>
 // and the order of a sum needs no synchronisation. Making i the fast index spreads the
 // atomics of one SIMD-group over different edges (the edges of different sources) instead
 // of piling `batch` of them onto one address, which is where Apple GPUs slow down.
-// The host zero-fills grad_values and grad_bias.
+// The host zero-fills grad_values and grad_bias. The order of the adds varies run to run,
+// so these two gradients vary in their last bits: sparse_linear_backward_deterministic
+// below is the reproducible variant.
 //
 // With an activation, grad_output is d loss / d y and the kernel works with
 // d loss / d z = grad_output * act'(saved), recomputed wherever it is read (once per edge
@@ -98,6 +136,7 @@ template <typename T>
     constant uint& need_grad_bias    [[buffer(15)]],
     device const T* act_saved        [[buffer(16)]],  // (batch, out_features): y or z, if activation
     constant uint& activation        [[buffer(17)]],  // TSM_ACT_*
+    constant uint& nnz               [[buffer(18)]],
     uint gid                         [[thread_position_in_grid]]) {
   if (gid >= batch * neurons) {
     return;
@@ -110,31 +149,139 @@ template <typename T>
   if (i < in_features && (need_grad_input != 0 || need_grad_values != 0)) {
     const T x_bi = need_grad_values != 0 ? input[b * in_features + i] : T(0);
     T acc = T(0);
-    const int end = src_indptr[i + 1];
-    for (int p = src_indptr[i]; p < end; ++p) {
-      const int row = src_rows[p];
-      const T g_row = activation == TSM_ACT_NONE
-                          ? g[row] : g[row] * tsm_activation_grad(saved[row], activation);
-      const int edge = src_perm[p];
+    const int begin = src_indptr[i], end = src_indptr[i + 1];
+    bool bad = !tsm_edge_range_ok(begin, end, nnz);
+    for (int p = begin; !bad && p < end; ++p) {
+      int row, edge;
+      if (!tsm_source_edge(src_rows, src_perm, p, out_features, nnz, row, edge)) {
+        bad = true;
+        break;
+      }
+      const T dz = tsm_grad_preact(g, saved, row, activation);
       if (need_grad_input != 0) {
-        acc = fma(g_row, values[edge], acc);
+        acc = fma(dz, values[edge], acc);
       }
       if (need_grad_values != 0) {
-        atomic_fetch_add_explicit(&grad_values[edge], g_row * x_bi, memory_order_relaxed);
+        atomic_fetch_add_explicit(&grad_values[edge], dz * x_bi, memory_order_relaxed);
       }
     }
     if (need_grad_input != 0) {
-      grad_input[b * in_features + i] = acc;
+      grad_input[b * in_features + i] = bad ? numeric_limits<T>::quiet_NaN() : acc;
     }
   }
 
   if (need_grad_bias != 0 && i < out_features) {
-    const T g_i = activation == TSM_ACT_NONE ? g[i] : g[i] * tsm_activation_grad(saved[i], activation);
-    atomic_fetch_add_explicit(&grad_bias[i], g_i, memory_order_relaxed);
+    atomic_fetch_add_explicit(&grad_bias[i], tsm_grad_preact(g, saved, int(i), activation),
+                              memory_order_relaxed);
+  }
+}
+
+// The same gradients in one dispatch without atomics, so every run gives the same bits
+// whatever the number and order of the threads (selected by deterministic=True, or by
+// torch.use_deterministic_algorithms). The grid holds three ranges of threads, each
+// range present only when its gradient is needed:
+//
+// * batch * in_features threads for grad_input[b, i], as in sparse_linear_backward;
+// * nnz threads, one per by-source position p: the edge there owns grad_values[edge] and
+//   sums dz[b, row] * x[b, i] over the batch in order. Its source i is found by a binary
+//   search of src_indptr (log2(in_features) reads, next to the batch-long sum);
+// * out_features threads, one per target row: grad_bias[row], summed over the batch in order.
+//
+// Each output has one writer, so the host need not zero-fill anything. The price against
+// the atomic kernel: the edge and bias sums run over the batch in one thread each.
+template <typename T>
+[[kernel]] void sparse_linear_backward_deterministic(
+    device const T* grad_output      [[buffer(0)]],   // (batch, out_features)
+    device const T* input            [[buffer(1)]],   // (batch, in_features), if need_grad_values
+    device const T* values           [[buffer(2)]],   // (nnz), if need_grad_input
+    device const int* src_indptr     [[buffer(3)]],   // (in_features + 1)
+    device const int* src_rows       [[buffer(4)]],   // (nnz) target row, by-source order
+    device const int* src_perm       [[buffer(5)]],   // (nnz) by-target edge id, by-source order
+    device T* grad_input             [[buffer(6)]],   // (batch, in_features)
+    device T* grad_values            [[buffer(7)]],   // (nnz)
+    device T* grad_bias              [[buffer(8)]],   // (out_features)
+    constant uint& batch             [[buffer(9)]],
+    constant uint& in_features       [[buffer(10)]],
+    constant uint& out_features      [[buffer(11)]],
+    constant uint& nnz               [[buffer(12)]],
+    constant uint& need_grad_input   [[buffer(13)]],
+    constant uint& need_grad_values  [[buffer(14)]],
+    constant uint& need_grad_bias    [[buffer(15)]],
+    device const T* act_saved        [[buffer(16)]],  // (batch, out_features): y or z, if activation
+    constant uint& activation        [[buffer(17)]],  // TSM_ACT_*
+    uint gid                         [[thread_position_in_grid]]) {
+  const uint input_threads = need_grad_input != 0 ? batch * in_features : 0u;
+  const uint value_threads = need_grad_values != 0 ? nnz : 0u;
+  const uint bias_threads = need_grad_bias != 0 ? out_features : 0u;
+  const T nan = numeric_limits<T>::quiet_NaN();
+  uint t = gid;  // the thread's index within its range
+
+  if (t < input_threads) {
+    const uint i = t % in_features;
+    const uint b = t / in_features;
+    device const T* g = grad_output + b * out_features;
+    device const T* saved = act_saved + b * out_features;
+    T acc = T(0);
+    const int begin = src_indptr[i], end = src_indptr[i + 1];
+    bool bad = !tsm_edge_range_ok(begin, end, nnz);
+    for (int p = begin; !bad && p < end; ++p) {
+      int row, edge;
+      if (!tsm_source_edge(src_rows, src_perm, p, out_features, nnz, row, edge)) {
+        bad = true;
+        break;
+      }
+      acc = fma(tsm_grad_preact(g, saved, row, activation), values[edge], acc);
+    }
+    grad_input[t] = bad ? nan : acc;
+    return;
+  }
+  t -= input_threads;
+
+  if (t < value_threads) {
+    const int p = int(t);
+    int row, edge;
+    if (!tsm_source_edge(src_rows, src_perm, p, out_features, nnz, row, edge)) {
+      return;  // no edge to write to (see tsm_edge_range_ok)
+    }
+    // The source of position p: the last i with src_indptr[i] <= p.
+    uint lo = 0, hi = in_features;
+    while (hi - lo > 1) {
+      const uint mid = (lo + hi) / 2;
+      if (src_indptr[mid] <= p) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    if (!(src_indptr[lo] <= p && p < src_indptr[lo + 1])) {
+      grad_values[edge] = nan;
+      return;
+    }
+    T acc = T(0);
+    for (uint b = 0; b < batch; ++b) {
+      const T dz = tsm_grad_preact(grad_output + b * out_features, act_saved + b * out_features,
+                                   row, activation);
+      acc = fma(dz, input[b * in_features + lo], acc);
+    }
+    grad_values[edge] = acc;
+    return;
+  }
+  t -= value_threads;
+
+  if (t < bias_threads) {
+    T acc = T(0);
+    for (uint b = 0; b < batch; ++b) {
+      acc += tsm_grad_preact(grad_output + b * out_features, act_saved + b * out_features,
+                             int(t), activation);
+    }
+    grad_bias[t] = acc;
   }
 }
 
 TSM_INSTANTIATE_KERNEL("sparse_linear_forward_float", sparse_linear_forward, float)
 TSM_INSTANTIATE_KERNEL("sparse_linear_backward_float", sparse_linear_backward, float)
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_double", sparse_linear_forward, double))
+TSM_INSTANTIATE_KERNEL("sparse_linear_backward_deterministic_float", sparse_linear_backward_deterministic, float)
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_double", sparse_linear_backward, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_deterministic_double",
+                                         sparse_linear_backward_deterministic, double))

@@ -36,9 +36,14 @@ def test_cli_json(capsys):
 
 
 def test_shape_parsing():
-    assert bench._parse_shapes(["64", "2x3x4"]) == [("64x64x64", 64, 64, 64), ("2x3x4", 2, 3, 4)]
-    with pytest.raises(ValueError, match=r"^shape '2x3': expected S or MxNxK$"):
-        bench._parse_shapes(["2x3"])
+    assert [bench.parse_shape(s) for s in ("64", "2x3x4")] == [("64x64x64", 64, 64, 64),
+                                                               ("2x3x4", 2, 3, 4)]
+    for spec in ("2x3", "ax2x3", "", "2x3x4x5"):
+        with pytest.raises(ValueError, match=f"^shape '{spec}': expected S or MxNxK$"):
+            bench.parse_shape(spec)
+    for spec in ("0", "4x0x4", "-2x3x4"):
+        with pytest.raises(ValueError, match=f"^shape '{spec}': every dimension must be at least 1$"):
+            bench.parse_shape(spec)
 
 
 def test_mps_writers_on_synthetic_rows(tmp_path):

@@ -703,3 +703,56 @@ def test_unconvertible_numpy_input_names_the_method(emulator, method):
         getattr(km, method)(bad[0] if method == "assign" else bad)
     with pytest.raises(TypeError, match=rf"KMeans\.{method}: .* must be a torch\.Tensor or a NumPy array, got list"):
         getattr(km, method)([1.0, 2.0] if method == "assign" else [[1.0, 2.0]])
+
+
+# Every limit of the kernels is checked before any work: a fit that cannot finish fails
+# before seeding (which took 436 s for n_clusters=4200 when the limit was found only by
+# the first accumulation).
+@pytest.mark.parametrize("k, dtype", [(4200, torch.float32), (2800, torch.float64)])
+@pytest.mark.parametrize("method", ["fit", "partial_fit"])
+def test_too_many_clusters_fail_before_any_kernel_runs(emulator, k, dtype, method):
+    x = torch.randn(k + 10, 2, dtype=dtype)
+    km = tsm.KMeans(k, n_init=1, max_iter=1, seed=0)
+    with tsm.metal.record() as launches, pytest.raises(
+            ValueError, match=rf"^KMeans\.{method}: n_clusters = {k} is too many for the kernels' "
+                              r"threadgroup partial sums \(32 KB\); use backend 'reference'$"):
+        getattr(km, method)(x)
+    assert launches == [] and km.cluster_centers_ is None
+
+
+def test_too_many_clusters_for_a_fitted_model_fail_before_any_kernel_runs(emulator):
+    km = tsm.KMeans(4200)
+    km.load_state_dict({"cluster_centers_": torch.randn(4200, 2)})
+    with tsm.metal.record() as launches, pytest.raises(ValueError, match="^KMeans.partial_fit: "
+                                                                        "n_clusters = 4200"):
+        km.partial_fit(torch.randn(8, 2))
+    assert launches == []
+
+
+def test_the_largest_cluster_count_that_fits_does_fit():
+    from torch_sparse_metal.ops import kmeans as K
+    K.check_fit_limits("KMeans.fit", 5000, 4096, 2, torch.float32, "emulator")
+    K.check_fit_limits("KMeans.fit", 5000, 2730, 2, torch.float64, "emulator")
+    K.check_fit_limits("KMeans.fit", 5000, 10**6, 2, torch.float64, "reference")
+    with pytest.raises(ValueError, match="n_clusters = 4097 is too many"):
+        K.check_fit_limits("KMeans.fit", 5000, 4097, 2, torch.float32, "emulator")
+    with pytest.raises(ValueError, match=r"^KMeans.fit: n \* k is 4294967296, past the 32-bit"):
+        K.check_fit_limits("KMeans.fit", 2**22, 2**10, 1, torch.float32, "emulator")
+
+
+def test_auto_accumulation_follows_torch_deterministic_mode(emulator):
+    x, labels = torch.randn(64, 3), torch.randint(0, 4, (64,), dtype=torch.int32)
+
+    def accumulate_kernels():
+        with tsm.metal.record() as launches:
+            K.accumulate(x, labels, 4, mode="auto")
+        return {l.kernel.rsplit("_", 1)[0] for l in launches}
+
+    assert "kmeans_accumulate_atomic" in accumulate_kernels()
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert accumulate_kernels() == {"kmeans_accumulate_blocks", "kmeans_reduce_blocks"}
+        assert K.choose_accumulate_mode("atomic", "emulator", torch.float32) == "atomic"
+    finally:
+        torch.use_deterministic_algorithms(previous)

@@ -452,6 +452,59 @@ def test_linear_with_zero_in_features_matches_torch(batch):
         ours(torch.tensor(1.0))
 
 
+@pytest.mark.parametrize("bias_shape, m, n, k", [
+    ((0,), 3, 0, 4), ((1, 0), 3, 0, 4), ((3, 0), 3, 0, 4), ((3, 1), 3, 0, 4), ((), 3, 0, 4),
+    ((5,), 0, 5, 4), ((0, 5), 0, 5, 4), ((0, 1), 0, 5, 4), ((0,), 0, 0, 2)])
+@pytest.mark.parametrize("backend", ["emulator", "reference"])
+def test_addmm_with_an_empty_output_and_a_bias_matches_torch(bias_shape, m, n, k, backend):
+    """An empty output with a bias that broadcasts to it (even a bias with no elements):
+    the empty result and zero gradients of torch.addmm, not an internal error."""
+    ours = [torch.randn(s, dtype=torch.float64, requires_grad=True)
+            for s in (bias_shape, (m, k), (k, n))]
+    theirs = [t.detach().clone().requires_grad_() for t in ours]
+    with tsm.use_backend(backend):
+        out = tsm.addmm(*ours, beta=2.0, activation="relu")
+    expected = torch.relu(torch.addmm(*theirs, beta=2.0))
+    assert out.shape == expected.shape == (m, n)
+    out.sum().backward()
+    expected.sum().backward()
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_empty_output_bias_that_does_not_broadcast_is_still_rejected():
+    with pytest.raises(ValueError, match=r"^addmm: bias of shape \(2,\) does not broadcast to "
+                                         r"the output shape \(3, 0\)$"):
+        tsm.addmm(torch.randn(2), torch.randn(3, 4), torch.randn(4, 0))
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors")
+@pytest.mark.parametrize("batch", [(3,), (2, 4), (0,)])
+def test_linear_with_zero_out_features_matches_torch(batch):
+    ours = tsm.nn.Linear(4, 0)
+    theirs = torch.nn.Linear(4, 0)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(*batch, 4, requires_grad=True)
+    y = ours(x)
+    assert y.shape == theirs(x).shape == (*batch, 0)
+    y.sum().backward()
+    assert ours.bias.grad.shape == (0,)
+    torch.testing.assert_close(x.grad, torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("swap", ["a", "b"])
+def test_an_operand_swapped_through_data_before_backward_is_an_error(swap):
+    """``t.data = other`` bumps no version counter; the backward kernel used to read the
+    new, smaller operand with the forward's sizes."""
+    a, b = (torch.randn(64, 64, requires_grad=True) for _ in range(2))
+    y = tsm.mm(a, b)
+    dict(a=a, b=b)[swap].data = torch.randn(2, 2)
+    with pytest.raises(ValueError, match=r"^mm: a is .* and b is .*; a's columns must equal b's "
+                                         r"rows and the dtypes match \(was a tensor saved for "
+                                         r"backward replaced through \.data\?\)$"):
+        y.sum().backward()
+
+
 def test_backward_and_operand_errors_name_the_public_op():
     # Errors raised inside launch_matmul (here: an operand too large for 32-bit offsets,
     # faked by lowering the limit) carry the op the user called, also from backward.

@@ -12,8 +12,10 @@ _PRAGMA_ONCE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+once\b")
 
 
 def shader_path(name: str) -> Path:
+    """``shaders/<name>``; a name leading out of ``shaders/`` names no shader."""
     path = SHADERS_DIR / name
-    if not path.is_file():
+    inside = SHADERS_DIR.resolve() in path.resolve().parents
+    if not inside or not path.is_file():
         raise FileNotFoundError(f"no shader {name!r} in {SHADERS_DIR}")
     return path
 

@@ -7,6 +7,8 @@ what the kernels read.
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -25,6 +27,33 @@ def check_tensor(op: str, name: str, t: object) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     return t
+
+
+def check_int(op: str, name: str, value: object, *, minimum: Optional[int] = None) -> int:
+    """``value`` as an ``int``: a Python or NumPy integer (not a bool), ``>= minimum``."""
+    n = None
+    if not isinstance(value, bool):
+        try:
+            n = operator.index(value)
+        except TypeError:
+            pass
+    if n is None or (minimum is not None and n < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{op}: {name} must be an int{bound}, got {value!r}")
+    return n
+
+
+def check_number(op: str, name: str, value: object, *, minimum: float = -math.inf,
+                 maximum: float = math.inf) -> float:
+    """``value`` as a ``float``: a Python or NumPy real number (not a bool) in
+    ``[minimum, maximum]`` (so never NaN)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) \
+            and minimum <= value <= maximum:
+        return float(value)
+    if maximum == math.inf:
+        bound = "" if minimum == -math.inf else f" >= {minimum:g}"
+        raise ValueError(f"{op}: {name} must be a number{bound}, got {value!r}")
+    raise ValueError(f"{op}: {name} must lie in [{minimum:g}, {maximum:g}], got {value!r}")
 
 
 def check_floating(op: str, name: str, t: torch.Tensor) -> None:

@@ -409,6 +409,62 @@ def test_numpy_scalar_of_the_wrong_type_or_width(lib, position, value):
         lib.scalars(*args, threads=1)
 
 
+@pytest.mark.parametrize("position,value,declared", [
+    (7, 1e39, "float"), (7, -3.5e38, "float"), (7, 10**39, "float"), (1, 70000.0, "half"),
+    (1, -65520, "half")])
+def test_python_number_past_the_declared_float_range(lib, position, value, declared):
+    args = [torch.zeros(7), 0.5, 1, 1, 1, 1, True, 1.0]
+    args[position] = value
+    with pytest.raises(LaunchError, match=f"does not fit the declared {declared}"):
+        lib.scalars(*args, threads=1)
+
+
+def test_python_number_past_double_and_bfloat_range():
+    lib = compile_shader(BFLOAT_SOURCE)
+    with pytest.raises(LaunchError, match="does not fit the declared bfloat"):
+        lib.bfloat_scalar(torch.zeros(1), 3.4e38, threads=1)  # rounds past bfloat's maximum
+    with pytest.raises(LaunchError, match="does not fit the declared double"):
+        compile_shader(SOURCE).scale_float64(torch.zeros(1, dtype=torch.float64), 10**400,
+                                             threads=1)
+
+
+def test_floats_at_the_edge_of_the_range_and_infinities_bind(lib):
+    out = torch.zeros(7)
+    for value, expected in ((3.4028234e38, np.float32(3.4028234e38)), (-1e-50, -0.0),
+                            (float("inf"), np.inf), (float("-inf"), -np.inf)):
+        lib.scalars(out, 65504.0, 1, 1, 1, 1, True, value, threads=1)
+        assert out[6].item() == expected and out[0].item() == 65504.0
+    lib.scalars(out, 0.5, 1, 1, 1, 1, True, float("nan"), threads=1)
+    assert np.isnan(out[6].item())
+
+
+@pytest.mark.parametrize("threads", [2**32 + 2, 2**32, (1, 2**32), (4, 4, 2**40)])
+def test_grid_dimension_past_32_bits_is_rejected(lib, threads):
+    y = torch.zeros(4)
+    with pytest.raises(LaunchError, match=r"at most 2\*\*32 - 1 = 4294967295"):
+        lib.axpy_float(y, torch.ones(4), 1.0, threads=threads)
+    with pytest.raises(LaunchError, match=r"at most 2\*\*32 - 1"):
+        lib.axpy_float(y, torch.ones(4), 1.0, threads=4, group_size=threads)
+    assert not y.any()
+
+
+def test_numpy_integers_give_the_grid_and_group(lib):
+    y = torch.zeros(12)
+    with record() as launches:
+        lib.axpy_float(y, torch.ones(12), 1.0, threads=np.int64(12), group_size=np.uint32(4))
+        lib.grid_2d(torch.zeros(35, dtype=torch.int32), threads=(np.int32(7), np.int16(5)),
+                    group_size=np.array([4, 2]))
+    assert [(launch.threads, launch.group_size) for launch in launches] == [
+        ((12, 1, 1), (4, 1, 1)), ((7, 5, 1), (4, 2, 1))]
+    np.testing.assert_array_equal(y.numpy(), 1.0)
+
+
+@pytest.mark.parametrize("threads", [4.0, True, "4", (4, None), [2.5]])
+def test_grid_of_non_integers_is_a_type_error(lib, threads):
+    with pytest.raises(TypeError, match="threads must be an int or a tuple of 1-3 ints"):
+        lib.axpy_float(torch.zeros(4), torch.ones(4), 1.0, threads=threads)
+
+
 def test_reference_parameter_given_too_few_bytes(lib):
     with pytest.raises(LaunchError, match="4 bytes"):
         lib.axpy_float(torch.zeros(4), torch.zeros(4), torch.zeros(1, dtype=torch.int8),

@@ -6,50 +6,108 @@ import json
 import sys
 
 
+def _checked(convert):
+    """An argparse ``type`` from ``convert`` (text -> value, ValueError naming the problem):
+    a bad value becomes argparse's usage message and exit status 2, not a traceback."""
+    def parse(text: str):
+        try:
+            return convert(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return parse
+
+
+def _number(text: str, kind=float):
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not {'an int' if kind is int else 'a number'}") from None
+
+
+def _at_least(minimum: int):
+    def convert(text: str) -> int:
+        value = _number(text, int)
+        if value < minimum:
+            raise ValueError(f"{text!r}: must be at least {minimum}")
+        return value
+    return _checked(convert)
+
+
+@_checked
+def _positive_float(text: str) -> float:
+    value = _number(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{text!r}: must be a positive number")
+    return value
+
+
+@_checked
+def _density(text: str) -> float:
+    value = _number(text)
+    if not 0 < value <= 1:
+        raise ValueError(f"{text!r}: must lie in (0, 1]")
+    return value
+
+
+@_checked
+def _shape(text: str):
+    from .matmul import parse_shape
+    return parse_shape(text)
+
+
+POSITIVE = _at_least(1)
+NON_NEGATIVE = _at_least(0)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_sparse_metal.bench",
                                      description=__doc__)
     sub = parser.add_subparsers(dest="benchmark", required=True)
     san = sub.add_parser("sanitizer", help="the sanitizer's slowdown on barrier-heavy kernels")
-    san.add_argument("--sizes", type=int, nargs="+", default=[32, 64, 128],
+    san.add_argument("--sizes", type=POSITIVE, nargs="+", default=[32, 64, 128],
                      help="matrix sizes n (the reduction uses n*n elements)")
-    san.add_argument("--repeats", type=int, default=3)
+    san.add_argument("--repeats", type=POSITIVE, default=3)
     san.add_argument("--json", action="store_true", help="print the rows as JSON")
     train = sub.add_parser("train", help="a sparse MLP training step split by phase, with "
                                          "dispatch counts (emulator) or ms (MPS)")
-    train.add_argument("--widths", type=int, nargs="+", default=[784, 256, 128, 10])
-    train.add_argument("--density", type=float, default=0.1)
-    train.add_argument("--batch", type=int, default=128)
-    train.add_argument("--steps", type=int, default=5)
+    train.add_argument("--widths", type=POSITIVE, nargs="+", default=[784, 256, 128, 10],
+                       help="layer widths, input first (at least two)")
+    train.add_argument("--density", type=_density, default=0.1)
+    train.add_argument("--batch", type=POSITIVE, default=128)
+    train.add_argument("--steps", type=POSITIVE, default=5)
     train.add_argument("--backend", choices=["auto", "metal", "emulator"], default="auto",
                        help="auto: MPS when available, else the emulator")
     train.add_argument("--json", action="store_true", help="print the result as JSON")
     km = sub.add_parser("kmeans", help="k-means: ms per Lloyd iteration and points/s vs "
                                        "scikit-learn; emulator dispatch counts and counters")
-    km.add_argument("--n", type=int, default=20000, help="points")
-    km.add_argument("--d", type=int, default=32, help="features")
-    km.add_argument("--k", type=int, default=16, help="clusters")
-    km.add_argument("--iters", type=int, default=10, help="Lloyd iterations per fit")
+    km.add_argument("--n", type=POSITIVE, default=20000, help="points")
+    km.add_argument("--d", type=POSITIVE, default=32, help="features")
+    km.add_argument("--k", type=POSITIVE, default=16, help="clusters")
+    km.add_argument("--iters", type=POSITIVE, default=10, help="Lloyd iterations per fit")
     km.add_argument("--json", action="store_true", help="print the result as JSON")
     mat = sub.add_parser("matmul", help="the matmul ladder: counters on the emulator, "
                                         "TFLOP/s vs torch.mm and MPSMatrixMultiplication on MPS")
     mat.add_argument("--device", choices=["emulator", "mps"], default=None,
                      help="default: mps on a Mac with MPS and the extension, else emulator")
-    mat.add_argument("--sizes", nargs="+", default=None, metavar="S|MxNxK",
+    mat.add_argument("--sizes", type=_shape, nargs="+", default=None, metavar="S|MxNxK",
                      help="shapes (default: 256-4096 square + transformer shapes on MPS, "
                           "small shapes on the emulator)")
     mat.add_argument("--kernels", nargs="+", default=None,
                      choices=["naive", "tiled", "register", "simdgroup", "shuffle"])
     mat.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
-    mat.add_argument("--warmup", type=int, default=3)
-    mat.add_argument("--repeats", type=int, default=10,
+    mat.add_argument("--warmup", type=NON_NEGATIVE, default=3)
+    mat.add_argument("--repeats", type=POSITIVE, default=10,
                      help="MPS: calls timed back to back between two synchronisations")
-    mat.add_argument("--peak-tflops", type=float, default=None,
+    mat.add_argument("--peak-tflops", type=_positive_float, default=None,
                      help="the chip's FP32 peak, for %% of peak (default: from the chip name)")
     mat.add_argument("--csv", default=None, help="MPS: write the rows to this CSV file")
     mat.add_argument("--plot", default=None, help="MPS: write a PNG bar chart here")
     mat.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
+    if args.benchmark == "train" and len(args.widths) < 2:
+        train.error("--widths needs at least two widths (input and output)")
+    if args.benchmark == "kmeans" and args.k > args.n:
+        km.error(f"--k {args.k} is more clusters than --n {args.n} points")
 
     if args.benchmark == "sanitizer":
         from . import sanitizer

@@ -76,19 +76,19 @@ CSV_FIELDS = ("shape", "m", "n", "k", "dtype", "kernel", "ms", "tflops", "pct_pe
               "error")
 
 
-def _parse_shapes(specs: Optional[Sequence[str]]) -> Optional[List[Shape]]:
-    """``"MxNxK"`` or a single ``"S"`` (square) per entry."""
-    if not specs:
-        return None
-    shapes = []
-    for spec in specs:
+def parse_shape(spec: str) -> Shape:
+    """``"MxNxK"``, or ``"S"`` for a square ``S x S x S``; every dimension a positive int."""
+    try:
         dims = [int(x) for x in spec.lower().split("x")]
-        if len(dims) == 1:
-            dims = dims * 3
-        if len(dims) != 3:
-            raise ValueError(f"shape {spec!r}: expected S or MxNxK")
-        shapes.append((f"{dims[0]}x{dims[1]}x{dims[2]}", *dims))
-    return shapes
+    except ValueError:
+        dims = []
+    if len(dims) == 1:
+        dims = dims * 3
+    if len(dims) != 3:
+        raise ValueError(f"shape {spec!r}: expected S or MxNxK")
+    if min(dims) < 1:
+        raise ValueError(f"shape {spec!r}: every dimension must be at least 1")
+    return (f"{dims[0]}x{dims[1]}x{dims[2]}", *dims)
 
 
 def _inputs(m: int, n: int, k: int, dtype: torch.dtype, device: str, seed: int = 0):
@@ -288,7 +288,7 @@ def main(args) -> Tuple[List[Dict[str, object]], str]:
     dtype = {"float32": torch.float32, "float16": torch.float16,
              "bfloat16": torch.bfloat16}[args.dtype]
     device = args.device or default_device()
-    shapes = _parse_shapes(args.sizes)
+    shapes = args.sizes  # parsed by parse_shape
     kernels = args.kernels or mmops.KERNELS
     if device == "emulator":
         rows = run_emulator(shapes, kernels, dtype)

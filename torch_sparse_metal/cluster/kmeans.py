@@ -160,7 +160,8 @@ class KMeans(nn.Module):
         verbose: show progress per iteration (inertia, largest centroid shift): a bar
             redrawn in place on a terminal, one line per iteration otherwise.
         accumulate: how the kernels sum points per cluster: ``"auto"`` (native float atomics
-            where the GPU has Metal 3, compare-and-swap emulation otherwise), ``"atomic"``,
+            where the GPU has Metal 3, compare-and-swap emulation otherwise; under
+            ``torch.use_deterministic_algorithms(True)``, ``"deterministic"``), ``"atomic"``,
             ``"cas"`` (float32 only), or ``"deterministic"`` (bit-identical run to run).
             Ignored by the reference backend, which is deterministic.
 
@@ -182,9 +183,7 @@ class KMeans(nn.Module):
                  seed: Optional[int] = None, verbose: bool = False,
                  accumulate: str = "auto") -> None:
         super().__init__()
-        if isinstance(n_clusters, bool) or not isinstance(n_clusters, (int, np.integer)) \
-                or n_clusters < 1:
-            raise ValueError(f"{_NAME}: n_clusters must be an int >= 1, got {n_clusters!r}")
+        n_clusters = V.check_int(_NAME, "n_clusters", n_clusters, minimum=1)
         if isinstance(init, str):
             if init not in _INITS:
                 raise ValueError(f"{_NAME}: init must be one of {_INITS} or a tensor of "
@@ -192,22 +191,20 @@ class KMeans(nn.Module):
         elif not isinstance(init, (torch.Tensor, np.ndarray)):
             raise TypeError(f"{_NAME}: init must be a string or a (n_clusters, n_features) "
                             f"tensor, got {type(init).__name__}")
-        for name, value in (("n_init", n_init), ("max_iter", max_iter)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{_NAME}: {name} must be an int >= 1, got {value!r}")
-        if not isinstance(tol, (int, float)) or not tol >= 0:
-            raise ValueError(f"{_NAME}: tol must be a number >= 0, got {tol!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-            raise ValueError(f"{_NAME}: seed must be an int or None, got {seed!r}")
+        n_init = V.check_int(_NAME, "n_init", n_init, minimum=1)
+        max_iter = V.check_int(_NAME, "max_iter", max_iter, minimum=1)
+        tol = V.check_number(_NAME, "tol", tol, minimum=0)
+        if seed is not None:
+            seed = V.check_int(_NAME, "seed", seed)
         if accumulate not in K.ACCUMULATE_MODES:
             raise ValueError(f"{_NAME}: accumulate must be one of {K.ACCUMULATE_MODES}, "
                              f"got {accumulate!r}")
-        self.n_clusters = int(n_clusters)
+        self.n_clusters = n_clusters
         self.init = init
-        self.n_init = int(n_init)
-        self.max_iter = int(max_iter)
-        self.tol = float(tol)
-        self.seed = None if seed is None else int(seed)
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.seed = seed
         self.verbose = bool(verbose)
         self.accumulate = accumulate
         self.register_buffer("cluster_centers_", None)
@@ -297,6 +294,7 @@ class KMeans(nn.Module):
         n_total = int(sizes.sum())
         if n_total < k:
             raise ValueError(f"{_NAME}.fit: n_samples = {n_total} should be >= n_clusters = {k}")
+        K.check_fit_limits(f"{_NAME}.fit", x.shape[0], k, x.shape[1], x.dtype, backend)
         start = int(sizes[:comm.rank].sum())
 
         seed = self.seed
@@ -548,23 +546,28 @@ class KMeans(nn.Module):
         absorbed (``cluster_counts_`` weighs the past). An unfitted model is first
         initialised from this batch with ``init``. Sets ``labels_`` / ``inertia_`` to the
         batch's (under the centroids before the update). Returns ``self``."""
-        if self.cluster_centers_ is None:
+        fitted = self.cluster_centers_ is not None
+        if fitted:
+            x, backend = self._prepare_for_centroids(x, "partial_fit")
+        else:
             x = self._prepare(x, "partial_fit")
             if x.shape[0] < self.n_clusters and isinstance(self.init, str):
                 raise ValueError(f"{_NAME}.partial_fit: the first batch has n_samples = "
                                  f"{x.shape[0]}, should be >= n_clusters = {self.n_clusters}")
             backend = self._backend("partial_fit", x)
+        K.check_fit_limits(f"{_NAME}.partial_fit", x.shape[0], self.n_clusters, x.shape[1],
+                           x.dtype, backend)
+        if fitted:
+            centers, counts = self.cluster_centers_.contiguous(), self.cluster_counts_
+            if counts is None:  # centroids loaded without counts
+                counts = torch.zeros(self.n_clusters, dtype=torch.int32, device=x.device)
+        else:
             seed = self.seed if self.seed is not None else int(torch.randint(0, 2**62, ()))
             gen = torch.Generator().manual_seed(seed)
             comm = _Comm(False)
             x_sq = K.sq_norms(x, backend=backend)
             centers = self._init_centroids(x, x_sq, gen, comm, backend, x.shape[0], 0)
             counts = torch.zeros(self.n_clusters, dtype=torch.int32, device=x.device)
-        else:
-            x, backend = self._prepare_for_centroids(x, "partial_fit")
-            centers, counts = self.cluster_centers_.contiguous(), self.cluster_counts_
-            if counts is None:  # centroids loaded without counts
-                counts = torch.zeros(self.n_clusters, dtype=torch.int32, device=x.device)
         if int(counts.max()) + x.shape[0] > V.INT32_MAX:
             raise ValueError(f"{_NAME}.partial_fit: a centroid's count would pass 2**31 - 1")
         mode = K.choose_accumulate_mode(self.accumulate, backend, x.dtype)

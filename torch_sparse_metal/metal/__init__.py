@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
+from . import _cache, _record
 from ._compiler import compile_file, compile_source
 from ._errors import KernelFault, LaunchError, MetalCompileError, UnknownKernelError
 from ._frontend import DEFAULT_LANGUAGE_VERSION, LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS
@@ -36,6 +37,19 @@ __all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "Laun
 
 _lock = threading.Lock()
 _libraries: Dict[Tuple[str, Tuple[str, ...], bool, str], Library] = {}
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread held one of the emulator's locks (compiling a
+    shader, say) would wait for it forever: the child has only the forking thread. (The
+    runtime does the same for its dispatch lock.)"""
+    global _lock
+    _lock = threading.Lock()
+    _record._lock = threading.Lock()
+    _cache._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _instrumented_depth = [0]
@@ -69,6 +83,14 @@ def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: b
     default is what the Metal launcher picks on the newest macOS): what Apple's compiler
     would reject raises :class:`MetalCompileError` naming the file and line.
     ``sanitize=True``: bounds-checked, race-checked variant (one CPU thread, slower).
+    ``include_dirs``: where quoted and angle includes resolve, besides the package's
+    ``shaders/`` and the emulated ``<metal_*>`` headers; nothing outside them can be
+    included (no absolute paths, no ``..`` or symbolic link out of them).
+
+    Security: the emulator compiles the shader as C++ with the system compiler and loads
+    the result into this process, so compiling a shader runs it as native code with your
+    rights (static initialisers run on loading, kernels on launch), exactly as building a
+    ``torch.utils.cpp_extension`` does. Compile only shaders you would run.
     """
     if not isinstance(source, str):
         raise TypeError(f"compile_shader expects the shader source as a str, got {type(source).__name__}")

@@ -7,6 +7,7 @@ message naming the kernel and the argument, whichever backend a launch goes to.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence, Tuple
@@ -111,6 +112,31 @@ def check_threadgroup_memory(kernel: str, declared: Mapping[int, ParamInfo],
                           f"allows {limit}")
 
 
+def _float_bytes(where: str, param: ParamInfo, declared: str, arg) -> bytes:
+    """A Python number as the declared floating type, rounded to nearest; a finite number
+    that would round to infinity does not fit (as an integer out of range)."""
+    try:
+        value = float(arg)
+    except OverflowError:  # an int past float64's range
+        raise LaunchError(f"{where}: {arg} does not fit the declared {declared} of "
+                          f"{param.size} bytes") from None
+    if param.scalar == "b":
+        t = torch.tensor(value, dtype=torch.bfloat16)
+        converted, data = float(t), t.view(torch.int16).numpy().tobytes()
+    else:
+        dtype = _SCALAR_DTYPES.get((param.scalar, param.size))
+        if dtype is None:
+            raise LaunchError(f"{where}: cannot convert a Python {type(arg).__name__} to the "
+                              f"declared {declared} of {param.size} bytes; pass a tensor or bytes")
+        with np.errstate(over="ignore"):  # overflow is reported below, with the parameter
+            array = np.array(value, dtype=dtype)
+        converted, data = float(array), array.tobytes()
+    if math.isinf(converted) and math.isfinite(value):
+        raise LaunchError(f"{where}: {arg} does not fit the declared {declared} of "
+                          f"{param.size} bytes (it would become infinity)")
+    return data
+
+
 def scalar_bytes(where: str, param: ParamInfo, arg) -> bytes:
     """The bytes of a NumPy or Python scalar for ``param``, checked against its declared
     type: a NumPy scalar must match it exactly, a Python number must fit it."""
@@ -126,14 +152,13 @@ def scalar_bytes(where: str, param: ParamInfo, arg) -> bytes:
                               f"kernel declares {declared} of {param.size} bytes")
         return arg.tobytes()
     if isinstance(arg, (bool, int, float)):
-        if param.scalar == "b" and param.size == 2:
-            t = torch.tensor(float(arg), dtype=torch.bfloat16)
-            return t.view(torch.int16).numpy().tobytes()
+        if param.scalar in "fdhb":
+            return _float_bytes(where, param, declared, arg)
         dtype = _SCALAR_DTYPES.get((param.scalar, param.size))
         if dtype is None:
             raise LaunchError(f"{where}: cannot convert a Python {type(arg).__name__} to the declared "
                               f"{declared} of {param.size} bytes; pass a tensor or bytes")
-        if isinstance(arg, float) and param.scalar in "iuo":
+        if isinstance(arg, float):
             raise LaunchError(f"{where}: a Python float cannot bind to the declared {declared}")
         info = np.iinfo(dtype) if param.scalar in "iu" else None
         if info is not None and not info.min <= int(arg) <= info.max:

@@ -12,9 +12,13 @@
 3. :mod:`._rewrite` finds the kernels in the second and translates it to C++, appending
    the binding table.
 4. The C++ compiler (``$TSM_EMU_CXX``, else the platform's usual one) builds a shared
-   library from it and the runtime objects; the library is cached under a hash of
-   everything that went into it, so a second run (or a second process) neither checks
-   nor recompiles.
+   library from it and the runtime objects; the library is cached (:mod:`._cache`) under a
+   hash of everything that went into it, so a second run (or a second process) neither
+   checks nor recompiles.
+
+The shader is C++ to the host compiler and the library it builds runs in this process with
+the user's rights, as with ``torch.utils.cpp_extension``: only compile shaders you would
+run. What the compiler may read is limited (:mod:`._includes`).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
-from . import _frontend, _rewrite
+from . import _access_rewrite, _cache, _frontend, _includes, _rewrite
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -45,6 +49,9 @@ BASE_CXX_FLAGS = ("-O2", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden",
 # writing over a neighbouring fiber's stack. -fexcess-precision=16 rounds `half` arithmetic
 # after every operation, as the GPU's half ALUs do (clang on x86-64 otherwise keeps floats).
 OPTIONAL_CXX_FLAGS = ("-fstack-clash-protection", "-fexcess-precision=16")
+# Diagnostics must not quote files the shader names in #line directives: the compiler
+# would read and print them.
+NO_SOURCE_QUOTES = ("-fno-diagnostics-show-caret",)
 # What Apple's compiler predefines for a macOS target; the emulator adds __METAL_EMULATOR__.
 # -undef: none of the host compiler's own (__GNUC__, __x86_64__, ...) reaches user code.
 METAL_PREDEFINED = ("-undef", "-D__METAL__=1", "-D__METAL_MACOS__=1")
@@ -59,14 +66,6 @@ class CompiledLibrary:
     origin: str
     sanitize: bool
     language_version: str
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("TSM_CACHE_DIR")
-    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_sparse_metal"
-    path = base / "emulator"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 COMPILER_VARIABLE = "TSM_EMU_CXX"  # not $CXX: that one drives the extension's build on macOS
@@ -145,55 +144,51 @@ def _toolchain_fingerprint() -> str:
             h.update(str(path.relative_to(EMULATOR_DIR)).encode())
             h.update(path.read_bytes())
     # The Python translation and the front end decide the generated code too.
-    for path in (Path(_rewrite.__file__), Path(_frontend.__file__)):
+    for path in (Path(_rewrite.__file__), Path(_access_rewrite.__file__), Path(_frontend.__file__)):
         h.update(path.read_bytes())
     h.update(" ".join(cxx_flags() + METAL_PREDEFINED + EMULATOR_PREDEFINED + (CXX_STANDARD,)).encode())
     return h.hexdigest()
 
 
-def _staged(final: Path) -> Path:
-    """A fresh file beside ``final`` to write into and then ``os.replace`` onto it: unique
-    per process and thread, so concurrent compiles of the same thing never share it."""
-    fd, name = tempfile.mkstemp(dir=final.parent, prefix=final.name + ".", suffix=".tmp")
-    os.close(fd)
-    return Path(name)
-
-
 def _run(cmd: Sequence[str], what: str, source_text: Optional[str] = None,
          origin: str = "") -> None:
-    proc = subprocess.run(list(cmd), capture_output=True, text=True)
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise MetalCompileError.from_log(what, proc.stderr, source_text, origin)
 
 
-@functools.lru_cache(maxsize=None)
 def _runtime_objects() -> List[Path]:
     """The emulator runtime (:func:`runtime_sources`), compiled once per toolchain."""
     objects = []
     for source in runtime_sources():
-        out = cache_dir() / f"{source.stem}-{_toolchain_fingerprint()[:16]}.o"
-        if not out.exists():
-            tmp = _staged(out)
-            _run([compiler(), *compile_flags(), "-c", str(source), "-o", str(tmp)],
+        def build(out: Path, source: Path = source) -> None:
+            _run([compiler(), *compile_flags(), *NO_SOURCE_QUOTES, "-c", str(source), "-o", str(out)],
                  f"compiling the emulator runtime ({source.name})")
-            os.replace(tmp, out)
-        objects.append(out)
+        objects.append(_cache.fetch(f"{source.stem}-{_toolchain_fingerprint()[:16]}.o", build))
     return objects
 
 
 def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str, language_version: str,
                 emulator: bool) -> str:
-    """The user's code with macros expanded, as Metal (``emulator=False``) or the emulator
-    sees it. No system header is reachable: ``-nostdinc``."""
+    """The user's code alone, macros expanded, as Metal (``emulator=False``) or the emulator
+    sees it. Includes resolve only in ``include_dirs`` (and the emulated headers, empty in
+    this pass, for ``<metal_*>``), after :func:`._includes.check_includes` vetted them: no
+    system header is reachable. Runs in the source's directory on its bare name, so line
+    markers carry no path of it (nor of the cache): cache keys do not depend on where the
+    source or the cache lives."""
+    search = [Path(d).resolve() for d in (EMULATOR_INCLUDE_DIR, *include_dirs)]
+    _includes.check_includes(path, search, EMULATOR_INCLUDE_DIR, origin)
     version = _frontend.language_version_number(language_version)
-    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-nostdinc", "-nostdinc++", "-D__TSM_EMU_PARSE__=1",
-           *METAL_PREDEFINED, f"-D__METAL_VERSION__={version}",
-           *(EMULATOR_PREDEFINED if emulator else ()), "-I", str(EMULATOR_INCLUDE_DIR)]
-    for d in include_dirs:
+    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-nostdinc", "-nostdinc++", *NO_SOURCE_QUOTES,
+           "-D__TSM_EMU_PARSE__=1", *METAL_PREDEFINED, f"-D__METAL_VERSION__={version}",
+           *(EMULATOR_PREDEFINED if emulator else ())]
+    for d in search:
         cmd += ["-I", str(d)]
-    proc = subprocess.run(cmd + [str(path)], capture_output=True, text=True)
+    proc = subprocess.run(cmd + [path.name], capture_output=True, text=True, cwd=path.parent,
+                          stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         raise MetalCompileError.from_log("preprocessing", proc.stderr, path.read_text(), origin)
+    _includes.check_preprocessed(proc.stdout, origin)
     return proc.stdout
 
 
@@ -262,33 +257,27 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
     # Keyed by what went in, so a cache hit needs neither the check nor the translation.
     key = hashlib.sha256("\0".join((_toolchain_fingerprint(), language_version, str(sanitize),
                                     views.metal, views.emulator)).encode()).hexdigest()[:24]
-    lib = cache_dir() / f"{key}.so"
-    if not lib.exists():
+
+    def build(out: Path) -> None:
         cxx = _translate(views, path, origin, sanitize, language_version)
         runtime = _runtime_objects()
         with tempfile.TemporaryDirectory(prefix="tsm-emu-") as tmp:
             src = Path(tmp) / "kernel.cpp"
             src.write_text(cxx.text)
-            out = Path(tmp) / "kernel.so"
-            _run([compiler(), *cxx.flags, "-shared", str(src), *map(str, runtime), "-o", str(out),
-                  "-lm", "-lpthread"], f"compiling {origin}", path.read_text(), origin)
-            staged = _staged(lib)
-            shutil.copyfile(out, staged)
-            os.replace(staged, lib)
+            _run([compiler(), *cxx.flags, *NO_SOURCE_QUOTES, "-shared", str(src), *map(str, runtime),
+                  "-o", str(out), "-lm", "-lpthread"], f"compiling {origin}", path.read_text(), origin)
+
+    lib = _cache.fetch(f"{key}.so", build)
     return CompiledLibrary(lib, views.kernels, _rewrite.uses_synchronisation(views.emulator), origin,
                            sanitize, language_version)
 
 
 def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False,
                    language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> CompiledLibrary:
-    """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-    src_dir = cache_dir() / "sources"
-    src_dir.mkdir(exist_ok=True)
-    path = src_dir / f"shader-{digest}.metal"
-    if not path.exists():
-        tmp = _staged(path)
-        tmp.write_text(source)
-        os.replace(tmp, path)
-    return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>", sanitize=sanitize,
-                        language_version=language_version)
+    """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it). It has no
+    directory of its own: its includes resolve in ``include_dirs`` and ``shaders/``."""
+    with tempfile.TemporaryDirectory(prefix="tsm-emu-source-") as tmp:
+        path = Path(tmp) / "shader.metal"
+        path.write_text(source)
+        return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>",
+                            sanitize=sanitize, language_version=language_version)

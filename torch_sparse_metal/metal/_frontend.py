@@ -588,9 +588,12 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
     prepared, tu, path = _parse(preprocessed, version, main_file)
     out: List[Diagnostic] = []
 
+    here = Path(main_file).parent  # the preprocessor ran there: line markers are relative to it
+
     def add(location, message: str) -> None:
         file, line, column = presumed_location(location)
-        out.append(Diagnostic(file, line, column, message))
+        out.append(Diagnostic(str(here / file) if file and not Path(file).is_absolute() else file,
+                              line, column, message))
 
     for d in tu.diagnostics:
         if d.severity < cindex.Diagnostic.Error:
@@ -606,7 +609,7 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
         add(location, _explain(d.spelling))
     for offset, message in prepared.lints:
         file, line = _presumed_line(preprocessed, offset)
-        out.append(Diagnostic(file, line, 0, message))
+        out.append(Diagnostic(str(here / file) if not Path(file).is_absolute() else file, line, 0, message))
 
     walker = _Walker(cindex, path)
     k = cindex.CursorKind

@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import ctypes
+import math
+import numbers
 import os
+import threading
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from . import _rewrite
-from . import _binding
+from . import _binding, _cache, _rewrite
 from ._binding import (MAX_BUFFERS, MAX_THREADS_PER_THREADGROUP, ParamInfo, check_argument_count,
                        check_group, check_threadgroup_memory, scalar_bytes)
 from ._compiler import CompiledLibrary
@@ -35,6 +37,8 @@ class _Launch(ctypes.Structure):
         ("buffer_names", ctypes.c_char_p * MAX_BUFFERS),
         ("threadgroup_names", ctypes.c_char_p * MAX_BUFFERS),
         ("counters", ctypes.c_uint64 * len(COUNTERS)),
+        ("interruptible", ctypes.c_int32),
+        ("time_limit_s", ctypes.c_double),
     ]
 
 
@@ -49,6 +53,27 @@ def _num_workers(total_threads: int) -> int:
     if env:  # asked for explicitly (tests that need threadgroups to really overlap)
         return max(1, int(env))
     return max(1, min(os.cpu_count() or 1, total_threads // THREADS_PER_WORKER))
+
+
+TIMEOUT_ENV = "TSM_EMU_TIMEOUT"
+
+
+def _time_limit(kernel: str, timeout: Optional[float]) -> float:
+    """Seconds a dispatch may run (0: no limit): ``timeout``, else ``$TSM_EMU_TIMEOUT``."""
+    where = f"{kernel}: timeout"
+    if timeout is None:
+        env = os.environ.get(TIMEOUT_ENV, "").strip()
+        if not env:
+            return 0.0
+        where = f"{kernel}: {TIMEOUT_ENV}={env!r}"
+        try:
+            timeout = float(env)
+        except ValueError:
+            raise LaunchError(f"{where} is not a number of seconds") from None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real) \
+            or not 0 < timeout < math.inf:
+        raise LaunchError(f"{where} must be a positive number of seconds, got {timeout!r}")
+    return float(timeout)
 
 
 class Kernel:
@@ -75,7 +100,16 @@ class Kernel:
         return f"<emulated Metal kernel {self.name} of {self._library.origin}>"
 
     def __call__(self, *args, threads=None, group_size=None,
-                 threadgroup_memory: Optional[Sequence[int]] = None) -> None:
+                 threadgroup_memory: Optional[Sequence[int]] = None,
+                 timeout: Optional[float] = None) -> None:
+        """Dispatch the kernel; returns when every thread finished.
+
+        ``timeout``: seconds the dispatch may run before it is stopped with
+        ``KernelFault("hang")`` (default: ``$TSM_EMU_TIMEOUT``, else no limit). Called from
+        the main thread, Ctrl-C stops the dispatch and raises ``KeyboardInterrupt``. Either
+        way the process and the library stay usable; what the kernel wrote is incomplete.
+        """
+        time_limit = _time_limit(self.name, timeout)
         if threads is None:
             raise LaunchError(f"{self.name}: threads= (the grid size in threads) is required")
         grid = as_dim3(threads, f"{self.name}: threads")
@@ -102,6 +136,8 @@ class Kernel:
         launch.use_fibers = int(self._library.uses_synchronisation)
         launch.num_workers = _num_workers(grid[0] * grid[1] * grid[2])
         launch.sanitize = int(self._library.sanitize)
+        launch.interruptible = int(threading.current_thread() is threading.main_thread())
+        launch.time_limit_s = time_limit
         for i, name in enumerate(self._buffer_names):
             launch.buffer_names[i] = name
         for i, name in enumerate(self._threadgroup_names):
@@ -118,6 +154,8 @@ class Kernel:
             kind, _, message = err.value.decode(errors="replace").partition("\t")
             if kind == "launch":
                 raise LaunchError(f"{self.name}: {message}")
+            if kind == "interrupted":  # Python's SIGINT handler usually raised it already
+                raise KeyboardInterrupt(f"kernel {self.name}: {message}")
             if kind in FAULT_KINDS:
                 raise KernelFault(kind, f"kernel {self.name}: {message}")
             raise RuntimeError(f"{self.name}: {kind}: {message}")
@@ -158,7 +196,12 @@ class Library:
         self.uses_synchronisation = compiled.uses_synchronisation
         self.sanitize = compiled.sanitize
         self.language_version = compiled.language_version
-        self._dll = ctypes.CDLL(str(compiled.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        try:
+            self._dll = ctypes.CDLL(str(compiled.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
+        except OSError as e:
+            raise OSError(f"{self.origin}: cannot load the emulator's build of it, {compiled.path}, "
+                          f"from the compile cache ({_cache.ENV} chooses its directory; deleting "
+                          f"the file makes the next run rebuild it): {e}") from None
         self._dll.tsm_num_kernels.restype = ctypes.c_int
         self._dll.tsm_kernel_name.restype = ctypes.c_char_p
         self._dll.tsm_kernel_name.argtypes = [ctypes.c_int]

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
+
+from ._errors import LaunchError
 
 Dim3 = Tuple[int, int, int]
 
@@ -31,13 +34,19 @@ class Launch:
     counters: Optional[Dict[str, int]] = None
 
 
+# Lists of the record() blocks now open, in any thread. A block is removed by identity:
+# two blocks that collected the same launches compare equal.
 _lock = threading.Lock()
 _active: List[List[Launch]] = []
 
 
 @contextlib.contextmanager
 def record() -> Iterator[List[Launch]]:
-    """Yield a list that collects every launch made (by any thread) until the block ends."""
+    """Yield a list that collects every launch made (by any thread) until the block ends.
+
+    Blocks nest and overlap (in one thread or several): each collects every launch made
+    while it is open.
+    """
     launches: List[Launch] = []
     with _lock:
         _active.append(launches)
@@ -45,7 +54,7 @@ def record() -> Iterator[List[Launch]]:
         yield launches
     finally:
         with _lock:
-            _active.remove(launches)
+            _active[:] = [a for a in _active if a is not launches]
 
 
 def record_launch(kernel: str, threads: Dim3, group_size: Dim3, backend: str,
@@ -58,17 +67,33 @@ def record_launch(kernel: str, threads: Dim3, group_size: Dim3, backend: str,
             launches.append(launch)
 
 
+# Metal's grid and threadgroup positions are 32-bit `uint`s.
+MAX_DIMENSION = 2**32 - 1
+
+
 def as_dim3(value, what: str) -> Dim3:
-    """``int`` or 1-3 ints -> a 3-tuple padded with 1; rejects zero/negative entries in groups."""
-    if isinstance(value, int):
-        dims = (value,)
-    else:
+    """An int or 1-3 ints (NumPy integers too) -> a 3-tuple padded with 1.
+
+    Raises TypeError for anything else, :class:`LaunchError` for a negative entry or one
+    past ``2**32 - 1``, which Metal cannot dispatch.
+    """
+    def as_int(v) -> int:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)
+
+    try:
         try:
-            dims = tuple(int(v) for v in value)
+            dims = (as_int(value),)
         except TypeError:
-            raise TypeError(f"{what} must be an int or a tuple of 1-3 ints, got {value!r}") from None
+            dims = tuple(as_int(v) for v in value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int or a tuple of 1-3 ints, got {value!r}") from None
     if not 1 <= len(dims) <= 3:
-        raise ValueError(f"{what} must have 1-3 dimensions, got {value!r}")
+        raise LaunchError(f"{what} must have 1-3 dimensions, got {value!r}")
     if any(d < 0 for d in dims):
-        raise ValueError(f"{what} must not be negative, got {value!r}")
+        raise LaunchError(f"{what} must not be negative, got {value!r}")
+    if any(d > MAX_DIMENSION for d in dims):
+        raise LaunchError(f"{what} = {value!r}: each dimension must be at most 2**32 - 1 = "
+                          f"{MAX_DIMENSION} (Metal's grid positions are 32-bit)")
     return tuple(dims) + (1,) * (3 - len(dims))

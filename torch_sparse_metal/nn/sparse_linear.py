@@ -6,8 +6,9 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
+from .. import _validation as V
 from .._activations import check_activation
-from ..ops.sparse_linear import BySource, CSRPattern, sparse_linear_pattern
+from ..ops.sparse_linear import BySource, CSRPattern, apply_pattern
 
 _MODULE = "SparseLinear"
 # Below this many cells a random pattern comes from randperm (exact, O(cells) memory);
@@ -23,8 +24,7 @@ def random_csr_pattern(in_features: int, out_features: int, density: float, *,
     Returns ``(indptr, indices)`` as int32 on the generator's device (CPU by default),
     columns sorted within each row. Rows may come out empty at low density.
     """
-    if not 0.0 <= density <= 1.0:
-        raise ValueError(f"{_MODULE}: density must lie in [0, 1], got {density}")
+    density = V.check_number(_MODULE, "density", density, minimum=0, maximum=1)
     device = generator.device if generator is not None else torch.device("cpu")
     cells = in_features * out_features
     nnz = round(density * cells)
@@ -70,6 +70,9 @@ class SparseLinear(nn.Module):
 
     ``activation`` (None, ``"relu"``, ``"gelu"`` = tanh approximation, ``"tanh"``) is fused
     into the forward kernel and its derivative into the one backward dispatch.
+    ``deterministic`` picks the backward kernel as in :func:`~torch_sparse_metal.sparse_linear`:
+    True gives bit-identical gradients run to run, None follows
+    ``torch.are_deterministic_algorithms_enabled()``.
 
     Attributes:
         weight: ``(nnz,)`` the nonzero values, in CSR order.
@@ -77,6 +80,12 @@ class SparseLinear(nn.Module):
         indptr, indices: the pattern (int32 buffers, saved in the state dict).
         src_indptr, src_rows, src_perm: the same pattern indexed by source neuron, which
             the backward kernel walks (derived, not saved; rebuilt when the pattern changes).
+
+    Every forward checks the five index buffers against a fingerprint of their contents
+    (one pass over them, one small read-back): after an edit torch's version counter does
+    not see (``layer.indices.data[0] = 3``, a write through ``.numpy()``) the pattern is
+    validated and transposed again, so the result follows the edit, or a ValueError says
+    what is wrong with it.
 
     Initialisation follows ``nn.Linear`` (uniform in ``+-1/sqrt(fan_in)``) with each row's
     real fan-in, its number of edges; rows without edges get a zero bias.
@@ -89,12 +98,16 @@ class SparseLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, *, density: Optional[float] = None,
                  indptr: Optional[torch.Tensor] = None, indices: Optional[torch.Tensor] = None,
                  bias: bool = True, activation: Optional[str] = None, device=None, dtype=None,
-                 generator: Optional[torch.Generator] = None) -> None:
+                 generator: Optional[torch.Generator] = None,
+                 deterministic: Optional[bool] = None) -> None:
         super().__init__()
         self.activation = check_activation(_MODULE, activation)
-        for name, n in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ValueError(f"{_MODULE}: {name} must be a non-negative int, got {n!r}")
+        if deterministic is not None and not isinstance(deterministic, bool):
+            raise TypeError(f"{_MODULE}: deterministic must be True, False or None, got "
+                            f"{deterministic!r}")
+        self.deterministic = deterministic
+        in_features = V.check_int(_MODULE, "in_features", in_features, minimum=0)
+        out_features = V.check_int(_MODULE, "out_features", out_features, minimum=0)
         has_pattern = indptr is not None or indices is not None
         if (density is not None) == has_pattern:
             raise ValueError(f"{_MODULE}: give exactly one of density or indptr + indices")
@@ -104,7 +117,7 @@ class SparseLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         if density is not None:
-            indptr, indices = random_csr_pattern(in_features, out_features, float(density),
+            indptr, indices = random_csr_pattern(in_features, out_features, density,
                                                  generator=generator)
         pattern = CSRPattern(indptr, indices, in_features, out_features=out_features, op=_MODULE)
 
@@ -134,7 +147,7 @@ class SparseLinear(nn.Module):
 
     def pattern(self) -> CSRPattern:
         """The current pattern; validated and transposed again only after it changed."""
-        if self._buffers_key() != self._pattern_key:
+        if self._buffers_key() != self._pattern_key or self._pattern.changed():
             pattern = CSRPattern(self.indptr, self.indices, self.in_features,
                                  out_features=self.out_features, op=_MODULE)
             src: BySource = pattern.by_source()
@@ -184,8 +197,8 @@ class SparseLinear(nn.Module):
                 self.bias.copy_((2 * u - 1) * bound)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return sparse_linear_pattern(input, self.pattern(), self.weight, self.bias,
-                                     activation=self.activation)
+        return apply_pattern(input, self.pattern(), self.weight, self.bias,
+                             activation=self.activation, deterministic=self.deterministic)
 
     def to_dense(self) -> torch.Tensor:
         """``W`` as a dense ``(out_features, in_features)`` tensor (differentiable)."""
@@ -197,7 +210,8 @@ class SparseLinear(nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"nnz={self.nnz}, density={self.density:.4g}, bias={self.bias is not None}"
-                + (f", activation={self.activation!r}" if self.activation else ""))
+                + (f", activation={self.activation!r}" if self.activation else "")
+                + (f", deterministic={self.deterministic}" if self.deterministic is not None else ""))
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
                               unexpected_keys, error_msgs) -> None:

@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 
+from .. import _validation as V
 from .sparse_linear import SparseLinear
 
 OP = "prune_and_regrow"
@@ -46,8 +47,7 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
         raise TypeError(f"{OP}: layer must be a SparseLinear, got {type(layer).__name__}")
     if mode not in MODES:
         raise ValueError(f"{OP}: mode must be one of {list(MODES)}, got {mode!r}")
-    if not 0.0 <= float(fraction) <= 1.0:
-        raise ValueError(f"{OP}: fraction must lie in [0, 1], got {fraction}")
+    fraction = V.check_number(OP, "fraction", fraction, minimum=0, maximum=1)
     out_f, in_f = layer.out_features, layer.in_features
     if mode == "gradient":
         if dense_grad is None:
@@ -66,7 +66,7 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
     occupied = torch.zeros(cells_total, dtype=torch.bool, device=device)
     occupied[cells] = True
     n_empty = cells_total - int(occupied.sum())  # one read-back: how many cells are free
-    k = min(round(float(fraction) * nnz), n_empty)
+    k = min(round(fraction * nnz), n_empty)
     if k == 0:
         return 0
 

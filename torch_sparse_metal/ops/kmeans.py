@@ -273,7 +273,8 @@ def assign(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.Ten
 def choose_accumulate_mode(requested: str, backend: str, dtype: torch.dtype) -> str:
     """The accumulate kernel to run: ``"atomic"``, ``"cas"`` or ``"deterministic"``.
 
-    ``"auto"`` takes native float atomics where the GPU has them (Metal 3, as probed by
+    ``"auto"`` takes ``"deterministic"`` under ``torch.use_deterministic_algorithms(True)``,
+    else native float atomics where the GPU has them (Metal 3, as probed by
     :func:`torch_sparse_metal._metal_backend.device_capabilities`, which
     ``TSM_FORCE_NO_ATOMIC_FLOAT=1`` overrides) and the CAS emulation otherwise; on the
     emulator, which has both, ``"atomic"``. The reference backend is deterministic and
@@ -284,6 +285,8 @@ def choose_accumulate_mode(requested: str, backend: str, dtype: torch.dtype) -> 
                          f"got {requested!r}")
     if backend == "reference":
         return "deterministic"
+    if requested == "auto" and torch.are_deterministic_algorithms_enabled():
+        requested = "deterministic"
     if requested == "deterministic":
         return requested
     if requested == "cas" and dtype != torch.float32:
@@ -315,7 +318,7 @@ class AccumulateShape(NamedTuple):
     threadgroup_memory: Tuple[int, int]
 
 
-def accumulate_shape(n: int, k: int, d: int, itemsize: int) -> AccumulateShape:
+def accumulate_shape(n: int, k: int, d: int, itemsize: int, *, op: str = OP) -> AccumulateShape:
     """Pick the widest feature tile (<= 32) and the most point rows (<= 256 threads in all)
     whose partial sums ``tp * k * tf`` and counts ``tp * k`` fit in 32 KB of threadgroup
     memory. Raises when even one thread's ``k`` sums do not fit (k > ~4000)."""
@@ -327,7 +330,7 @@ def accumulate_shape(n: int, k: int, d: int, itemsize: int) -> AccumulateShape:
                 break
         else:
             if tf == 1:
-                raise ValueError(f"{OP}: n_clusters = {k} is too many for the kernels' "
+                raise ValueError(f"{op}: n_clusters = {k} is too many for the kernels' "
                                  "threadgroup partial sums (32 KB); use backend 'reference'")
             tf //= 2
             continue
@@ -341,6 +344,18 @@ def accumulate_shape(n: int, k: int, d: int, itemsize: int) -> AccumulateShape:
     return AccumulateShape(tf, tp, block, tiles, blocks, mem)
 
 
+def check_fit_limits(op: str, n: int, k: int, d: int, dtype: torch.dtype, backend: str) -> None:
+    """Every size limit the kernels of a k-means fit (``k`` clusters, ``n`` points of ``d``
+    features) meet, checked before any work: each step checks its own again when it runs,
+    but a fit should not seed for minutes and then fail. ``op`` starts the message."""
+    if backend == "reference":
+        return
+    for what, size in (("n * d", n * d), ("n * k", n * k), ("k * d", k * d)):
+        V.check_fits_uint32(op, what, size)
+    shape = accumulate_shape(n, k, d, torch.empty((), dtype=dtype).element_size(), op=op)
+    V.check_fits_uint32(op, "blocks * k * d", shape.blocks * k * d)
+
+
 def accumulate(x: torch.Tensor, labels: torch.Tensor, k: int, *, mode: str = "auto",
                backend: Optional[str] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per-cluster sums ``(k, d)`` and counts ``(k,)`` int32 of ``x`` grouped by ``labels``.
@@ -350,9 +365,7 @@ def accumulate(x: torch.Tensor, labels: torch.Tensor, k: int, *, mode: str = "au
     V.check_floating_tensor(f"{OP}.accumulate", "x", x, 2)
     _check_vector("accumulate", "labels", labels, x.shape[0], "the number of points", x,
                   integer=True)
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise ValueError(f"{OP}.accumulate: k must be an int >= 0, got {k!r}")
-    k = int(k)
+    k = V.check_int(f"{OP}.accumulate", "k", k, minimum=0)
     backend = _backend(backend, x, labels)
     if backend == "reference":
         return R.accumulate_reference(x, labels, k)

@@ -210,14 +210,19 @@ def as_operand(op: str, name: str, t: torch.Tensor) -> Operand:
     return Operand(_flat_view(t, extent), max(ld, 1), transposed, _aligned(t, ld))
 
 
-def bias_operand(op: str, bias: torch.Tensor, m: int, n: int) -> Tuple[torch.Tensor, int, int]:
-    """``(flat, row_stride, col_stride)`` reading ``bias`` broadcast to ``m x n`` in place:
-    broadcast dimensions get stride 0 (a Linear bias of shape ``(n,)`` is ``(0, 1)``)."""
+def broadcast_bias(op: str, bias: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    """``bias`` expanded to the ``m x n`` output (a view); ValueError if it does not broadcast."""
     try:
-        expanded = bias.expand(m, n)
+        return bias.expand(m, n)
     except RuntimeError:
         raise ValueError(f"{op}: bias of shape {tuple(bias.shape)} does not broadcast to the "
                          f"output shape {(m, n)}") from None
+
+
+def bias_operand(op: str, bias: torch.Tensor, m: int, n: int) -> Tuple[torch.Tensor, int, int]:
+    """``(flat, row_stride, col_stride)`` reading ``bias`` broadcast to a non-empty ``m x n``
+    in place: broadcast dimensions get stride 0 (a Linear bias of shape ``(n,)`` is ``(0, 1)``)."""
+    expanded = broadcast_bias(op, bias, m, n)
     sr, sc = expanded.stride()
     sr, sc = (sr if m > 1 else 0), (sc if n > 1 else 0)
     extent = (m - 1) * sr + (n - 1) * sc + 1
@@ -291,7 +296,7 @@ def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Ten
     m, k = a.shape
     n = b.shape[1]
     if bias is not None:
-        bias_operand(op, bias, m, n)  # validates the broadcast
+        broadcast_bias(op, bias, m, n)  # validates the broadcast (also for an empty output)
     # torch.addmm: beta = 0 ignores the input (NaNs in it do not propagate), but the bias
     # stays an input of the graph, so its gradient is zeros, as torch's, not None.
 
@@ -388,6 +393,12 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]
     """
     m, k = a.shape
     n = b.shape[1]
+    if b.shape[0] != k or b.dtype != a.dtype:
+        # Validated by the caller; in backward, an operand swapped through `.data` since
+        # the forward pass (no version bump) would otherwise be read with the wrong sizes.
+        raise ValueError(f"{op}: a is {tuple(a.shape)} {a.dtype} and b is {tuple(b.shape)} "
+                         f"{b.dtype}; a's columns must equal b's rows and the dtypes match "
+                         "(was a tensor saved for backward replaced through .data?)")
     rung = RUNGS[resolve_kernel(kernel, m, n, k, a.dtype, backend)]
     if rung.needs_simdgroup_matrix:
         check_simdgroup(op, a.dtype, backend)

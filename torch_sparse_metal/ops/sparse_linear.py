@@ -8,7 +8,8 @@ Host code follows torch's MPS ops: validate -> allocate -> return early on empty
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+import copy
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -24,7 +25,8 @@ from ..reference.sparse_linear import csr_row_ids, sparse_linear_reference
 
 OP = "sparse_linear"
 SHADER = "sparse_linear.metal"
-KERNELS = ("sparse_linear_forward", "sparse_linear_backward")
+KERNELS = ("sparse_linear_forward", "sparse_linear_backward",
+           "sparse_linear_backward_deterministic")
 # 8 SIMD-groups of 32: the seed engine's choice for these register-light kernels.
 GROUP_SIZE = 256
 
@@ -53,30 +55,24 @@ class CSRPattern:
     by-source CSR the backward kernel needs on first use, once. Immutable: a new pattern
     means a new object (``SparseLinear`` does that when its buffers change).
 
+    A write to its index arrays that torch's version counter does not see (through
+    ``.data`` or ``.numpy()``) is caught by :meth:`changed`, a fingerprint of their contents
+    taken when they were validated (and when the by-source CSR was built).
+
     Duplicate (row, column) entries are allowed and add up, as in scipy.
     """
 
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, in_features: int, *,
                  out_features: Optional[int] = None, op: str = OP) -> None:
-        in_features = int(in_features)
-        if in_features < 0:
-            raise ValueError(f"{op}: in_features must be >= 0, got {in_features}")
+        in_features = V.check_int(op, "in_features", in_features, minimum=0)
         self.indptr, self.indices = V.validate_csr(op, indptr, indices, n_cols=in_features,
                                                    n_rows=out_features)
         self.in_features = in_features
         self.out_features = self.indptr.shape[0] - 1
+        self._fingerprint = _fingerprint((self.indptr, self.indices))
         self._by_source: Optional[BySource] = None
-
-    @classmethod
-    def _trusted(cls, indptr: torch.Tensor, indices: torch.Tensor, in_features: int,
-                 by_source: Optional[BySource] = None) -> "CSRPattern":
-        """Wrap arrays already validated and int32 (no device sync)."""
-        self = cls.__new__(cls)
-        self.indptr, self.indices = indptr, indices
-        self.in_features = in_features
-        self.out_features = indptr.shape[0] - 1
-        self._by_source = by_source
-        return self
+        self._by_source_fingerprint: Optional[torch.Tensor] = None
+        self._layout = _layout((self.indptr, self.indices))
 
     @property
     def nnz(self) -> int:
@@ -99,20 +95,61 @@ class CSRPattern:
         """The by-source CSR, built on the pattern's device from torch ops on first call."""
         if self._by_source is None:
             self._by_source = _build_by_source(self.indptr, self.indices, self.in_features)
+            self._by_source_fingerprint = _fingerprint(self._by_source)
+            self._layout = _layout((self.indptr, self.indices, *self._by_source))
         return self._by_source
+
+    def changed(self) -> bool:
+        """Whether any index array (``indptr``, ``indices``, the by-source CSR if built) was
+        written, or swapped for another through ``.data``, since it was validated or built.
+        One pass over them and one device read-back."""
+        arrays = (self.indptr, self.indices, *(self._by_source or ()))
+        if _layout(arrays) != self._layout:
+            return True
+        now = [_fingerprint((self.indptr, self.indices))]
+        then = [self._fingerprint]
+        if self._by_source is not None:
+            now.append(_fingerprint(self._by_source))
+            then.append(self._by_source_fingerprint)
+        return bool((torch.stack(now) != torch.stack(then)).any())
 
     def to(self, device: torch.device) -> "CSRPattern":
         device = torch.device(device)
         if device == self.device:
             return self
-        moved = None if self._by_source is None else BySource(
-            *(t.to(device) for t in self._by_source))
-        return CSRPattern._trusted(self.indptr.to(device), self.indices.to(device),
-                                   self.in_features, moved)
+        # The fingerprints move too: a copy of arrays written behind torch's back still
+        # shows as changed.
+        moved = copy.copy(self)
+        moved.indptr, moved.indices, moved._fingerprint = (
+            t.to(device) for t in (self.indptr, self.indices, self._fingerprint))
+        if self._by_source is not None:
+            moved._by_source = BySource(*(t.to(device) for t in self._by_source))
+            moved._by_source_fingerprint = self._by_source_fingerprint.to(device)
+        moved._layout = _layout((moved.indptr, moved.indices, *(moved._by_source or ())))
+        return moved
 
     def __repr__(self) -> str:
         return (f"CSRPattern(out_features={self.out_features}, in_features={self.in_features}, "
                 f"nnz={self.nnz}, device={self.device})")
+
+
+def _layout(arrays: Sequence[torch.Tensor]) -> Tuple:
+    """What the kernels assume of each array besides its contents."""
+    return tuple((a.shape, a.dtype, a.device, a.is_contiguous()) for a in arrays)
+
+
+def _fingerprint(arrays: Sequence[torch.Tensor]) -> torch.Tensor:
+    """A 0-d int64 tensor on the arrays' device summarising their contents: the sum of
+    every entry times an odd weight, 2j + 1 for the j-th entry of the concatenation
+    (wrapping modulo 2**64). Changing any one entry, or swapping two, always changes it."""
+    total = torch.zeros((), dtype=torch.int64, device=arrays[0].device)
+    offset = 0
+    for a in arrays:
+        n = a.numel()
+        weights = torch.arange(n, dtype=torch.int64, device=a.device) * 2 + (2 * offset + 1)
+        total = total + (a.to(torch.int64) * weights).sum()
+        offset += n
+    return total
 
 
 def _build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: int) -> BySource:
@@ -133,7 +170,8 @@ def _build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: i
 
 def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
                   values: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-                  activation: Optional[str] = None) -> torch.Tensor:
+                  activation: Optional[str] = None,
+                  deterministic: Optional[bool] = None) -> torch.Tensor:
     """``act(input @ W.T + bias)`` where ``W`` is the CSR matrix ``(indptr, indices, values)``.
 
     Args:
@@ -146,13 +184,18 @@ def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tens
         activation: None, ``"relu"``, ``"gelu"`` (the tanh approximation, i.e.
             ``torch.nn.functional.gelu(z, approximate="tanh")``) or ``"tanh"``; fused into
             the forward kernel, and its derivative into the one backward dispatch.
+        deterministic: the backward kernel: False sums the weight and bias gradients over
+            the batch with atomics (their last bits vary run to run), True in a fixed
+            order (bit-identical runs); None follows
+            ``torch.are_deterministic_algorithms_enabled()``.
 
     Returns:
         ``(*, out_features)``. Differentiable in ``input``, ``values`` and ``bias``.
 
     The pattern is validated on every call (one small device read-back) and transposed
     for every backward; to do both once, build a :class:`CSRPattern` and call
-    :func:`sparse_linear_pattern` (``SparseLinear`` does).
+    :func:`sparse_linear_pattern` (``SparseLinear`` does). ``indptr`` and ``indices`` are
+    saved for backward: an in-place change before it raises torch's usual error.
     """
     for name, t in (("input", input), ("indptr", indptr), ("indices", indices)):
         V.check_tensor(OP, name, t)
@@ -162,13 +205,35 @@ def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tens
     V.check_same_device(OP, {"input": input, "indptr": indptr, "indices": indices})
     check_activation(OP, activation)
     pattern = CSRPattern(indptr, indices, input.shape[-1])
-    return sparse_linear_pattern(input, pattern, values, bias, activation=activation)
+    return apply_pattern(input, pattern, values, bias, activation=activation,
+                         deterministic=deterministic)
 
 
 def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
                           bias: Optional[torch.Tensor] = None, *,
-                          activation: Optional[str] = None) -> torch.Tensor:
-    """:func:`sparse_linear` with a prepared :class:`CSRPattern` (no per-call index checks)."""
+                          activation: Optional[str] = None,
+                          deterministic: Optional[bool] = None) -> torch.Tensor:
+    """:func:`sparse_linear` with a prepared :class:`CSRPattern`: instead of validating the
+    index arrays again, checks that they did not change since (one pass over them and one
+    read-back); a pattern whose arrays changed is a ValueError, as :meth:`CSRPattern.changed`
+    cannot tell whether the change is valid."""
+    if not isinstance(pattern, CSRPattern):
+        raise TypeError(f"{OP}: pattern must be a CSRPattern, got {type(pattern).__name__}")
+    if pattern.changed():
+        raise ValueError(f"{OP}: {_CHANGED}; build a new CSRPattern from them")
+    return apply_pattern(input, pattern, values, bias, activation=activation,
+                         deterministic=deterministic)
+
+
+_CHANGED = ("the pattern's index arrays were written since it was validated, bypassing "
+            "torch's version counter (through .data or .numpy(), say)")
+
+
+def apply_pattern(input: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
+                  bias: Optional[torch.Tensor] = None, *, activation: Optional[str] = None,
+                  deterministic: Optional[bool] = None) -> torch.Tensor:
+    """:func:`sparse_linear_pattern` for a pattern the caller knows unchanged since it was
+    validated or checked (``SparseLinear`` checks its own before each call)."""
     check_activation(OP, activation)
     for name, t in (("input", input), ("values", values)):
         V.check_tensor(OP, name, t)
@@ -176,8 +241,10 @@ def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torc
     if bias is not None:
         V.check_tensor(OP, "bias", bias)
         V.check_floating(OP, "bias", bias)
-    if not isinstance(pattern, CSRPattern):
-        raise TypeError(f"{OP}: pattern must be a CSRPattern, got {type(pattern).__name__}")
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    elif not isinstance(deterministic, bool):
+        raise TypeError(f"{OP}: deterministic must be True, False or None, got {deterministic!r}")
     V.check_same_dtype(OP, {"input": input, "values": values, "bias": bias})
     V.check_same_device(OP, {"input": input, "values": values, "bias": bias,
                              "indptr": pattern.indptr})
@@ -198,7 +265,7 @@ def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torc
         # contiguous(): the kernels take no strides.
         out = _SparseLinearFunction.apply(x, values.contiguous(),
                                           None if bias is None else bias.contiguous(),
-                                          pattern, backend, activation)
+                                          pattern, backend, activation, deterministic)
     return out.reshape(*lead, pattern.out_features)
 
 
@@ -209,34 +276,56 @@ def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torc
 class _SparseLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, values: torch.Tensor, bias: Optional[torch.Tensor],
-                pattern: CSRPattern, backend: str, activation: Optional[str]) -> torch.Tensor:
+                pattern: CSRPattern, backend: str, activation: Optional[str],
+                deterministic: bool) -> torch.Tensor:
         need_input, need_values, need_bias = ctx.needs_input_grad[:3]
         ctx.pattern = pattern
         ctx.backend = backend  # backward runs where forward did, whatever use_backend says then
         ctx.has_bias = bias is not None
         ctx.activation = activation
+        ctx.deterministic = deterministic
         need_any = need_input or need_values or need_bias
         out, preact = _forward(x, pattern, values, bias, backend, activation,
                                save_preact=need_any and activation == "gelu")
-        # Save only what backward reads: x for grad_values, values for grad_input, and
-        # for the activation's derivative the output (relu, tanh) or pre-activation (gelu).
+        # Save what backward reads: x for grad_values, values for grad_input, for the
+        # activation's derivative the output (relu, tanh) or pre-activation (gelu), and
+        # the pattern with its by-source CSR (built now, from the arrays forward just
+        # used), so that torch's version counter guards them all.
         act_saved = None
         if need_any and activation is not None:
             act_saved = preact if activation == "gelu" else out
+        index_arrays = (pattern.indptr, pattern.indices, *pattern.by_source()) if need_any else ()
         ctx.save_for_backward(x if need_values else None, values if need_input else None,
-                              act_saved)
+                              act_saved, *index_arrays)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: torch.Tensor):
-        x, values, act_saved = ctx.saved_tensors
+        x, values, act_saved, *_ = ctx.saved_tensors  # raises if one was modified in place
+        if ctx.pattern.changed():
+            raise ValueError(f"{OP} backward: {_CHANGED} after the forward pass; run the "
+                             "forward pass again")
+        # `t.data = other` swaps a saved tensor for another without a version bump: the
+        # kernel must not read it with the forward's sizes.
+        batch, out_features = grad_out.shape
+        expected = {"input": (x, (batch, ctx.pattern.in_features)),
+                    "values": (values, (ctx.pattern.nnz,)),
+                    "activation's output": (act_saved, (batch, out_features))}
+        for name, (t, shape) in expected.items():
+            if t is not None and (tuple(t.shape) != shape or t.dtype != grad_out.dtype
+                                  or not t.is_contiguous()):
+                raise ValueError(f"{OP} backward: the {name} saved by the forward pass was "
+                                 f"replaced since (now shape {tuple(t.shape)}, dtype {t.dtype}; "
+                                 f"expected {shape}, {grad_out.dtype}), bypassing torch's "
+                                 "version counter (through .data); run the forward pass again")
         need_input, need_values, need_bias = ctx.needs_input_grad[:3]
         grads = _backward(grad_out.contiguous(), x, values, ctx.pattern, ctx.backend,
                           need_input=need_input, need_values=need_values,
                           need_bias=need_bias and ctx.has_bias,
-                          activation=ctx.activation, act_saved=act_saved)
-        return grads + (None, None, None)
+                          activation=ctx.activation, act_saved=act_saved,
+                          deterministic=ctx.deterministic)
+        return grads + (None, None, None, None)
 
 
 def _placeholder(like: torch.Tensor) -> torch.Tensor:
@@ -262,7 +351,8 @@ def _forward(x: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
             np.uint32(batch), np.uint32(pattern.in_features), np.uint32(out_features),
             np.uint32(bias is not None),
             preact if save_preact else placeholder,
-            np.uint32(ACTIVATION_CODES[activation]), np.uint32(save_preact))
+            np.uint32(ACTIVATION_CODES[activation]), np.uint32(save_preact),
+            np.uint32(pattern.nnz))
     _launch.launch(SHADER, kernel_name("sparse_linear_forward", x.dtype), args,
                    threads=batch * out_features, group_size=GROUP_SIZE, backend=backend)
     return out, preact
@@ -271,14 +361,18 @@ def _forward(x: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
 def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optional[torch.Tensor],
               pattern: CSRPattern, backend: str, *, need_input: bool, need_values: bool,
               need_bias: bool, activation: Optional[str] = None,
-              act_saved: Optional[torch.Tensor] = None) -> Tuple[Optional[torch.Tensor], ...]:
+              act_saved: Optional[torch.Tensor] = None,
+              deterministic: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
     batch = grad_out.shape[0]
     in_features, out_features = pattern.in_features, pattern.out_features
+    empty = batch == 0 or pattern.nnz == 0
+    # The atomic kernel adds into zeros; the deterministic one writes every element.
+    new = grad_out.new_zeros if empty or not deterministic else grad_out.new_empty
     grad_input = grad_out.new_empty(batch, in_features) if need_input else None
-    grad_values = grad_out.new_zeros(pattern.nnz) if need_values else None
-    grad_bias = grad_out.new_zeros(out_features) if need_bias else None
+    grad_values = new(pattern.nnz) if need_values else None
+    grad_bias = new(out_features) if need_bias else None
 
-    if batch == 0 or pattern.nnz == 0:
+    if empty:
         # Nothing flows through edges; only grad_bias can be nonzero (a plain column sum).
         if grad_input is not None:
             grad_input.zero_()
@@ -288,13 +382,23 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
             torch.sum(grad_out, dim=0, out=grad_bias)
         return grad_input, grad_values, grad_bias
 
-    if backend == "metal":
+    if backend == "metal":  # the shader's atomic kernel needs them to compile at all
         from .._metal_backend import require_native_float_atomics
         require_native_float_atomics(f"{OP} backward")
     # nnz > 0 here, so in_features and out_features are both > 0.
-    neurons = max(in_features if (need_input or need_values) else 0,
-                  out_features if need_bias else 0)
-    V.check_fits_uint32(OP, "batch * max(in_features, out_features)", batch * neurons)
+    if deterministic:
+        kernel = "sparse_linear_backward_deterministic"
+        threads = (batch * in_features * need_input + pattern.nnz * need_values
+                   + out_features * need_bias)
+        V.check_fits_uint32(OP, "batch * in_features + nnz + out_features", threads)
+        shape_args = (np.uint32(pattern.nnz),)
+    else:
+        kernel = "sparse_linear_backward"
+        neurons = max(in_features if (need_input or need_values) else 0,
+                      out_features if need_bias else 0)
+        threads = batch * neurons
+        V.check_fits_uint32(OP, "batch * max(in_features, out_features)", threads)
+        shape_args = (np.uint32(neurons),)
     src = pattern.by_source()
     placeholder = _placeholder(grad_out)
     args = (grad_out,
@@ -305,10 +409,12 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
             grad_values if need_values else placeholder,
             grad_bias if need_bias else placeholder,
             np.uint32(batch), np.uint32(in_features), np.uint32(out_features),
-            np.uint32(neurons),
+            *shape_args,
             np.uint32(need_input), np.uint32(need_values), np.uint32(need_bias),
             act_saved if activation is not None else placeholder,
             np.uint32(ACTIVATION_CODES[activation]))
-    _launch.launch(SHADER, kernel_name("sparse_linear_backward", grad_out.dtype), args,
-                   threads=batch * neurons, group_size=GROUP_SIZE, backend=backend)
+    if not deterministic:
+        args += (np.uint32(pattern.nnz),)
+    _launch.launch(SHADER, kernel_name(kernel, grad_out.dtype), args,
+                   threads=threads, group_size=GROUP_SIZE, backend=backend)
     return grad_input, grad_values, grad_bias

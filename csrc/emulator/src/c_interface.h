@@ -21,6 +21,8 @@ struct tsm_launch {
   // Out, sanitized dispatches: device bytes read, written, threadgroup accesses, bank
   // conflicts, barriers, FMAs, atomics (see Counters in sanitizer.h).
   uint64_t counters[7];
+  int32_t interruptible;  // called from Python's main thread: Ctrl-C stops the dispatch
+  double time_limit_s;    // > 0: stop the dispatch after this long, as a "hang" fault
 };
 
 #define TSM_EMU_EXPORT __attribute__((visibility("default")))

@@ -7,14 +7,19 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -102,6 +107,69 @@ thread_local Worker* t_worker = nullptr;
 thread_local const ThreadInfo* t_plain_thread = nullptr;  // plain-loop mode
 thread_local Sanitizer* t_sanitizer = nullptr;            // sanitized dispatches only
 
+// ---- stopping a dispatch from outside (Ctrl-C, a time limit) ----------------------------
+//
+// A kernel in an endless loop never returns to the runtime, so a stop request reaches its
+// worker as a signal that jumps out of kernel code (as a crash does, see below). Kernel
+// code may be left at any instruction; runtime code may not (it allocates, and edits the
+// scheduler's and the sanitizer's state), so the depth of runtime calls is tracked per
+// thread: 0 while kernel code runs. A request that arrives in runtime code takes effect
+// where it returns to kernel code, or at the next check of the scheduling loops.
+enum StopReason : int { kRunning = 0, kInterrupted = 1, kTimedOut = 2 };
+std::atomic<int> g_stop{kRunning};
+thread_local volatile sig_atomic_t t_runtime_depth = 1;
+thread_local sigjmp_buf* t_crash_jump = nullptr;  // this worker's way out (set per dispatch)
+thread_local bool t_jumped_to_stop = false;       // why it took it: a stop, else a crash
+
+double g_time_limit_s = 0;  // of the current dispatch, for the message
+
+bool stop_requested() { return g_stop.load(std::memory_order_relaxed) != kRunning; }
+
+KernelFault stop_fault() {
+  if (g_stop.load() == kTimedOut) {
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", g_time_limit_s);
+    return KernelFault{"hang", std::string("the dispatch did not finish within its time limit of ") +
+                                   limit + " s (stopped; memory it wrote may be incomplete)"};
+  }
+  return KernelFault{"interrupted", "stopped by Ctrl-C (SIGINT)"};
+}
+
+// At the edge between kernel and runtime code (depth 0): leave the kernel if asked to.
+[[noreturn]] void jump_out_to_stop() {
+  t_jumped_to_stop = true;
+  siglongjmp(*t_crash_jump, 1);
+}
+
+void stop_here_if_requested() {
+  if (stop_requested() && t_crash_jump) jump_out_to_stop();
+}
+
+// Every runtime service kernel code calls holds one for its duration.
+struct RuntimeScope {
+  RuntimeScope() {
+    if (t_runtime_depth == 0) stop_here_if_requested();
+    t_runtime_depth = t_runtime_depth + 1;
+  }
+  ~RuntimeScope() {
+    // While an exception unwinds (to a catch in the runtime, which resets the depth), the
+    // code below is still the runtime's: the unwinder may hold the loader's lock.
+    if (std::uncaught_exceptions() > 0) return;
+    t_runtime_depth = t_runtime_depth - 1;
+    if (t_runtime_depth == 0) stop_here_if_requested();
+  }
+  RuntimeScope(const RuntimeScope&) = delete;
+  RuntimeScope& operator=(const RuntimeScope&) = delete;
+};
+
+// Run kernel code (depth 0) and come back to runtime code (depth 1).
+template <class F>
+void run_kernel_code(F&& f) {
+  t_runtime_depth = 0;
+  f();
+  t_runtime_depth = 1;
+}
+
 ThreadId thread_id(const ThreadInfo& t) {
   const u3 g = t.threadgroup_position_in_grid, n = t.threadgroups_per_grid;
   return {g.x + n.x * (g.y + n.y * g.z), t.thread_index_in_threadgroup,
@@ -168,8 +236,9 @@ std::string fmt3(u3 v) {
 
 }  // namespace
 
-u3 ceil_div(u3 a, u3 b) {
-  return {(a.x + b.x - 1) / b.x, (a.y + b.y - 1) / b.y, (a.z + b.z - 1) / b.z};
+u3 ceil_div(u3 a, u3 b) {  // in 64 bits: a grid of 2^32 - 1 threads must not wrap
+  auto div = [](uint32_t n, uint32_t d) { return uint32_t((uint64_t(n) + d - 1) / d); };
+  return {div(a.x, b.x), div(a.y, b.y), div(a.z, b.z)};
 }
 
 // Describe thread i of threadgroup `group` (position), given the dispatch geometry.
@@ -203,7 +272,7 @@ void fiber_entry() {
   Worker* w = t_worker;
   Fiber* f = w->current;
   try {
-    w->kernel->invoke(w->args, f->info);
+    run_kernel_code([&] { w->kernel->invoke(w->args, f->info); });
     end_segment();
   } catch (KernelFault& e) {
     if (!w->fault_raised) {
@@ -221,6 +290,7 @@ void fiber_entry() {
       w->fault = KernelFault{"launch", "a kernel threw an unknown exception"};
     }
   }
+  t_runtime_depth = 1;  // after an exception, which left it as it was where thrown
   f->state = State::Done;
   // Back to the scheduler for good: a fiber has no caller to return to.
   switch_fiber(&f->context, &w->scheduler);
@@ -259,7 +329,9 @@ std::string site_name(const std::vector<uint32_t>& path) {
 void suspend(Worker* w) {
   Fiber* f = w->current;
   end_segment();
+  const sig_atomic_t depth = t_runtime_depth;  // each fiber has its own
   switch_fiber(&f->context, &w->scheduler);  // never resumed after another thread faulted
+  t_runtime_depth = depth;
 }
 
 // Release the SIMD collectives that can complete; true if any did. Called only when no
@@ -391,9 +463,11 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
       if (f.state == State::Runnable) {
         w->current = &f;
         switch_fiber(&w->scheduler, &f.context);
+        t_runtime_depth = 1;
         w->current = nullptr;
         ran = true;
         if (w->fault_raised) throw w->fault;
+        if (stop_requested()) throw stop_fault();
       }
       live |= f.state != State::Done;
     }
@@ -423,13 +497,15 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
     return;
   }
   for (uint32_t i = 0; i < n; ++i) {
+    if (stop_requested()) throw stop_fault();
     ThreadInfo info = thread_info(grid, group_size, groups, group, i);
     t_plain_thread = &info;
     try {
-      w->kernel->invoke(w->args, info);
+      run_kernel_code([&] { w->kernel->invoke(w->args, info); });
       end_segment();
     } catch (...) {
       t_plain_thread = nullptr;
+      t_runtime_depth = 1;
       throw;
     }
     t_plain_thread = nullptr;
@@ -445,7 +521,6 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibe
 // SIGTRAP jump back to its dispatch loop, which reports a "crash" fault. Faults outside
 // kernel code go to whatever handler was installed before (Python's faulthandler, say).
 
-thread_local sigjmp_buf* t_crash_jump = nullptr;
 thread_local int t_crash_signal = 0;
 thread_local void* t_crash_address = nullptr;
 thread_local ThreadInfo t_crash_thread;
@@ -462,6 +537,7 @@ void on_crash(int sig, siginfo_t* info, void* context) {
     const ThreadInfo* t = (w && w->current) ? &w->current->info : t_plain_thread;
     t_crash_thread_known = t != nullptr;
     if (t) std::memcpy(&t_crash_thread, t, sizeof t_crash_thread);
+    t_jumped_to_stop = false;
     siglongjmp(*t_crash_jump, 1);
   }
   for (size_t i = 0; i < sizeof kCrashSignals / sizeof kCrashSignals[0]; ++i) {
@@ -571,11 +647,181 @@ KernelFault crash_fault(const Worker& w) {
   return KernelFault{"crash", msg};
 }
 
+// ---- stop requests: the signals ------------------------------------------------------
+//
+// A stop reaches each worker as kStopSignal (SIGURG: ignored by default and used by nothing
+// else here; Go's runtime preempts goroutines with it for the same reason). Its handler
+// jumps out of kernel code; in runtime code it does nothing (see RuntimeScope). Workers
+// register in slots so that a signal handler can find them; a worker leaves its slot only
+// when nobody is signalling it, as pthread_kill on a thread that has exited is undefined.
+constexpr int kStopSignal = SIGURG;
+constexpr unsigned kMaxWorkers = 256;
+
+struct WorkerSlot {
+  std::atomic<int> state{0};  // 0 free, 1 a worker runs, 2 being signalled
+  pthread_t thread;
+};
+WorkerSlot g_slots[kMaxWorkers];
+std::atomic<bool> g_dispatch_running{false};
+struct sigaction g_previous_stop_signal;
+struct sigaction g_previous_sigint;
+
+class SlotGuard {
+ public:
+  explicit SlotGuard(unsigned index) : slot_(g_slots[index]) {
+    slot_.thread = pthread_self();
+    slot_.state.store(1);
+  }
+  ~SlotGuard() {
+    int running = 1;
+    while (!slot_.state.compare_exchange_weak(running, 0)) running = 1;
+  }
+
+ private:
+  WorkerSlot& slot_;
+};
+
+// Async-signal-safe (lock-free atomics and pthread_kill): called from the SIGINT handler.
+void request_stop(StopReason reason) {
+  int running = kRunning;
+  g_stop.compare_exchange_strong(running, reason);
+  for (WorkerSlot& slot : g_slots) {
+    int live = 1;
+    if (slot.state.compare_exchange_strong(live, 2)) {
+      pthread_kill(slot.thread, kStopSignal);
+      slot.state.store(1);
+    }
+  }
+}
+
+// Hand a signal on to the handler installed before ours (SIG_DFL of SIGURG: nothing).
+void chain(const struct sigaction& previous, int sig, siginfo_t* info, void* context) {
+  if (previous.sa_flags & SA_SIGINFO) {
+    previous.sa_sigaction(sig, info, context);
+  } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+    previous.sa_handler(sig);
+  }
+}
+
+void on_stop_signal(int sig, siginfo_t* info, void* context) {
+  if (t_worker != nullptr && t_crash_jump != nullptr) {  // a worker of this library
+    if (t_runtime_depth == 0 && stop_requested()) jump_out_to_stop();
+    return;
+  }
+  chain(g_previous_stop_signal, sig, info, context);  // another library's worker, say
+}
+
+void on_interrupt(int sig, siginfo_t* info, void* context) {
+  if (g_dispatch_running.load()) request_stop(kInterrupted);
+  chain(g_previous_sigint, sig, info, context);  // Python's: KeyboardInterrupt once we return
+}
+
+void install_stop_signal_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_stop_signal;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(kStopSignal, &sa, &g_previous_stop_signal);
+  });
+}
+
+// For a dispatch from Python's main thread, which Ctrl-C should stop: our SIGINT handler in
+// front of Python's, for the duration. Nothing is installed when SIGINT is ignored or left
+// to its default (ending the process), as the user chose.
+class InterruptGuard {
+ public:
+  explicit InterruptGuard(bool wanted) {
+    struct sigaction current;
+    if (!wanted || sigaction(SIGINT, nullptr, &current) != 0) return;
+    if (!(current.sa_flags & SA_SIGINFO) &&
+        (current.sa_handler == SIG_IGN || current.sa_handler == SIG_DFL))
+      return;
+    g_previous_sigint = current;
+    struct sigaction ours;
+    std::memset(&ours, 0, sizeof ours);
+    ours.sa_sigaction = on_interrupt;
+    ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&ours.sa_mask);
+    sigaddset(&ours.sa_mask, kStopSignal);  // a worker's own stop signal waits for our return
+    installed_ = sigaction(SIGINT, &ours, nullptr) == 0;
+  }
+  ~InterruptGuard() {
+    struct sigaction current;
+    if (installed_ && sigaction(SIGINT, nullptr, &current) == 0 &&
+        (current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_interrupt)
+      sigaction(SIGINT, &g_previous_sigint, nullptr);  // unless someone replaced ours since
+  }
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+ private:
+  bool installed_ = false;
+};
+
+// A time limit: a thread that requests the stop when the limit passes before the dispatch
+// ends.
+class Watchdog {
+ public:
+  explicit Watchdog(double seconds) {
+    if (seconds > 0)
+      thread_ = std::thread([this, seconds] {
+        std::unique_lock<std::mutex> lock(lock_);
+        if (!done_cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return done_; }))
+          request_stop(kTimedOut);
+      });
+  }
+  ~Watchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(lock_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+ private:
+  std::mutex lock_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// ---- fork() ----------------------------------------------------------------------------
+//
+// A child forked while another thread of the parent is inside a dispatch has only the
+// forking thread: the dispatch lock, the workers' state and the slots belong to threads
+// that do not exist there. The child starts afresh (the old pool is left to it unused: its
+// state is whatever the parent's threads were doing).
+std::mutex g_dispatch_lock;  // workers' stacks are reused between dispatches
+std::vector<std::unique_ptr<Worker>>* g_pool = nullptr;
+
+void after_fork_in_child() {
+  new (&g_dispatch_lock) std::mutex();
+  g_pool = nullptr;
+  for (WorkerSlot& slot : g_slots) slot.state.store(0);
+  g_dispatch_running.store(false);
+  g_stop.store(kRunning);
+}
+
+[[maybe_unused]] const int g_fork_handler_registered =
+    pthread_atfork(nullptr, nullptr, after_fork_in_child);
+
 }  // namespace
 
 // ---- services called from kernel code -------------------------------------------------
 
-void fault(const char* kind, const char* message) { raise(kind, message); }
+// Services that allocate or edit the runtime's state hold a RuntimeScope: a stop request
+// never lands inside them.
+void fault(const char* kind, const char* message) {
+  RuntimeScope scope;
+  raise(kind, message);
+}
 
 const ThreadInfo& current_thread() {
   Worker* w = t_worker;
@@ -593,6 +839,7 @@ static Worker* fiber_worker(const char* what) {
 }
 
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
+  RuntimeScope scope;
   Worker* w = fiber_worker("a SIMD-group function");
   Fiber* f = w->current;
   if (size > sizeof f->slot) raise("launch", "SIMD-group function on a value wider than 64 bytes");
@@ -610,6 +857,7 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
 }
 
 void simdgroup_barrier_wait(uint32_t site, unsigned flags) {
+  RuntimeScope scope;
   Worker* w = fiber_worker("simdgroup_barrier");
   Fiber* f = w->current;
   f->site = f->calls;
@@ -623,6 +871,7 @@ void simdgroup_barrier_wait(uint32_t site, unsigned flags) {
 }
 
 void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
+  RuntimeScope scope;
   Worker* w = fiber_worker("threadgroup_barrier");
   Fiber* f = w->current;
   f->site = f->calls;
@@ -633,6 +882,7 @@ void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
 }
 
 void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name) {
+  RuntimeScope scope;
   Worker* w = t_worker;
   if (!w) return;
   for (const void* seen : w->static_tg)
@@ -651,6 +901,7 @@ const Region* region_of(const void* address) {
 }
 
 void check_access(const Region* region, const void* address, size_t bytes, bool atomic) {
+  RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
   if (!t_sanitizer || !current_accesses(&info, &touches)) return;
@@ -659,6 +910,7 @@ void check_access(const Region* region, const void* address, size_t bytes, bool 
 
 void check_field_access(const Region* region, const void* element, size_t element_bytes,
                         const void* field, size_t field_bytes) {
+  RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
   if (!t_sanitizer || !current_accesses(&info, &touches)) return;
@@ -666,6 +918,7 @@ void check_field_access(const Region* region, const void* element, size_t elemen
 }
 
 void note_atomic(const void* address, size_t bytes) {
+  RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
   if (t_sanitizer && current_accesses(&info, &touches))
@@ -673,12 +926,14 @@ void note_atomic(const void* address, size_t bytes) {
 }
 
 void note_store(const void* address, size_t bytes, bool updates) {
+  RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
   if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->note_store(address, bytes, updates, *touches);
 }
 
 void inactive_lane_read(uint32_t lane) {
+  RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
   if (!t_sanitizer || !current_accesses(&info, &touches)) return;
@@ -689,11 +944,13 @@ void inactive_lane_read(uint32_t lane) {
 }
 
 void enter_call(uint32_t caller_site) {
+  RuntimeScope scope;
   Worker* w = t_worker;
   if (w && w->current) w->current->calls.push_back(caller_site);
 }
 
 void leave_call() {
+  RuntimeScope scope;
   Worker* w = t_worker;
   if (w && w->current && !w->current->calls.empty()) w->current->calls.pop_back();
 }
@@ -772,8 +1029,7 @@ TSM_EMU_EXPORT void tsm_kernel_param(int k, int i, int32_t* out) {
 
 static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
   using namespace tsm_emu;
-  static std::mutex one_dispatch_at_a_time;  // workers' stacks are reused between dispatches
-  std::lock_guard<std::mutex> lock(one_dispatch_at_a_time);
+  std::lock_guard<std::mutex> lock(g_dispatch_lock);
 
   u3 grid{l->grid[0], l->grid[1], l->grid[2]};
   u3 group{l->group[0], l->group[1], l->group[2]};
@@ -801,11 +1057,15 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
   if (l->sanitize)
     sanitizer.reset(new Sanitizer(grid, group, l->buffers, l->buffer_bytes, l->buffer_names, l->num_buffers));
   unsigned workers = l->sanitize ? 1u : unsigned(std::max(1, l->num_workers));
-  workers = unsigned(std::min<uint64_t>(workers, num_groups));
+  workers = unsigned(std::min<uint64_t>({workers, num_groups, kMaxWorkers}));
 
   install_crash_handlers();
-  static std::vector<std::unique_ptr<Worker>> pool;
+  install_stop_signal_handler();
+  if (!g_pool) g_pool = new std::vector<std::unique_ptr<Worker>>();
+  std::vector<std::unique_ptr<Worker>>& pool = *g_pool;
   while (pool.size() < workers) pool.emplace_back(new Worker);
+  g_stop.store(kRunning);
+  g_time_limit_s = l->time_limit_s;
 
   std::atomic<uint64_t> next{0};
   std::atomic<bool> stop{false};
@@ -813,7 +1073,8 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
   bool faulted = false;
   KernelFault first_fault;
 
-  auto work_body = [&](Worker* w) {
+  auto work_body = [&](Worker* w, unsigned index) {
+    t_runtime_depth = 1;
     t_worker = w;
     t_sanitizer = sanitizer.get();
     w->kernel = &tsm_kernel_table[k];
@@ -833,13 +1094,15 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     w->args = DispatchArgs{l->buffers, l->buffer_bytes, w->dynamic_tg_ptrs.data()};
     sigjmp_buf jump;
     CrashGuard guard(&jump);
+    SlotGuard slot(index);  // stop requests reach this thread from here on
     if (sigsetjmp(jump, 1) != 0) {
       w->current = nullptr;
       t_plain_thread = nullptr;
+      t_runtime_depth = 1;
       std::lock_guard<std::mutex> g(fault_lock);
       if (!faulted) {
         faulted = true;
-        first_fault = crash_fault(*w);
+        first_fault = t_jumped_to_stop ? stop_fault() : crash_fault(*w);
       }
       stop = true;
       t_worker = nullptr;
@@ -849,6 +1112,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     try {
       for (;;) {
         if (stop.load(std::memory_order_relaxed)) break;
+        if (stop_requested()) throw stop_fault();
         uint64_t g = next.fetch_add(1);
         if (g >= num_groups) break;
         u3 pos{uint32_t(g % groups.x), uint32_t((g / groups.x) % groups.y),
@@ -875,9 +1139,9 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
   };
   // Whatever escapes a worker (its set-up allocating, say) becomes the dispatch's fault:
   // an exception leaving a thread's function, or a C function, would terminate Python.
-  auto work = [&](Worker* w) {
+  auto work = [&](Worker* w, unsigned index) {
     try {
-      work_body(w);
+      work_body(w, index);
     } catch (...) {
       std::lock_guard<std::mutex> g(fault_lock);
       if (!faulted) {
@@ -890,16 +1154,22 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     }
   };
 
-  if (workers == 1) {
-    work(pool[0].get());
-  } else {
-    std::vector<std::thread> threads;
-    try {
-      for (unsigned i = 1; i < workers; ++i) threads.emplace_back(work, pool[i].get());
-    } catch (...) {  // out of threads: run with the ones started (joinable threads must be joined)
+  {
+    InterruptGuard interrupt(l->interruptible != 0);
+    Watchdog watchdog(l->time_limit_s);
+    g_dispatch_running.store(true);
+    if (workers == 1) {
+      work(pool[0].get(), 0);
+    } else {
+      std::vector<std::thread> threads;
+      try {
+        for (unsigned i = 1; i < workers; ++i) threads.emplace_back(work, pool[i].get(), i);
+      } catch (...) {  // out of threads: run with the ones started (joinable threads must be joined)
+      }
+      work(pool[0].get(), 0);
+      for (auto& t : threads) t.join();
     }
-    work(pool[0].get());
-    for (auto& t : threads) t.join();
+    g_dispatch_running.store(false);
   }
   if (faulted) return fail(first_fault.kind, first_fault.message);
   if (sanitizer) {
