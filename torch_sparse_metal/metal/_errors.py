@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Optional
 
 FAULT_KINDS = ("out_of_bounds", "integer_division", "threadgroup_race", "device_race", "barrier_divergence",
@@ -41,15 +40,13 @@ class MetalCompileError(RuntimeError):
 
     @classmethod
     def from_diagnostics(cls, what: str, diagnostics) -> "MetalCompileError":
-        """Errors of the front-end check: ``(file, line, message)`` each, in source order;
-        ``line`` and ``source_line`` are the first one's."""
-        shown = []
-        for file, line, message in diagnostics:
-            text = _line_of(file, line)
-            shown.append(f"{file.split('/')[-1]}:{line}: error: {message}" +
-                         (f"\n    {text.strip()}" if text else ""))
-        file, line, message = diagnostics[0]
-        text = _line_of(file, line)
+        """Errors of the front-end check: ``(file, line, message, text)`` each, in source
+        order, ``text`` the line as the preprocessor gave it (never read from the file a
+        line marker names: a shader's #line could name any file); ``line`` and
+        ``source_line`` are the first one's."""
+        shown = [f"{file.split('/')[-1]}:{line}: error: {message}" + (f"\n    {text.strip()}" if text else "")
+                 for file, line, message, text in diagnostics]
+        file, line, message, text = diagnostics[0]
         log = "\n".join(shown)
         return cls(f"{what}: {message}\n  at {file.split('/')[-1]} line {line}: "
                    f"{text.strip() if text else ''}\n\n{log}", log, line, text)
@@ -67,14 +64,6 @@ class MetalCompileError(RuntimeError):
         text = preprocessed.splitlines()[preprocessed[:offset].count("\n")] if preprocessed else ""
         return cls(f"{origin}: {message}\n  at {file.split('/')[-1]} line {line}: {text.strip()}",
                    "", line, text)
-
-
-def _line_of(path: str, line: int) -> Optional[str]:
-    try:
-        lines = Path(path).read_text().splitlines()
-    except (OSError, ValueError):
-        return None
-    return lines[line - 1] if 0 < line <= len(lines) else None
 
 
 class KernelFault(RuntimeError):

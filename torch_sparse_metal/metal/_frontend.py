@@ -342,6 +342,7 @@ class Diagnostic:
     line: int
     column: int
     message: str
+    text: str = ""  # the source line, as preprocessed
 
     def format(self) -> str:
         return f"{self.file}:{self.line}:{self.column}: error: {self.message}"
@@ -564,7 +565,7 @@ def check(preprocessed: str, *, language_version: str, origin: str,
     if diagnostics:
         raise MetalCompileError.from_diagnostics(
             f"{origin}: the Metal check (MSL {language_version}) rejected the shader",
-            [(d.file, d.line, d.message) for d in diagnostics])
+            [(d.file, d.line, d.message, d.text) for d in diagnostics])
 
 
 def _parse(preprocessed: str, version: int, main_file: str, *, emulator: bool = False):
@@ -588,12 +589,13 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
     prepared, tu, path = _parse(preprocessed, version, main_file)
     out: List[Diagnostic] = []
 
-    here = Path(main_file).parent  # the preprocessor ran there: line markers are relative to it
+    lines = preprocessed.splitlines()
 
     def add(location, message: str) -> None:
         file, line, column = presumed_location(location)
-        out.append(Diagnostic(str(here / file) if file and not Path(file).is_absolute() else file,
-                              line, column, message))
+        physical = location.line if location.file is not None and location.file.name == path else 0
+        out.append(Diagnostic(file, line, column, message,
+                              lines[physical - 1] if 0 < physical <= len(lines) else ""))
 
     for d in tu.diagnostics:
         if d.severity < cindex.Diagnostic.Error:
@@ -609,7 +611,8 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
         add(location, _explain(d.spelling))
     for offset, message in prepared.lints:
         file, line = _presumed_line(preprocessed, offset)
-        out.append(Diagnostic(str(here / file) if not Path(file).is_absolute() else file, line, 0, message))
+        physical = preprocessed.count("\n", 0, offset)
+        out.append(Diagnostic(file, line, 0, message, lines[physical] if physical < len(lines) else ""))
 
     walker = _Walker(cindex, path)
     k = cindex.CursorKind
@@ -828,4 +831,4 @@ def _keep_one_definition(name: str, overloads: Dict[int, List[object]], source: 
 def _emulator_limit(cursor, message: str) -> MetalCompileError:
     file, line, _ = presumed_location(cursor.location)
     return MetalCompileError.from_diagnostics("the emulator cannot compile this shader",
-                                              [(file, line, message)])
+                                              [(file, line, message, "")])
