@@ -226,8 +226,24 @@ _ADDRESS_SPACE_POINTER = re.compile(
     r"((?:(?:const|volatile)\s+)*)(" + _TYPE + r")\s*((?:(?:const|volatile)\b\s*)*)\*")
 
 
+# A buffer of pointers, `device T* device const* p`: the pointers in it are its elements.
+_POINTER_TO_POINTER = re.compile(
+    _ADDRESS_SPACE_POINTER.pattern + r"\s*((?:(?:const|volatile)\s+)*)(?:device|constant|threadgroup)\b\s*"
+    r"((?:(?:const|volatile)\b\s*)*)\*")
+
+
 def _checked_pointers(src: str) -> str:
-    """``device const T*`` (and constant, threadgroup) -> ``::tsm_emu::ptr<const T>``."""
+    """``device const T*`` (and constant, threadgroup) -> ``::tsm_emu::ptr<const T>``.
+
+    The pointers a buffer holds (``device T* device* p``) stay raw, the size the buffer's
+    elements have: only ``p`` is checked."""
+    masked = _mask_strings_and_directives(src)
+    edits = []
+    for m in _POINTER_TO_POINTER.finditer(masked):
+        inner = " ".join((m.group(2) + " " + src[m.start(3):m.end(3)] + " " + m.group(4)).split())
+        quals = " ".join((m.group(1) + " " + m.group(5) + " " + m.group(6)).split())
+        edits.append((m.start(), m.end(), f"::tsm_emu::ptr<{inner}* {quals}>".replace(" >", ">")))
+    src = _apply(src, edits)
     masked = _mask_strings_and_directives(src)
     out, last = [], 0
     for m in _ADDRESS_SPACE_POINTER.finditer(masked):
@@ -401,11 +417,9 @@ def _checked_threadgroup_scalars(src: str) -> str:
     return _apply(src, edits)
 
 
-def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = False) -> str:
-    """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup.
-
-    Sanitized, each array becomes a ``tsm_emu::tg_var``, whose accesses are checked.
-    """
+def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
+    """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup: a
+    ``tsm_emu::tg_var`` per array, whose accesses are checked, a ``tg_scalar`` per scalar."""
     out, last = [], 0
     for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
         start = m.start()
@@ -425,18 +439,14 @@ def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = Fa
         if not names or not all(names):
             continue
         out.append(src[last:start])
-        if sanitize:
-            # `float a[4], b[8]` -> one checked array per declarator.
-            type_text = parts[0].strip()[:names[0].start(1)].strip()
-            for part, name in zip(parts, names):
-                dims = part.strip()[name.end(1):].strip()
-                if dims:
-                    out.append(f"static thread_local ::tsm_emu::tg_var<{type_text}{dims}> {name.group(1)};")
-                else:
-                    out.append(f"static thread_local ::tsm_emu::tg_scalar<{type_text}> {name.group(1)};")
-        else:
-            out.append("static thread_local")
-            out.append(src[m.end():end + 1])
+        # `float a[4], b[8]` -> one checked array per declarator.
+        type_text = parts[0].strip()[:names[0].start(1)].strip()
+        for part, name in zip(parts, names):
+            dims = part.strip()[name.end(1):].strip()
+            if dims:
+                out.append(f"static thread_local ::tsm_emu::tg_var<{type_text}{dims}> {name.group(1)};")
+            else:
+                out.append(f"static thread_local ::tsm_emu::tg_scalar<{type_text}> {name.group(1)};")
         for name in names:  # every declarator counts towards the 32 KB
             out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name.group(1)}, "
                        f"sizeof({name.group(1)}), \"{name.group(1)}\");")
@@ -698,19 +708,21 @@ def _add_collective_sites(src: str) -> str:
 def rewrite(src: str, *, sanitize: bool = False) -> str:
     """The C++ translation of preprocessed MSL ``src`` (line structure preserved).
 
-    ``sanitize``: address-space pointers and threadgroup arrays become checked types.
+    In every build, address-space pointers and references and threadgroup variables become
+    checked types (tsm_emu/sanitize.h), so that no access leaves its buffer or variable;
+    ``sanitize`` also marks stores and field accesses for the sanitizer.
     """
     src = _add_collective_sites(_braced_loops(src))
+    src = _checked_threadgroup_scalars(src)
+    src = _checked_references(src)
+    src = _threadgroup_array_sizes(src)
+    src = _addresses_without_access(src)
     if sanitize:
         from ._access_rewrite import checked_members, marked_stores  # it builds on this module
-        src = _checked_threadgroup_scalars(src)
-        src = _checked_references(src)
-        src = _threadgroup_array_sizes(src)
-        src = _addresses_without_access(src)
         src = marked_stores(checked_members(src))
-        src = _checked_pointers(src)
+    src = _checked_pointers(src)
     masked = _mask_strings_and_directives(src)
-    src = _rewrite_threadgroup_declarations(src, masked, sanitize)
+    src = _rewrite_threadgroup_declarations(src, masked)
     masked = _mask_strings_and_directives(src)
     pieces, last = [], 0
     for m in _ATTRIBUTE.finditer(masked):

@@ -94,6 +94,7 @@ struct Worker {
   size_t static_tg_total = 0;
   Fiber* current = nullptr;
   AccessLog plain_touches;  // sanitized plain-loop dispatches
+  Regions regions;          // unsanitized dispatches: what checked pointers point into
   DispatchArgs args;
   bool fault_raised = false;
   KernelFault fault;
@@ -106,6 +107,13 @@ struct Worker {
 thread_local Worker* t_worker = nullptr;
 thread_local const ThreadInfo* t_plain_thread = nullptr;  // plain-loop mode
 thread_local Sanitizer* t_sanitizer = nullptr;            // sanitized dispatches only
+
+// The regions of the running dispatch as this worker sees them: the sanitizer's, or the
+// worker's own table in an unsanitized dispatch.
+Regions* regions() {
+  if (t_sanitizer) return t_sanitizer;
+  return t_worker ? &t_worker->regions : nullptr;
+}
 
 // ---- stopping a dispatch from outside (Ctrl-C, a time limit) ----------------------------
 //
@@ -823,10 +831,14 @@ void fault(const char* kind, const char* message) {
   raise(kind, message);
 }
 
-const ThreadInfo& current_thread() {
+static const ThreadInfo* current_thread_or_null() {
   Worker* w = t_worker;
-  if (w && w->current) return w->current->info;
-  if (t_plain_thread) return *t_plain_thread;
+  if (w && w->current) return &w->current->info;
+  return t_plain_thread;
+}
+
+const ThreadInfo& current_thread() {
+  if (const ThreadInfo* t = current_thread_or_null()) return *t;
   raise("launch", "a Metal built-in was used outside a kernel launch");
 }
 
@@ -888,7 +900,10 @@ void register_static_threadgroup_memory(const void* address, size_t bytes, const
   for (const void* seen : w->static_tg)
     if (seen == address) return;
   w->static_tg.push_back(address);
-  if (t_sanitizer) t_sanitizer->static_variable(address, bytes, name);
+  if (t_sanitizer)
+    t_sanitizer->static_variable(address, bytes, name);
+  else
+    w->regions.static_variable(address, bytes, name);
   w->static_tg_total += bytes;
   if (w->static_tg_total + w->dynamic_tg_total > kMaxThreadgroupMemory)
     raise("launch", "threadgroup memory exceeds 32 KB: " + std::to_string(w->static_tg_total) +
@@ -896,28 +911,31 @@ void register_static_threadgroup_memory(const void* address, size_t bytes, const
                         " bytes of [[threadgroup(n)]] arguments");
 }
 
-const Region* region_of(const void* address) {
-  return t_sanitizer ? t_sanitizer->find(address) : nullptr;
+const Bounds* region_of(const void* address) {
+  RuntimeScope scope;
+  const Regions* r = regions();
+  return r ? r->find(address) : nullptr;
 }
 
-void check_access(const Region* region, const void* address, size_t bytes, bool atomic) {
+void out_of_bounds(const Bounds* region, const void* address, size_t bytes) {
+  RuntimeScope scope;
+  const ThreadInfo* t = current_thread_or_null();
+  raise("out_of_bounds", (t ? where_info(*t) + " " : std::string()) +
+                             out_of_bounds_message(static_cast<const Region*>(region),
+                                                   static_cast<const char*>(address), bytes));
+}
+
+void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
+                      const void* field, size_t field_bytes, bool atomic) {
   RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
   if (!t_sanitizer || !current_accesses(&info, &touches)) return;
-  t_sanitizer->access(region, address, bytes, address, bytes, atomic, thread_id(*info), *touches);
+  t_sanitizer->access(static_cast<const Region*>(region), element, element_bytes, field, field_bytes, atomic,
+                      thread_id(*info), *touches);
 }
 
-void check_field_access(const Region* region, const void* element, size_t element_bytes,
-                        const void* field, size_t field_bytes) {
-  RuntimeScope scope;
-  const ThreadInfo* info;
-  AccessLog* touches;
-  if (!t_sanitizer || !current_accesses(&info, &touches)) return;
-  t_sanitizer->access(region, element, element_bytes, field, field_bytes, false, thread_id(*info), *touches);
-}
-
-void note_atomic(const void* address, size_t bytes) {
+void sanitizer_note_atomic(const void* address, size_t bytes) {
   RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
@@ -925,7 +943,7 @@ void note_atomic(const void* address, size_t bytes) {
     t_sanitizer->note_atomic(address, bytes, thread_id(*info), *touches);
 }
 
-void note_store(const void* address, size_t bytes, bool updates) {
+void sanitizer_note_store(const void* address, size_t bytes, bool updates) {
   RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
@@ -966,10 +984,14 @@ bool inject_spurious_cas_failure() {
   return t_sanitizer->spurious_cas_failure();
 }
 
-const Region* buffer_region(int index) { return t_sanitizer ? t_sanitizer->buffer(index) : nullptr; }
+const Bounds* buffer_region(int index) {
+  const Regions* r = regions();
+  return r ? r->buffer(index) : nullptr;
+}
 
-const Region* threadgroup_region(int index) {
-  return t_sanitizer ? t_sanitizer->threadgroup_arg(index) : nullptr;
+const Bounds* threadgroup_region(int index) {
+  const Regions* r = regions();
+  return r ? r->threadgroup_arg(index) : nullptr;
 }
 
 u3 builtin_value(int which, const ThreadInfo& t) {
@@ -1088,6 +1110,11 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     for (int i = 0; i < l->num_threadgroup; ++i) {
       w->dynamic_tg[i].assign(size_t(l->threadgroup_bytes[i]) + 16, 0);
       w->dynamic_tg_ptrs[i] = w->dynamic_tg[i].data();
+    }
+    if (!sanitizer) {  // the sanitizer keeps its own regions
+      w->regions.set_buffers(l->buffers, l->buffer_bytes, l->buffer_names, l->num_buffers);
+      w->regions.set_threadgroup_args(w->dynamic_tg_ptrs.data(), w->dynamic_tg_bytes.data(),
+                                      l->num_threadgroup, l->threadgroup_names);
     }
     uint32_t sgs = (uint32_t(group_threads) + kSimdWidth - 1) / kSimdWidth;
     if (w->exchange.size() < sgs) w->exchange.resize(sgs);

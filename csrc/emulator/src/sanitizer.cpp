@@ -40,6 +40,8 @@ std::unique_ptr<Region> make_region(void* base, size_t bytes, RegionKind kind, i
   std::unique_ptr<Region> r(new Region);
   r->base = static_cast<char*>(base);
   r->bytes = bytes;
+  r->begin = r->base;
+  r->end = r->base + bytes;
   r->kind = kind;
   r->index = index;
   r->name = std::move(name);
@@ -47,61 +49,7 @@ std::unique_ptr<Region> make_region(void* base, size_t bytes, RegionKind kind, i
 }
 }  // namespace
 
-Sanitizer::Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
-                     const char* const* names, int num_buffers)
-    : grid_(grid), group_size_(group_size), groups_(ceil_div(grid, group_size)) {
-  for (int i = 0; i < num_buffers; ++i)
-    buffers_.push_back(make_region(buffers[i], size_t(bytes[i]), R_BUFFER, i,
-                                   names && names[i] ? names[i] : ""));
-}
-
-const Region* Sanitizer::buffer(int index) const {
-  return index >= 0 && size_t(index) < buffers_.size() ? buffers_[size_t(index)].get() : nullptr;
-}
-
-const Region* Sanitizer::threadgroup_arg(int index) const {
-  return index >= 0 && size_t(index) < threadgroup_args_.size() ? threadgroup_args_[size_t(index)].get()
-                                                                 : nullptr;
-}
-
-const Region* Sanitizer::find(const void* address) const {
-  const char* a = static_cast<const char*>(address);
-  for (const auto* list : {&buffers_, &threadgroup_args_, &threadgroup_vars_})
-    for (const auto& r : *list)
-      if (a >= r->base && a < r->base + r->bytes) return r.get();
-  return nullptr;
-}
-
-void Sanitizer::begin_group(uint32_t simdgroups, void* const* args, const uint64_t* bytes,
-                            int num_args, const char* const* names) {
-  tg_epoch_ = dev_epoch_ = 0;
-  sg_tg_epoch_.assign(simdgroups, 0);
-  sg_dev_epoch_.assign(simdgroups, 0);
-  bank_log_.assign(simdgroups, std::vector<std::vector<std::pair<uintptr_t, uint32_t>>>(32));
-  // A new threadgroup's memory is a new instance: nothing of the last group's carries over.
-  threadgroup_args_.clear();
-  for (int i = 0; i < num_args; ++i) {
-    threadgroup_args_.push_back(make_region(args[i], size_t(bytes[i]), R_THREADGROUP_ARG, i,
-                                            names && names[i] ? names[i] : ""));
-  }
-  uninitialized_.reset();
-}
-
-void Sanitizer::static_variable(const void* address, size_t bytes, const char* name) {
-  // Called by the first thread of each threadgroup that reaches the declaration (the
-  // runtime remembers which it saw), before any touches the variable: it starts afresh.
-  Region* region = nullptr;
-  for (auto& r : threadgroup_vars_)
-    if (r->base == address) region = r.get();
-  if (!region) {
-    threadgroup_vars_.push_back(make_region(const_cast<void*>(address), bytes, R_THREADGROUP_VAR,
-                                            int(threadgroup_vars_.size()), name ? name : ""));
-    region = threadgroup_vars_.back().get();
-  }
-  region->shadow.clear();
-}
-
-std::string Sanitizer::describe(const Region& r) const {
+std::string describe_region(const Region& r) {
   switch (r.kind) {
     case R_BUFFER:
       return "[[buffer(" + std::to_string(r.index) + ")]]" + (r.name.empty() ? "" : " `" + r.name + "`");
@@ -113,9 +61,85 @@ std::string Sanitizer::describe(const Region& r) const {
   return "memory";
 }
 
+std::string out_of_bounds_message(const Region* region, const char* e, size_t element_bytes) {
+  if (!region)
+    return "accesses memory through a pointer that points into no buffer or threadgroup variable "
+           "of this dispatch";
+  const long long offset = (long long)(e - region->base), n = (long long)element_bytes;
+  const long long index = offset >= 0 ? offset / n : -((-offset + n - 1) / n);
+  return "accesses " + describe_region(*region) + " at element " + std::to_string(index) +
+         " (byte offset " + std::to_string(offset) + ", " + std::to_string(element_bytes) +
+         " bytes) but it holds " + std::to_string(region->bytes / element_bytes) + " elements (" +
+         std::to_string(region->bytes) + " bytes)";
+}
+
+void Regions::set_buffers(void* const* buffers, const uint64_t* bytes, const char* const* names,
+                          int num_buffers) {
+  buffers_.clear();
+  for (int i = 0; i < num_buffers; ++i)
+    buffers_.push_back(make_region(buffers[i], size_t(bytes[i]), R_BUFFER, i,
+                                   names && names[i] ? names[i] : ""));
+}
+
+void Regions::set_threadgroup_args(void* const* args, const uint64_t* bytes, int num_args,
+                                   const char* const* names) {
+  threadgroup_args_.clear();
+  for (int i = 0; i < num_args; ++i)
+    threadgroup_args_.push_back(make_region(args[i], size_t(bytes[i]), R_THREADGROUP_ARG, i,
+                                            names && names[i] ? names[i] : ""));
+}
+
+Region* Regions::static_variable(const void* address, size_t bytes, const char* name) {
+  for (auto& r : threadgroup_vars_)
+    if (r->base == address) return r.get();
+  threadgroup_vars_.push_back(make_region(const_cast<void*>(address), bytes, R_THREADGROUP_VAR,
+                                          int(threadgroup_vars_.size()), name ? name : ""));
+  return threadgroup_vars_.back().get();
+}
+
+const Region* Regions::buffer(int index) const {
+  return index >= 0 && size_t(index) < buffers_.size() ? buffers_[size_t(index)].get() : nullptr;
+}
+
+const Region* Regions::threadgroup_arg(int index) const {
+  return index >= 0 && size_t(index) < threadgroup_args_.size() ? threadgroup_args_[size_t(index)].get()
+                                                                 : nullptr;
+}
+
+const Region* Regions::find(const void* address) const {
+  const char* a = static_cast<const char*>(address);
+  for (const auto* list : {&buffers_, &threadgroup_args_, &threadgroup_vars_})
+    for (const auto& r : *list)
+      if (a >= r->begin && a < r->end) return r.get();
+  return nullptr;
+}
+
+Sanitizer::Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
+                     const char* const* names, int num_buffers)
+    : grid_(grid), group_size_(group_size), groups_(ceil_div(grid, group_size)) {
+  set_buffers(buffers, bytes, names, num_buffers);
+}
+
+void Sanitizer::begin_group(uint32_t simdgroups, void* const* args, const uint64_t* bytes,
+                            int num_args, const char* const* names) {
+  tg_epoch_ = dev_epoch_ = 0;
+  sg_tg_epoch_.assign(simdgroups, 0);
+  sg_dev_epoch_.assign(simdgroups, 0);
+  bank_log_.assign(simdgroups, std::vector<std::vector<std::pair<uintptr_t, uint32_t>>>(32));
+  // A new threadgroup's memory is a new instance: nothing of the last group's carries over.
+  set_threadgroup_args(args, bytes, num_args, names);
+  uninitialized_.reset();
+}
+
+void Sanitizer::static_variable(const void* address, size_t bytes, const char* name) {
+  // Called by the first thread of each threadgroup that reaches the declaration (the
+  // runtime remembers which it saw), before any touches the variable: it starts afresh.
+  Regions::static_variable(address, bytes, name)->shadow.clear();
+}
+
 std::string Sanitizer::element_name(const Region& r, const Touch& t) const {
   const size_t offset = size_t(t.address - r.base);
-  return describe(r) + " element " + std::to_string(size_t(t.element() - r.base) / t.element_bytes) +
+  return describe_region(r) + " element " + std::to_string(size_t(t.element() - r.base) / t.element_bytes) +
          " (byte offset " + std::to_string(offset) + ")";
 }
 
@@ -128,20 +152,9 @@ void Sanitizer::access(const Region* region, const void* element, size_t element
                        const void* address, size_t bytes, bool atomic, const ThreadId& who,
                        AccessLog& log) {
   const char* e = static_cast<const char*>(element);
-  if (!region) {
-    std::string msg = thread_name(who.group, who.thread) +
-                      " accesses memory through a pointer that points into no buffer or "
-                      "threadgroup variable of this dispatch";
-    fault("out_of_bounds", msg.c_str());
-  }
-  if (e < region->base || e + element_bytes > region->base + region->bytes) {
-    const long long offset = (long long)(e - region->base), n = (long long)element_bytes;
-    const long long index = offset >= 0 ? offset / n : -((-offset + n - 1) / n);
-    std::string msg = thread_name(who.group, who.thread) + " accesses " + describe(*region) +
-                      " at element " + std::to_string(index) + " (byte offset " +
-                      std::to_string(offset) + ", " + std::to_string(element_bytes) + " bytes) but it holds " +
-                      std::to_string(region->bytes / element_bytes) + " elements (" +
-                      std::to_string(region->bytes) + " bytes)";
+  if (!region || e < region->base || e + element_bytes > region->base + region->bytes) {
+    const std::string msg = thread_name(who.group, who.thread) + " " +
+                            out_of_bounds_message(region, e, element_bytes);
     fault("out_of_bounds", msg.c_str());
   }
   log_access(log, region, e, element_bytes, static_cast<const char*>(address), bytes, atomic, who);

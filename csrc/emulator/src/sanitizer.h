@@ -56,13 +56,38 @@ struct Cell {  // one 4-byte word of a region
   Access reads[2];         // reads not yet ordered before later accesses, distinct threads
 };
 
-struct Region {
+// A buffer or threadgroup variable: its Bounds (what kernel code checks, sanitize.h), its
+// name for reports, and (sanitized) the shadow of its accesses.
+struct Region : Bounds {
   char* base = nullptr;
   size_t bytes = 0;
   RegionKind kind = R_BUFFER;
   int index = 0;
   std::string name;
   std::unordered_map<size_t, Cell> shadow;
+};
+
+// "[[buffer(0)]] `out`", "threadgroup variable `tile`", ...
+std::string describe_region(const Region& r);
+// Why an access of the `element_bytes` at `element` is outside `region` (nullptr: in none).
+std::string out_of_bounds_message(const Region* region, const char* element, size_t element_bytes);
+
+// The regions of a dispatch as one worker sees them: the dispatch's buffers, and the
+// threadgroup memory of the threadgroup it runs.
+class Regions {
+ public:
+  void set_buffers(void* const* buffers, const uint64_t* bytes, const char* const* names, int num_buffers);
+  void set_threadgroup_args(void* const* args, const uint64_t* bytes, int num_args,
+                            const char* const* names);
+  // A threadgroup variable's declaration ran: its region (the same one again for a variable
+  // seen before, since each worker's storage for it stays where it is).
+  Region* static_variable(const void* address, size_t bytes, const char* name);
+  const Region* buffer(int index) const;
+  const Region* threadgroup_arg(int index) const;
+  const Region* find(const void* address) const;
+
+ protected:
+  std::vector<std::unique_ptr<Region>> buffers_, threadgroup_args_, threadgroup_vars_;
 };
 
 // How the first access of a Touch used it, when the rewriter said (sanitize.h).
@@ -140,17 +165,14 @@ struct Counters {
   uint64_t barriers = 0, fmas = 0, atomics = 0;
 };
 
-class Sanitizer {
+class Sanitizer : public Regions {
  public:
   Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
             const char* const* names, int num_buffers);
 
-  const Region* buffer(int index) const;
-  const Region* threadgroup_arg(int index) const;
-  const Region* find(const void* address) const;
-
   void begin_group(uint32_t simdgroups, void* const* args, const uint64_t* bytes, int num_args,
                    const char* const* names);
+  // Also: its shadow starts afresh.
   void static_variable(const void* address, size_t bytes, const char* name);
 
   // An access to `bytes` at `address`, inside the element of `element_bytes` at `element`
@@ -177,7 +199,6 @@ class Sanitizer {
 
  private:
   [[noreturn]] void race(const Region& r, const Touch& t, const Access& earlier, const Access& now);
-  std::string describe(const Region& r) const;
   std::string element_name(const Region& r, const Touch& t) const;
   std::string thread_name(uint32_t group, uint32_t thread) const;
   bool ordered(const Region& r, const Access& a, const Access& b) const;
@@ -193,7 +214,6 @@ class Sanitizer {
   void report_uninitialized_read();
 
   u3 grid_, group_size_, groups_;
-  std::vector<std::unique_ptr<Region>> buffers_, threadgroup_args_, threadgroup_vars_;
   uint32_t tg_epoch_ = 0, dev_epoch_ = 0;
   std::vector<uint32_t> sg_tg_epoch_, sg_dev_epoch_;
   uint64_t cas_calls_ = 0;

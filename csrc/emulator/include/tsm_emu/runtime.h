@@ -155,8 +155,8 @@ void threadgroup_barrier_wait(uint32_t site, unsigned flags);
 void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name = "");
 // The regions of the current dispatch's [[buffer(i)]] and [[threadgroup(i)]] arguments
 // (nullptr unless the dispatch is sanitized).
-const Region* buffer_region(int index);
-const Region* threadgroup_region(int index);
+const Bounds* buffer_region(int index);
+const Bounds* threadgroup_region(int index);
 
 // Sanitized dispatches only (no-ops otherwise): a shuffle read a lane that is not active;
 // whether a weak compare-and-swap should fail spuriously now, to exercise retry loops.

@@ -1,17 +1,21 @@
-// What sanitized kernels are compiled against (torch_sparse_metal.metal, sanitize=True).
+// Checked pointers: what every kernel is compiled against (torch_sparse_metal.metal).
 //
 // The rewriter turns every `device`, `constant` and `threadgroup` pointer in the kernel
 // source into tsm_emu::ptr<T>, and every threadgroup array into tsm_emu::tg_var<T[N]...>.
-// Each element access goes through the runtime, which checks it against the bounds of the
-// buffer or variable the pointer came from and records it for race detection. Accesses
-// return plain references, so kernel code type-checks exactly as before. The rewriter adds
-// what a reference cannot say (torch_sparse_metal/metal/_access_rewrite.py): `p[i].f`
-// becomes member_of(<address of p[i]>, ...), an access of the field's bytes only, and the
-// target of an assignment is wrapped in stored() (`=`) or updated() (`+=`, `++`, ...), so a
-// store counts as a write even when it leaves the bytes as they were. Any other access is a write if it changed the element's bytes, which is decided
-// when the thread next stops (at a barrier, a SIMD-group function or its end) by comparing
-// them with their value at first touch: only one thread runs at a time in a sanitized
-// dispatch.
+// A checked pointer carries the bounds of the buffer or threadgroup variable it points
+// into, and every element access is checked against them, in every build: an access
+// outside them raises KernelFault(kind="out_of_bounds") and touches nothing. Accesses return
+// plain references, so kernel code type-checks exactly as before.
+//
+// Sanitized builds (__TSM_SANITIZE__) also record each access for race detection, in the
+// runtime. The rewriter adds what a reference cannot say there
+// (torch_sparse_metal/metal/_access_rewrite.py): `p[i].f` becomes member_of(<address of
+// p[i]>, ...), an access of the field's bytes only, and the target of an assignment is
+// wrapped in stored() (`=`) or updated() (`+=`, `++`, ...), so a store counts as a write
+// even when it leaves the bytes as they were. Any other access is a write if it changed the
+// element's bytes, which is decided when the thread next stops (at a barrier, a SIMD-group
+// function or its end) by comparing them with their value at first touch: only one thread
+// runs at a time in a sanitized dispatch.
 #pragma once
 
 #include <cstddef>
@@ -28,28 +32,64 @@ struct is_vec_like;  // tsm_emu/types.h: vectors, packed vectors, swizzles
 
 namespace tsm_emu {
 
-struct Region;  // a buffer or threadgroup variable of the current dispatch (runtime.cpp)
+// A buffer or threadgroup variable of the current dispatch: its bytes [begin, end). The
+// runtime's Region (src/sanitizer.h) extends it with its name and, sanitized, what the
+// sanitizer tracks.
+struct Bounds {
+  const char* begin = nullptr;
+  const char* end = nullptr;
+};
+
+inline const void* untyped(const volatile void* p) { return const_cast<const void*>(p); }
 
 // The region holding `address`, or nullptr.
-const Region* region_of(const void* address);
-// Check that [address, address + bytes) lies in `region` (faults with kind out_of_bounds
-// otherwise) and record the access for race detection (`atomic`: never a race).
-void check_access(const Region* region, const void* address, size_t bytes, bool atomic);
-// The same for the `field_bytes` at `field` inside the element at `element`: the element
-// is checked against the bounds, the field's bytes are what the access touched.
-void check_field_access(const Region* region, const void* element, size_t element_bytes,
-                        const void* field, size_t field_bytes);
+const Bounds* region_of(const void* address);
+inline const Bounds* region_of(const volatile void* address) { return region_of(untyped(address)); }
+
+// The runtime's side (runtime.cpp), for the checks below.
+// Sanitized: check [address, address + bytes) against `region` (faults with kind
+// out_of_bounds outside it) and record the access for race detection (`atomic`: never a
+// race); for a field, `element` and `element_bytes` are the element it lies in.
+void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
+                      const void* address, size_t bytes, bool atomic);
 // An atomic operation through a raw pointer (from &p[i]): the access p[i] recorded is
 // atomic, not a plain write.
-void note_atomic(const void* address, size_t bytes);
+void sanitizer_note_atomic(const void* address, size_t bytes);
 // The latest access, to [address, address + bytes), was the target of an assignment: a
 // write, which read the old value first if `updates` (+=, ++, ...).
-void note_store(const void* address, size_t bytes, bool updates);
+void sanitizer_note_store(const void* address, size_t bytes, bool updates);
+// Unsanitized: the fault of an access outside its region.
+[[noreturn]] void out_of_bounds(const Bounds* region, const void* address, size_t bytes);
+
+#ifdef __TSM_SANITIZE__
+inline void check_access(const Bounds* region, const void* address, size_t bytes, bool atomic) {
+  sanitizer_access(region, address, bytes, address, bytes, atomic);
+}
+inline void check_field_access(const Bounds* region, const void* element, size_t element_bytes,
+                               const void* field, size_t field_bytes) {
+  sanitizer_access(region, element, element_bytes, field, field_bytes, false);
+}
+inline void note_atomic(const void* address, size_t bytes) { sanitizer_note_atomic(address, bytes); }
+inline void note_store(const void* address, size_t bytes, bool updates) {
+  sanitizer_note_store(address, bytes, updates);
+}
+#else
+// Unsanitized: the bounds check alone, inline.
+inline void check_access(const Bounds* region, const void* address, size_t bytes, bool) {
+  const char* a = static_cast<const char*>(address);
+  if (__builtin_expect(region == nullptr || a < region->begin || a + bytes > region->end, 0))
+    out_of_bounds(region, address, bytes);
+}
+inline void check_field_access(const Bounds* region, const void* element, size_t element_bytes,
+                               const void*, size_t) {
+  check_access(region, element, element_bytes, false);
+}
+inline void note_atomic(const void*, size_t) {}
+inline void note_store(const void*, size_t, bool) {}
+#endif
 
 // Addresses of volatile objects go to the functions above as plain addresses.
-inline const void* untyped(const volatile void* p) { return const_cast<const void*>(p); }
-inline const Region* region_of(const volatile void* address) { return region_of(untyped(address)); }
-inline void check_access(const Region* region, const volatile void* address, size_t bytes, bool atomic) {
+inline void check_access(const Bounds* region, const volatile void* address, size_t bytes, bool atomic) {
   check_access(region, untyped(address), bytes, atomic);
 }
 inline void note_atomic(const volatile void* address, size_t bytes) { note_atomic(untyped(address), bytes); }
@@ -83,14 +123,14 @@ template <class E>
 struct element_access {
   // p[i] of a pointer to E: a checked reference, or for an array E (a row of a 2-D array)
   // a checked pointer to its first element, as the array would decay to.
-  static E& get(E* p, const Region* r) {
+  static E& get(E* p, const Bounds* r) {
     check_access(r, untyped(p), sizeof(E), false);
     return *p;
   }
 };
 template <class U, size_t M>
 struct element_access<U[M]> {
-  static ptr<U> get(U (*p)[M], const Region* r) { return ptr<U>(&(*p)[0], r); }
+  static ptr<U> get(U (*p)[M], const Bounds* r) { return ptr<U>(&(*p)[0], r); }
 };
 }  // namespace sanitize_detail
 
@@ -103,9 +143,9 @@ struct ptr_marker {};  // every ptr<T> (and so every tg_var) derives from it
 template <class T>
 struct ptr_data : ptr_marker {
   ptr_data() = default;
-  ptr_data(T* p, const Region* r) : p_(p), r_(r) {}
+  ptr_data(T* p, const Bounds* r) : p_(p), r_(r) {}
   T* p_ = nullptr;
-  const Region* r_ = nullptr;
+  const Bounds* r_ = nullptr;
 };
 template <class T>
 using ptr_base = std::conditional_t<std::is_const<T>::value, ptr_data<T>, ptr<const T>>;
@@ -120,7 +160,7 @@ class ptr : public sanitize_detail::ptr_base<T> {
 
   ptr() = default;
   ptr(std::nullptr_t) {}
-  ptr(T* p, const Region* r) : base(p, r) {}
+  ptr(T* p, const Bounds* r) : base(p, r) {}
   // From a raw pointer, such as &buffer[i]: its region is found by address.
   ptr(T* p) : base(p, p ? region_of(p) : nullptr) {}
   // From an element, for a `device T&` parameter of a helper given `out[i]`.
@@ -138,7 +178,7 @@ class ptr : public sanitize_detail::ptr_base<T> {
       : base(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(other.get())), other.region()) {}
 
   T* get() const { return const_cast<T*>(this->p_); }
-  const Region* region() const { return this->r_; }
+  const Bounds* region() const { return this->r_; }
   explicit operator bool() const { return this->p_ != nullptr; }
 
   decltype(auto) operator[](ptrdiff_t i) const {
@@ -204,7 +244,9 @@ template <class T>
 class tg_scalar {
  public:
   T& ref() {
+#ifdef __TSM_SANITIZE__
     check_access(region_of(&value_), &value_, sizeof(T), false);
+#endif
     return value_;
   }
   // For m.f: the variable's address, no access yet (member_of below records the field).
@@ -244,12 +286,12 @@ decltype(auto) apply(X&& x, F step, Fs... rest) {
 // field of a struct (nested ones included), but a vector whole, as Metal counts a write
 // of one component as a write of the vector.
 template <class X>
-X& walk(const Region* r, const void* element, size_t element_bytes, X& x) {
+X& walk(const Bounds* r, const void* element, size_t element_bytes, X& x) {
   check_field_access(r, element, element_bytes, untyped(&x), sizeof(X));
   return x;
 }
 template <class X, class F, class... Fs>
-decltype(auto) walk(const Region* r, const void* element, size_t element_bytes, X& x, F step,
+decltype(auto) walk(const Bounds* r, const void* element, size_t element_bytes, X& x, F step,
                     Fs... rest) {
   if constexpr (metal::tsm_detail::is_vec_like<std::remove_cv_t<X>>::value) {
     check_field_access(r, element, element_bytes, untyped(&x), sizeof(X));
