@@ -116,6 +116,8 @@ _VECTOR_BASES = r"(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float
 _VECTOR_CALL = re.compile(r"(?<![\w.:>])((?:metal::)?(?:packed_)?" + _VECTOR_BASES + r"[234])\s*\(")
 _VEC_TEMPLATE_CALL = re.compile(r"(?<![\w.>])((?:metal::)?vec\s*<[^<>;{}()]*>)\s*\(")
 _REF_THREAD = re.compile(r"\bconst\s+thread\b|\bthread\s+const\b")
+# `thread` qualifying a member function (`T f() const thread {`, `S() thread : x(0) {}`).
+_THREAD_METHOD = re.compile(r"\)\s*(?:const\s+)?(thread)\b(?=\s*(?:const\b|volatile\b|noexcept\b|->|[{;:=&]))")
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
 _BFLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?:bf|BF)\b")
 
@@ -239,6 +241,41 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
     return edits
 
 
+def _braced_arguments(src: str) -> List[Tuple[int, int, str]]:
+    """``f({a, b, c})`` -> ``f(::metal::__tsm_braced(a, b, c))``: clang does not list-
+    initialise a vector parameter from a braced list in a call, which Metal does (MLX's
+    ``elem_to_loc({N * index.x, index.y, index.z}, ...)`` for a uint3). The stand-in
+    converts to a vector of as many components, or to an aggregate class."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"([(,])\s*\{", masked):
+        open_brace = m.end() - 1
+        try:
+            close = _rewrite._match_close(masked, open_brace, "{", "}")
+        except _rewrite.ParseError:
+            continue
+        inner = masked[open_brace + 1:close]
+        if "{" in inner or not re.match(r"\s*[,)]", masked[close + 1:]) or not inner.strip():
+            continue
+        depth, i = 0, open_brace - 1  # the call's "(": an identifier or `>` before it
+        while i >= 0:
+            if masked[i] in ")]}":
+                depth += 1
+            elif masked[i] in "([{":
+                if depth == 0:
+                    break
+                depth -= 1
+            i -= 1
+        if i < 0 or masked[i] != "(":
+            continue
+        callee = re.search(r"(\w+)\s*(?:<[^;{}]*>)?\s*$", masked[:i])
+        if not callee or callee.group(1) in _rewrite._NOT_FUNCTIONS or masked[:i].rstrip().endswith("]]"):
+            continue
+        edits.append((open_brace, open_brace + 1, "::metal::__tsm_braced("))
+        edits.append((close, close + 1, ")"))
+    return edits
+
+
 _RECORD = re.compile(r"\b(struct|class)\s+(\w+)\s*(?:<[^{};]*>\s*)?(?:final\s*)?(?::[^{};]*)?\{")
 
 
@@ -303,6 +340,7 @@ def _prepare(preprocessed: str) -> _Prepared:
         for m in re.finditer(pattern, masked):
             lints.append((m.start(), f"Metal does not support {what}"))
     source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
+    source.apply(_braced_arguments(source.text))
     masked = _rewrite._mask_strings_and_directives(source.text)
     bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked) if d.is_kernel]
     tg_lints: List[Tuple[int, str]] = []
@@ -322,6 +360,10 @@ def _prepare(preprocessed: str) -> _Prepared:
         tail = re.search(r"[*&;,(){}]", masked[m.end():])
         if tail and tail.group() == "&":
             edits.append((m.start(), m.end(), "const" + " " * (len(m.group()) - 5)))
+    # A member function qualified `thread` also serves temporaries (`return {a, b};` of a
+    # class whose constructors are all `thread`, as MLX's complex_t): clang puts those in
+    # its generic address space, which here is what Metal calls thread.
+    edits += [(m.start(1), m.end(1), "__generic") for m in _THREAD_METHOD.finditer(masked)]
     source.apply(edits)
     source.apply(_special_members(source.text))
     # libclang does not show explicit instantiations: a call of each instantiated kernel
@@ -358,6 +400,10 @@ _NOT_METAL_RULES = (
     re.compile(r"too few elements in vector initialization"),  # Metal zero-fills the rest
     re.compile(r"double precision constant requires"),         # a warning; Metal's literals are float
     re.compile(r"cannot (increment|decrement) value of type .*vec<"),  # ++ and -- work on vectors
+    # clang has no conversion between _Float16 and __bf16; Metal converts half and bfloat
+    # explicitly (MLX's fp8.h: static_cast<bfloat16_t>(half)).
+    re.compile(r"(static_cast|C-style cast|functional-style cast) from .*\b(_Float16|__bf16)\b.* to "
+               r".*\b(_Float16|__bf16)\b.* is not allowed"),
 )
 
 
@@ -532,7 +578,9 @@ def _bfloat_conversion(from_type, to_type) -> Optional[str]:
     source, target = _scalar_name(from_type), _scalar_name(to_type)
     if source == target:
         return None
-    if target == "__bf16" and source in _ARITHMETIC:
+    # MSL 3.1: "neither float nor half can be implicitly converted to bfloat"; integers
+    # can (MLX's arange computes `start + index * step` in bfloat with an integer index).
+    if target == "__bf16" and source in ("float", "_Float16", "double"):
         return (f"no implicit conversion from {_in_metal_words(source)} to bfloat in Metal "
                 f"(write bfloat(x); bfloat converts implicitly only to float)")
     if source == "__bf16" and target in _ARITHMETIC and target != "float":

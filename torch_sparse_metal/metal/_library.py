@@ -76,6 +76,10 @@ class Kernel:
 
     def __call__(self, *args, threads=None, group_size=None,
                  threadgroup_memory: Optional[Sequence[int]] = None) -> None:
+        needs = self._library.needs_constants.get(self.name)
+        if needs:
+            raise LaunchError(f"{self.name}: the kernel uses function constant(s) {', '.join(needs)}, "
+                              f"given no value: pass them to compile_shader(function_constants=...)")
         if threads is None:
             raise LaunchError(f"{self.name}: threads= (the grid size in threads) is required")
         grid = as_dim3(threads, f"{self.name}: threads")
@@ -158,6 +162,7 @@ class Library:
         self.uses_synchronisation = compiled.uses_synchronisation
         self.sanitize = compiled.sanitize
         self.language_version = compiled.language_version
+        self.needs_constants = compiled.needs_constants
         self._dll = ctypes.CDLL(str(compiled.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
         self._dll.tsm_num_kernels.restype = ctypes.c_int
         self._dll.tsm_kernel_name.restype = ctypes.c_char_p

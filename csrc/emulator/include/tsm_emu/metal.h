@@ -14,6 +14,11 @@
 #include "tsm_emu/simd.h"
 #include "tsm_emu/atomic.h"
 #include "tsm_emu/simdgroup_matrix.h"
+#include "tsm_emu/logging.h"
+#include "tsm_emu/array.h"
+#include "tsm_emu/matrix.h"
+#include "tsm_emu/pack.h"
+#include "tsm_emu/builtins.h"
 
 #define METAL_FUNC inline __attribute__((always_inline))
 
@@ -21,3 +26,5 @@
 #define constant
 #define thread
 #define threadgroup
+// Metal 3.2: `volatile coherent(device) device T*`; device memory is coherent here.
+#define coherent(scope)

@@ -52,6 +52,17 @@ typedef unsigned char uchar;
 typedef unsigned long ulong;
 typedef _Float16 half;
 using size_t = decltype(sizeof(0));
+// Metal's fixed-width integer names, the same types as <cstdint>'s global ones.
+using int8_t = std::int8_t;
+using uint8_t = std::uint8_t;
+using int16_t = std::int16_t;
+using uint16_t = std::uint16_t;
+using int32_t = std::int32_t;
+using uint32_t = std::uint32_t;
+using int64_t = std::int64_t;
+using uint64_t = std::uint64_t;
+using intptr_t = std::intptr_t;
+using uintptr_t = std::uintptr_t;
 using ptrdiff_t = decltype(static_cast<int*>(nullptr) - static_cast<int*>(nullptr));
 
 struct bfloat;
