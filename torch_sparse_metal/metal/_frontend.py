@@ -198,11 +198,9 @@ def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
     return edits
 
 
-def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]],
-                              lints: List[Tuple[int, str]]) -> List[Tuple[int, int, str]]:
+def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]) -> List[Tuple[int, int, str]]:
     """``threadgroup T a[N];`` in a kernel body -> a reference to storage in __local (clang
-    allows __local variables only in OpenCL kernels); a threadgroup variable with an
-    initialiser is reported (Metal rejects it), one outside a kernel left for clang."""
+    allows __local variables only in OpenCL kernels); one outside a kernel is left for clang."""
     masked = _rewrite._mask_strings_and_directives(src)
     edits = []
     for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
@@ -220,12 +218,10 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
         head = decl.split("[", 1)[0]
         if re.search(r"[*&(]", head):
             continue  # pointers and references to threadgroup memory
-        if "=" in decl or "{" in decl:
-            lints.append((m.start(), "a threadgroup variable cannot be declared with an initializer "
-                                     "(Metal: threadgroup memory is uninitialized; write it, then "
-                                     "threadgroup_barrier)"))
-            continue
-        parts = _rewrite._split_top_level(src[m.end():end])
+        # An initialiser (MLX's layer_norm: `threadgroup float b[32] = {0};`) is accepted by
+        # Apple's compiler, and does not initialise the memory in the emulator (it stays
+        # uninitialised, as every threadgroup variable is): it is not part of the check.
+        parts = [part.split("=", 1)[0] for part in _rewrite._split_top_level(src[m.end():end])]
         names = [re.search(r"(\w+)\s*((?:\[[^\]]*\]\s*)*)$", p.strip()) for p in parts]
         if not names or not all(names):
             continue
@@ -343,9 +339,7 @@ def _prepare(preprocessed: str) -> _Prepared:
     source.apply(_braced_arguments(source.text))
     masked = _rewrite._mask_strings_and_directives(source.text)
     bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked) if d.is_kernel]
-    tg_lints: List[Tuple[int, str]] = []
-    source.apply(_threadgroup_declarations(source.text, bodies, tg_lints))
-    lints += [(source.original(offset), message) for offset, message in tg_lints]
+    source.apply(_threadgroup_declarations(source.text, bodies))
     masked = _rewrite._mask_strings_and_directives(source.text)
     edits = [(m.start(), m.end(), f"((_Float16){m.group(1)}f)") for m in _HALF_LITERAL.finditer(masked)]
     edits += [(m.start(), m.end(), f"((__bf16){m.group(1)}f)") for m in _BFLOAT_LITERAL.finditer(masked)]
@@ -822,8 +816,10 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
             continue
         first = next(iter(overloads.values()))[0]
         parent = first.semantic_parent
-        constructor = parent is not None and parent.kind in (k.STRUCT_DECL, k.CLASS_DECL, k.CLASS_TEMPLATE) \
-            and name == parent.spelling
+        # A class template's constructors are spelled with its parameters (`cx<T>`).
+        constructor = first.kind == k.CONSTRUCTOR or (
+            parent is not None and parent.kind in (k.STRUCT_DECL, k.CLASS_DECL, k.CLASS_TEMPLATE)
+            and name.split("<", 1)[0] == parent.spelling)
         if constructor or name.startswith("operator"):
             edits += _keep_one_definition(name, overloads, source, preprocessed)
             continue

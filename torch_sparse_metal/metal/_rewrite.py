@@ -424,6 +424,16 @@ def _checked_threadgroup_scalars(src: str) -> str:
     return _apply(src, edits)
 
 
+def _offsets(text: str, parts: List[str]) -> List[int]:
+    """Where each of ``parts`` (prefixes of ``text``'s comma-separated pieces) starts."""
+    offsets, at = [], 0
+    for part in parts:
+        at = text.index(part, at)
+        offsets.append(at)
+        at += len(part)
+    return offsets
+
+
 def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = False) -> str:
     """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup.
 
@@ -443,7 +453,10 @@ def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = Fa
         decl = masked[m.end():end]
         if re.search(r"[*&(=]", decl.split("[", 1)[0]):
             continue  # pointer/reference/function: only the qualifier goes (macro)
-        parts = _split_top_level(decl)
+        # An initialiser (accepted by Apple's compiler: MLX's layer_norm) is dropped: the
+        # memory starts uninitialised, as every threadgroup variable's does.
+        declarators = _split_top_level(decl)
+        parts = [part.split("=", 1)[0] for part in declarators]
         names = [re.search(r"(\w+)\s*(?:\[|$)", part.strip()) for part in parts]
         if not names or not all(names):
             continue
@@ -458,8 +471,12 @@ def _rewrite_threadgroup_declarations(src: str, masked: str, sanitize: bool = Fa
                 else:
                     out.append(f"static thread_local ::tsm_emu::tg_scalar<{type_text}> {name.group(1)};")
         else:
-            out.append("static thread_local")
-            out.append(src[m.end():end + 1])
+            text = src[m.end():end + 1]
+            for offset, part in reversed(list(zip(_offsets(decl, declarators), declarators))):
+                if "=" in part:
+                    at = offset + part.index("=")
+                    text = text[:at] + blank(text[at:offset + len(part)]) + text[offset + len(part):]
+            out.append("static thread_local" + text)
         for name in names:  # every declarator counts towards the 32 KB
             out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name.group(1)}, "
                        f"sizeof({name.group(1)}), \"{name.group(1)}\");")

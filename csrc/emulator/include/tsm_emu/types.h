@@ -688,6 +688,21 @@ using std::remove_reference_t;
 using std::remove_volatile;
 using std::remove_volatile_t;
 using std::true_type;
+// Internal traits of Apple's <metal_type_traits> (MLX's atomic.h uses _disjunction).
+template <class... B>
+using _disjunction = std::disjunction<B...>;
+template <class... B>
+using _conjunction = std::conjunction<B...>;
+// <metal_uniform>: a value the same in every thread; here just the value.
+template <class T>
+struct uniform {
+  T value_;
+  uniform() = default;
+  constexpr uniform(T value) : value_(value) {}
+  constexpr operator T() const { return value_; }
+};
+template <class T>
+constexpr uniform<T> make_uniform(T value) { return uniform<T>(value); }
 template <class T>
 struct remove_addrspace {
   using type = T;
