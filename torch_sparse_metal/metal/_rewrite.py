@@ -201,7 +201,10 @@ def find_kernels(src: str) -> List[Kernel]:
         host_name = "".join(re.findall(r'"([^"]*)"', host.group(1))) if host else None
         head_masked = masked[head_start:mark.start()]
         tail = _ATTRIBUTE.sub(lambda m: blank(m.group()), after)
-        m_decltype = re.match(r"\s*decltype\s*\(\s*([^()]*?)\s*\)\s*([\w:]+\s*<[^;]*?>)\s*;", tail)
+        # `template [[host_name("n")]] kernel decltype(f<T>) f<T>;` (MLX), or with a typedef
+        # of the function type: `typedef decltype(f<T>) f_t; ... kernel f_t f<T>;` (ggml).
+        m_decltype = re.match(r"\s*(?:decltype\s*\(\s*([^()]*?)\s*\)|(?!void\b)[\w:]+)\s*([\w:]+\s*<[^;]*?>)\s*;",
+                              tail)
         m_func = re.match(r"\s*void\s+([\w:]+)\s*(<[^(;]*>)?\s*\(", tail)
         is_instantiation = re.match(r"\s*template\b(?!\s*<)", head_masked) is not None
         is_template = re.match(r"\s*template\s*<", head_masked) is not None
