@@ -193,11 +193,6 @@ kernel void k(device float* y [[buffer(0)]]) { y[0] = erf(y[0]); }""",
     ("unqualified_kernel_pointer_parameter", """
 kernel void k(float* y [[buffer(0)]]) { y[0] = 1.0f; }""",
      "must be declared in the device, constant or threadgroup address space", 2, ALL),
-    ("threadgroup_variable_with_initializer", """
-kernel void k(device float* y [[buffer(0)]]) {
-  threadgroup float total = 0.0f;
-  y[0] = total;
-}""", "threadgroup variable cannot be declared with an initializer", 3, ALL),
     ("threadgroup_variable_in_a_helper", """
 float helper(float v) {
   threadgroup float t[32];

@@ -22,7 +22,7 @@ import functools
 import os
 import threading
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _cache, _record
 from ._compiler import compile_file, compile_source
@@ -36,7 +36,7 @@ __all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "Laun
            "LANGUAGE_VERSIONS", "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS"]
 
 _lock = threading.Lock()
-_libraries: Dict[Tuple[str, Tuple[str, ...], bool, str], Library] = {}
+_libraries: Dict[tuple, Library] = {}
 
 
 def _after_fork_in_child() -> None:
@@ -75,17 +75,21 @@ def instrumented():
 
 
 def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: bool = False,
-                   language_version: str = DEFAULT_LANGUAGE_VERSION) -> Library:
+                   language_version: str = DEFAULT_LANGUAGE_VERSION,
+                   function_constants: Optional[Mapping[Union[str, int], object]] = None) -> Library:
     """Compile MSL ``source`` for the emulator (cached by content: no recompilation).
 
     The source is first checked against Metal's language rules for ``language_version``
     ("3.0", "3.1", "3.2" or "4.0": ``__METAL_VERSION__`` and what that version allows; the
     default is what the Metal launcher picks on the newest macOS): what Apple's compiler
     would reject raises :class:`MetalCompileError` naming the file and line.
-    ``sanitize=True``: bounds-checked, race-checked variant (one CPU thread, slower).
-    ``include_dirs``: where quoted and angle includes resolve, besides the package's
-    ``shaders/`` and the emulated ``<metal_*>`` headers; nothing outside them can be
-    included (no absolute paths, no ``..`` or symbolic link out of them).
+    ``sanitize=True``: race-checked variant (one CPU thread, slower; every build checks
+    bounds). ``include_dirs``: where quoted and angle includes resolve, besides the
+    package's ``shaders/`` and the emulated ``<metal_*>`` headers; nothing outside them can
+    be included (no absolute paths, no ``..`` or symbolic link out of them).
+    ``function_constants``: values of ``[[function_constant(n)]]`` constants, by name or by
+    index (``{"use_bias": True, 3: 128}``), as ``MTLFunctionConstantValues`` gives them; each
+    must match its declared type. A kernel using a constant given no value cannot be launched.
 
     Security: the emulator compiles the shader as C++ with the system compiler and loads
     the result into this process, so compiling a shader runs it as native code with your
@@ -94,12 +98,15 @@ def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: b
     """
     if not isinstance(source, str):
         raise TypeError(f"compile_shader expects the shader source as a str, got {type(source).__name__}")
-    key = (source, tuple(str(d) for d in include_dirs), bool(sanitize), language_version)
+    constants = dict(function_constants or {})
+    key = (source, tuple(str(d) for d in include_dirs), bool(sanitize), language_version,
+           tuple(sorted(((type(k).__name__, k), type(v).__name__, repr(v)) for k, v in constants.items())))
     with _lock:
         if key not in _libraries:
             _libraries[key] = Library(compile_source(source, include_dirs=[Path(d) for d in include_dirs],
                                                      sanitize=bool(sanitize),
-                                                     language_version=language_version))
+                                                     language_version=language_version,
+                                                     function_constants=constants))
         return _libraries[key]
 
 

@@ -31,10 +31,10 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
-from . import _access_rewrite, _cache, _frontend, _includes, _rewrite
+from . import _access_rewrite, _cache, _frontend, _function_constants, _includes, _rewrite
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -66,6 +66,8 @@ class CompiledLibrary:
     origin: str
     sanitize: bool
     language_version: str
+    # host name -> function constants without a value that the kernel uses (no launch)
+    needs_constants: Dict[str, Tuple[str, ...]]
 
 
 COMPILER_VARIABLE = "TSM_EMU_CXX"  # not $CXX: that one drives the extension's build on macOS
@@ -194,21 +196,33 @@ def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str, language_
 
 @dataclass(frozen=True)
 class _Views:
-    """A shader preprocessed as the emulator builds it and as Apple's compiler sees it."""
+    """A shader preprocessed as the emulator builds it and as Apple's compiler sees it,
+    specialised with its function constants' values."""
     emulator: str
     metal: str
     kernels: List[_rewrite.Kernel]
+    needs_constants: Dict[str, Tuple[str, ...]]
 
 
-def _views(path: Path, include_dirs: Sequence[Path], origin: str, language_version: str) -> _Views:
+FunctionConstantValues = Mapping[Union[str, int], object]
+
+
+def _views(path: Path, include_dirs: Sequence[Path], origin: str, language_version: str,
+           function_constants: FunctionConstantValues = {}) -> _Views:
     include_dirs = [path.parent, *include_dirs, SHADERS_DIR]
-    emulator = _preprocess(path, include_dirs, origin, language_version, emulator=True)
-    metal = _preprocess(path, include_dirs, origin, language_version, emulator=False)
+    views = {}
+    for emulator in (False, True):  # the emulator's last: its constants are used below
+        text = _preprocess(path, include_dirs, origin, language_version, emulator=emulator)
+        found = _function_constants.declarations(text)
+        constants = _function_constants.resolve(found, function_constants)
+        views[emulator] = _function_constants.specialize(text, found, constants)
+    emulator, metal = views[True], views[False]
     try:
         kernels = _rewrite.find_kernels(emulator)
     except _rewrite.ParseError as e:
         raise MetalCompileError.at_offset(str(e), emulator, e.offset, origin) from None
-    return _Views(emulator, metal, kernels)
+    needs = _function_constants.kernels_needing(text, constants, kernels)
+    return _Views(emulator, metal, kernels, needs)
 
 
 @dataclass(frozen=True)
@@ -234,26 +248,29 @@ def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_
 
 def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
                   sanitize: bool = False, command: Sequence[str] = (),
-                  language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> GeneratedCxx:
+                  language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION,
+                  function_constants: FunctionConstantValues = {}) -> GeneratedCxx:
     """The C++ the emulator compiles for the MSL file at ``path`` (quoted includes resolve
     next to it and in ``include_dirs``), after the source passed the Metal check;
     ``sanitize`` gives the checked variant's. The flags are for the compiler ``command``
     (default :func:`compiler`; a cross compiler, say)."""
     origin = origin or path.name
-    views = _views(path, include_dirs, origin, language_version)
+    views = _views(path, include_dirs, origin, language_version, function_constants)
     return _translate(views, path, origin, sanitize, language_version, command)
 
 
 def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
                  sanitize: bool = False,
-                 language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> CompiledLibrary:
+                 language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION,
+                 function_constants: FunctionConstantValues = {}) -> CompiledLibrary:
     """Compile the MSL file at ``path`` (quoted includes resolve next to it and in ``include_dirs``).
 
     ``sanitize`` builds the checked variant (see the sanitizer in the README);
-    ``language_version`` ("3.0" ... "4.0") sets ``__METAL_VERSION__`` and the rules checked.
+    ``language_version`` ("3.0" ... "4.0") sets ``__METAL_VERSION__`` and the rules checked;
+    ``function_constants`` gives ``[[function_constant(n)]]`` values by name or index.
     """
     origin = origin or path.name
-    views = _views(path, include_dirs, origin, language_version)
+    views = _views(path, include_dirs, origin, language_version, function_constants)
     # Keyed by what went in, so a cache hit needs neither the check nor the translation.
     key = hashlib.sha256("\0".join((_toolchain_fingerprint(), language_version, str(sanitize),
                                     views.metal, views.emulator)).encode()).hexdigest()[:24]
@@ -269,15 +286,17 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
 
     lib = _cache.fetch(f"{key}.so", build)
     return CompiledLibrary(lib, views.kernels, _rewrite.uses_synchronisation(views.emulator), origin,
-                           sanitize, language_version)
+                           sanitize, language_version, views.needs_constants)
 
 
 def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False,
-                   language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION) -> CompiledLibrary:
+                   language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION,
+                   function_constants: FunctionConstantValues = {}) -> CompiledLibrary:
     """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it). It has no
     directory of its own: its includes resolve in ``include_dirs`` and ``shaders/``."""
     with tempfile.TemporaryDirectory(prefix="tsm-emu-source-") as tmp:
         path = Path(tmp) / "shader.metal"
         path.write_text(source)
         return compile_file(path, include_dirs=include_dirs, origin="<compile_shader>",
-                            sanitize=sanitize, language_version=language_version)
+                            sanitize=sanitize, language_version=language_version,
+                            function_constants=function_constants)

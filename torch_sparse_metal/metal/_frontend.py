@@ -116,6 +116,8 @@ _VECTOR_BASES = r"(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float
 _VECTOR_CALL = re.compile(r"(?<![\w.:>])((?:metal::)?(?:packed_)?" + _VECTOR_BASES + r"[234])\s*\(")
 _VEC_TEMPLATE_CALL = re.compile(r"(?<![\w.>])((?:metal::)?vec\s*<[^<>;{}()]*>)\s*\(")
 _REF_THREAD = re.compile(r"\bconst\s+thread\b|\bthread\s+const\b")
+# `thread` qualifying a member function (`T f() const thread {`, `S() thread : x(0) {}`).
+_THREAD_METHOD = re.compile(r"\)\s*(?:const\s+)?(thread)\b(?=\s*(?:const\b|volatile\b|noexcept\b|->|[{;:=&]))")
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
 _BFLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?:bf|BF)\b")
 
@@ -196,11 +198,9 @@ def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
     return edits
 
 
-def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]],
-                              lints: List[Tuple[int, str]]) -> List[Tuple[int, int, str]]:
+def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]) -> List[Tuple[int, int, str]]:
     """``threadgroup T a[N];`` in a kernel body -> a reference to storage in __local (clang
-    allows __local variables only in OpenCL kernels); a threadgroup variable with an
-    initialiser is reported (Metal rejects it), one outside a kernel left for clang."""
+    allows __local variables only in OpenCL kernels); one outside a kernel is left for clang."""
     masked = _rewrite._mask_strings_and_directives(src)
     edits = []
     for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
@@ -218,12 +218,10 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
         head = decl.split("[", 1)[0]
         if re.search(r"[*&(]", head):
             continue  # pointers and references to threadgroup memory
-        if "=" in decl or "{" in decl:
-            lints.append((m.start(), "a threadgroup variable cannot be declared with an initializer "
-                                     "(Metal: threadgroup memory is uninitialized; write it, then "
-                                     "threadgroup_barrier)"))
-            continue
-        parts = _rewrite._split_top_level(src[m.end():end])
+        # An initialiser (MLX's layer_norm: `threadgroup float b[32] = {0};`) is accepted by
+        # Apple's compiler, and does not initialise the memory in the emulator (it stays
+        # uninitialised, as every threadgroup variable is): it is not part of the check.
+        parts = [part.split("=", 1)[0] for part in _rewrite._split_top_level(src[m.end():end])]
         names = [re.search(r"(\w+)\s*((?:\[[^\]]*\]\s*)*)$", p.strip()) for p in parts]
         if not names or not all(names):
             continue
@@ -236,6 +234,41 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
             out.append(f"__local {type_text} {declarator} = "
                        f"::metal::__tsm_threadgroup_storage<{target}>();")
         edits.append((m.start(), end + 1, " ".join(out)))
+    return edits
+
+
+def _braced_arguments(src: str) -> List[Tuple[int, int, str]]:
+    """``f({a, b, c})`` -> ``f(::metal::__tsm_braced(a, b, c))``: clang does not list-
+    initialise a vector parameter from a braced list in a call, which Metal does (MLX's
+    ``elem_to_loc({N * index.x, index.y, index.z}, ...)`` for a uint3). The stand-in
+    converts to a vector of as many components, or to an aggregate class."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"([(,])\s*\{", masked):
+        open_brace = m.end() - 1
+        try:
+            close = _rewrite._match_close(masked, open_brace, "{", "}")
+        except _rewrite.ParseError:
+            continue
+        inner = masked[open_brace + 1:close]
+        if "{" in inner or not re.match(r"\s*[,)]", masked[close + 1:]) or not inner.strip():
+            continue
+        depth, i = 0, open_brace - 1  # the call's "(": an identifier or `>` before it
+        while i >= 0:
+            if masked[i] in ")]}":
+                depth += 1
+            elif masked[i] in "([{":
+                if depth == 0:
+                    break
+                depth -= 1
+            i -= 1
+        if i < 0 or masked[i] != "(":
+            continue
+        callee = re.search(r"(\w+)\s*(?:<[^;{}]*>)?\s*$", masked[:i])
+        if not callee or callee.group(1) in _rewrite._NOT_FUNCTIONS or masked[:i].rstrip().endswith("]]"):
+            continue
+        edits.append((open_brace, open_brace + 1, "::metal::__tsm_braced("))
+        edits.append((close, close + 1, ")"))
     return edits
 
 
@@ -303,11 +336,10 @@ def _prepare(preprocessed: str) -> _Prepared:
         for m in re.finditer(pattern, masked):
             lints.append((m.start(), f"Metal does not support {what}"))
     source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
+    source.apply(_braced_arguments(source.text))
     masked = _rewrite._mask_strings_and_directives(source.text)
     bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked) if d.is_kernel]
-    tg_lints: List[Tuple[int, str]] = []
-    source.apply(_threadgroup_declarations(source.text, bodies, tg_lints))
-    lints += [(source.original(offset), message) for offset, message in tg_lints]
+    source.apply(_threadgroup_declarations(source.text, bodies))
     masked = _rewrite._mask_strings_and_directives(source.text)
     edits = [(m.start(), m.end(), f"((_Float16){m.group(1)}f)") for m in _HALF_LITERAL.finditer(masked)]
     edits += [(m.start(), m.end(), f"((__bf16){m.group(1)}f)") for m in _BFLOAT_LITERAL.finditer(masked)]
@@ -322,6 +354,10 @@ def _prepare(preprocessed: str) -> _Prepared:
         tail = re.search(r"[*&;,(){}]", masked[m.end():])
         if tail and tail.group() == "&":
             edits.append((m.start(), m.end(), "const" + " " * (len(m.group()) - 5)))
+    # A member function qualified `thread` also serves temporaries (`return {a, b};` of a
+    # class whose constructors are all `thread`, as MLX's complex_t): clang puts those in
+    # its generic address space, which here is what Metal calls thread.
+    edits += [(m.start(1), m.end(1), "__generic") for m in _THREAD_METHOD.finditer(masked)]
     source.apply(edits)
     source.apply(_special_members(source.text))
     # libclang does not show explicit instantiations: a call of each instantiated kernel
@@ -359,6 +395,10 @@ _NOT_METAL_RULES = (
     re.compile(r"too few elements in vector initialization"),  # Metal zero-fills the rest
     re.compile(r"double precision constant requires"),         # a warning; Metal's literals are float
     re.compile(r"cannot (increment|decrement) value of type .*vec<"),  # ++ and -- work on vectors
+    # clang has no conversion between _Float16 and __bf16; Metal converts half and bfloat
+    # explicitly (MLX's fp8.h: static_cast<bfloat16_t>(half)).
+    re.compile(r"(static_cast|C-style cast|functional-style cast) from .*\b(_Float16|__bf16)\b.* to "
+               r".*\b(_Float16|__bf16)\b.* is not allowed"),
 )
 
 
@@ -533,7 +573,9 @@ def _bfloat_conversion(from_type, to_type) -> Optional[str]:
     source, target = _scalar_name(from_type), _scalar_name(to_type)
     if source == target:
         return None
-    if target == "__bf16" and source in _ARITHMETIC:
+    # MSL 3.1: "neither float nor half can be implicitly converted to bfloat"; integers
+    # can (MLX's arange computes `start + index * step` in bfloat with an integer index).
+    if target == "__bf16" and source in ("float", "_Float16", "double"):
         return (f"no implicit conversion from {_in_metal_words(source)} to bfloat in Metal "
                 f"(write bfloat(x); bfloat converts implicitly only to float)")
     if source == "__bf16" and target in _ARITHMETIC and target != "float":
@@ -780,8 +822,10 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
             continue
         first = next(iter(overloads.values()))[0]
         parent = first.semantic_parent
-        constructor = parent is not None and parent.kind in (k.STRUCT_DECL, k.CLASS_DECL, k.CLASS_TEMPLATE) \
-            and name == parent.spelling
+        # A class template's constructors are spelled with its parameters (`cx<T>`).
+        constructor = first.kind == k.CONSTRUCTOR or (
+            parent is not None and parent.kind in (k.STRUCT_DECL, k.CLASS_DECL, k.CLASS_TEMPLATE)
+            and name.split("<", 1)[0] == parent.spelling)
         if constructor or name.startswith("operator"):
             edits += _keep_one_definition(name, overloads, source, preprocessed)
             continue

@@ -109,6 +109,10 @@ class Kernel:
         the main thread, Ctrl-C stops the dispatch and raises ``KeyboardInterrupt``. Either
         way the process and the library stay usable; what the kernel wrote is incomplete.
         """
+        needs = self._library.needs_constants.get(self.name)
+        if needs:
+            raise LaunchError(f"{self.name}: the kernel uses function constant(s) {', '.join(needs)}, "
+                              f"given no value: pass them to compile_shader(function_constants=...)")
         time_limit = _time_limit(self.name, timeout)
         if threads is None:
             raise LaunchError(f"{self.name}: threads= (the grid size in threads) is required")
@@ -196,6 +200,7 @@ class Library:
         self.uses_synchronisation = compiled.uses_synchronisation
         self.sanitize = compiled.sanitize
         self.language_version = compiled.language_version
+        self.needs_constants = compiled.needs_constants
         try:
             self._dll = ctypes.CDLL(str(compiled.path), mode=os.RTLD_LOCAL | os.RTLD_NOW)
         except OSError as e:

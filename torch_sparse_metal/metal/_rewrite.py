@@ -35,7 +35,7 @@ BUILTINS = (
     "dispatch_quadgroups_per_threadgroup",
 )
 
-P_BUFFER, P_THREADGROUP, P_BUILTIN = 0, 1, 2
+P_BUFFER, P_THREADGROUP, P_BUILTIN, P_ABSENT = 0, 1, 2, 3  # tsm_emu::ParamKind
 
 
 class ParseError(Exception):
@@ -63,12 +63,13 @@ class Kernel:
 
 
 _ATTRIBUTE = re.compile(r"\[\[(?:[^\[\]]|\[[^\[\]]*\])*?\]\]")
-_KERNEL_MARK = re.compile(r"\[\[\s*kernel\s*\]\]|\bkernel\b")
+# `[[kernel]]`, also with other attributes in the same list
+# (`[[kernel, max_total_threads_per_threadgroup(256)]]`, MLX's spelling), or `kernel`.
+_KERNEL_MARK = re.compile(r"\[\[\s*kernel\s*(?:,(?:[^\[\]]|\[[^\[\]]*\])*)?\]\]|\bkernel\b")
 # host_name("fill_" "float32"): adjacent literals concatenate, as MLX's "fill_" #tname makes.
 _HOST_NAME = re.compile(r'host_name\s*\(\s*((?:"[^"]*"\s*)+)\)')
 _SYNC_CALL = re.compile(r"\b(threadgroup_barrier|simdgroup_barrier|simdgroup_multiply\w*|simd_\w+|quad_\w+)\s*\(")
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
-_PARAM_ATTR = re.compile(r"\[\[\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*\]\]")
 
 
 def blank(text: str) -> str:
@@ -125,6 +126,18 @@ def _split_top_level(text: str) -> List[str]:
     return parts
 
 
+def _param_attributes(piece: str) -> List[Tuple[str, str]]:
+    """(name, argument) of every entry of a parameter's attribute lists:
+    ``[[buffer(5), function_constant(has_mask)]]`` -> [("buffer", "5"), ("function_constant", "has_mask")]."""
+    entries = []
+    for attribute in _ATTRIBUTE.findall(piece):
+        for entry in _split_top_level(attribute[2:-2]):
+            m = re.fullmatch(r"\s*(\w+)\s*(?:\((.*)\))?\s*", entry, re.S)
+            if m:
+                entries.append((m.group(1), (m.group(2) or "").strip()))
+    return entries
+
+
 def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
     params: List[Param] = []
     next_buffer = next_tg = 0
@@ -132,8 +145,14 @@ def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
         piece = " ".join(raw.split())
         if not piece or piece == "void":
             continue
-        attrs = _PARAM_ATTR.findall(piece)
-        attr = next(((name, idx) for name, idx in attrs), None)
+        attrs = _param_attributes(piece)
+        # [[function_constant(b)]] on a parameter: it exists only when b is true. The
+        # function-constant pass has already put b's value there (true or false).
+        if ("function_constant", "false") in attrs:
+            params.append(Param(piece, P_ABSENT, 0))
+            continue
+        attrs = [a for a in attrs if a != ("function_constant", "true")]
+        attr = attrs[0] if attrs else None
         if attr is None:
             if re.search(r"\bthreadgroup\b", piece):
                 params.append(Param(piece, P_THREADGROUP, next_tg))
@@ -143,6 +162,10 @@ def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
                 next_buffer += 1
             continue
         name, idx = attr
+        if len(attrs) > 1 or (name in ("buffer", "threadgroup") and not idx.isdigit()) or \
+                (name in BUILTINS and idx):
+            raise ParseError(f"kernel {kernel}: parameter attributes {' '.join(_ATTRIBUTE.findall(piece))} "
+                             f"are not supported by the emulator (parameter `{piece}`)", offset)
         if name == "buffer":
             params.append(Param(piece, P_BUFFER, int(idx)))
             next_buffer = int(idx) + 1
@@ -178,7 +201,10 @@ def find_kernels(src: str) -> List[Kernel]:
         host_name = "".join(re.findall(r'"([^"]*)"', host.group(1))) if host else None
         head_masked = masked[head_start:mark.start()]
         tail = _ATTRIBUTE.sub(lambda m: blank(m.group()), after)
-        m_decltype = re.match(r"\s*decltype\s*\(\s*([^()]*?)\s*\)\s*([\w:]+\s*<[^;]*?>)\s*;", tail)
+        # `template [[host_name("n")]] kernel decltype(f<T>) f<T>;` (MLX), or with a typedef
+        # of the function type: `typedef decltype(f<T>) f_t; ... kernel f_t f<T>;` (ggml).
+        m_decltype = re.match(r"\s*(?:decltype\s*\(\s*([^()]*?)\s*\)|(?!void\b)[\w:]+)\s*([\w:]+\s*<[^;]*?>)\s*;",
+                              tail)
         m_func = re.match(r"\s*void\s+([\w:]+)\s*(<[^(;]*>)?\s*\(", tail)
         is_instantiation = re.match(r"\s*template\b(?!\s*<)", head_masked) is not None
         is_template = re.match(r"\s*template\s*<", head_masked) is not None
@@ -434,7 +460,10 @@ def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
         decl = masked[m.end():end]
         if re.search(r"[*&(=]", decl.split("[", 1)[0]):
             continue  # pointer/reference/function: only the qualifier goes (macro)
-        parts = _split_top_level(decl)
+        # An initialiser (accepted by Apple's compiler: MLX's layer_norm) is dropped: the
+        # memory starts uninitialised, as every threadgroup variable's does.
+        declarators = _split_top_level(decl)
+        parts = [part.split("=", 1)[0] for part in declarators]
         names = [re.search(r"(\w+)\s*(?:\[|$)", part.strip()) for part in parts]
         if not names or not all(names):
             continue
@@ -464,7 +493,8 @@ def collective_names() -> Tuple[str, ...]:
         text = (EMULATOR_INCLUDE_DIR / "tsm_emu" / header).read_text()
         names.update(re.findall(r"\b(\w+)\s*\([^{;()]*::tsm_emu::Site site_", text))
         names.update(re.findall(r"^TSM_(?:SIMD_REDUCTION|SHUFFLE)\((\w+),", text, re.M))
-    names.discard("name")  # the placeholder inside the macro definitions
+        names.update("__metal_" + n for n in re.findall(r"\bTSM_SIMD_BUILTIN\w*\((\w+)\)", text))
+    names -= {"name", "__metal_name"}  # the placeholders inside the macro definitions
     return tuple(sorted(names))
 
 

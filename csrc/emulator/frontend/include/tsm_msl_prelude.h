@@ -55,3 +55,9 @@
 // MSL's half is IEEE binary16; OpenCL's `half` keyword is unusable on the x86-64 target
 // this parse runs for (which the check needs for __bf16), so half is _Float16 here.
 #define half _Float16
+
+#if __METAL_VERSION__ >= 320
+// Metal 3.2's coherence qualifier of device pointers, `coherent(device)`: a guarantee about
+// the memory model, not a type difference the check needs.
+#define coherent(scope)
+#endif

@@ -39,7 +39,9 @@ struct ThreadInfo {
   uint32_t dispatch_simdgroups_per_threadgroup;
 };
 
-enum ParamKind : int { P_BUFFER = 0, P_THREADGROUP = 1, P_BUILTIN = 2 };
+// P_ABSENT: a parameter whose [[function_constant(b)]] is false (or has no value): it takes
+// no argument, and the kernel sees a null pointer (or a zeroed value).
+enum ParamKind : int { P_BUFFER = 0, P_THREADGROUP = 1, P_BUILTIN = 2, P_ABSENT = 3 };
 
 enum Builtin : int {
   B_THREAD_POSITION_IN_GRID,
@@ -210,6 +212,15 @@ u3 builtin_value(int which, const ThreadInfo& t);
 
 template <class A>
 inline A make_arg(const ParamSpec& p, const DispatchArgs& d, const ThreadInfo& t) {
+  if (p.kind == P_ABSENT) {
+    using V = std::remove_cv_t<std::remove_reference_t<A>>;
+    if constexpr (std::is_reference<A>::value) {
+      alignas(16) static const unsigned char zeros[sizeof(V)] = {};
+      return *reinterpret_cast<std::remove_reference_t<A>*>(const_cast<unsigned char*>(zeros));
+    } else {
+      return V{};
+    }
+  }
   if constexpr (std::is_pointer<A>::value) {
     void* base = p.kind == P_THREADGROUP ? d.threadgroup[p.index] : d.buffers[p.index];
     return static_cast<A>(base);

@@ -270,11 +270,14 @@ template <class T>
 struct DataAndFill {
   T data, fill;
 };
+// `group`: 32 for the SIMD-group, 4 for the caller's quad (whose windows stay inside it).
 template <class T>
-inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bool up, uint32_t site) {
+inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bool up, uint32_t site,
+                          unsigned group = 32u) {
   static_assert(2 * sizeof(T) <= tsm_emu::kSimdValueBytes, "shuffle_and_fill takes values of at most 32 bytes");
   auto x = exchange(DataAndFill<T>{data, filling}, site);
-  const unsigned w = modulo ? modulo : 32u, base = x.lane - x.lane % w, i = x.lane % w;
+  const unsigned w = modulo ? modulo : group, first = x.lane & ~(group - 1u), in_group = x.lane - first;
+  const unsigned base = first + in_group - in_group % w, i = in_group % w;
   const bool inside = up ? i >= delta : i + delta < w;
   const unsigned src = base + (up ? (i + w - delta) % w : (i + delta) % w);
   if (!active(x, src)) {
@@ -303,4 +306,79 @@ inline T simd_shuffle_and_fill_down(T data, T filling, D delta, M modulo, ::tsm_
   return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), false, site_.value);
 }
 
+template <class T, class D>
+inline T quad_shuffle_and_fill_up(T data, T filling, D delta, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, true, site_.value, 4u);
+}
+template <class T, class D, class M>
+inline T quad_shuffle_and_fill_up(T data, T filling, D delta, M modulo, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), true, site_.value, 4u);
+}
+template <class T, class D>
+inline T quad_shuffle_and_fill_down(T data, T filling, D delta, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, false, site_.value, 4u);
+}
+template <class T, class D, class M>
+inline T quad_shuffle_and_fill_down(T data, T filling, D delta, M modulo, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), false, site_.value, 4u);
+}
+
 }  // namespace metal
+
+// Apple's compiler built-ins behind its <metal_simdgroup> (__metal_simd_sum, ...), which
+// public code (MLX's bfloat overloads) calls directly. Same semantics as the library
+// functions; and, or and xor of floating-point values act on their bits.
+namespace tsm_emu {
+namespace simd_builtin {
+template <class T>
+using bits_t = std::conditional_t<sizeof(T) == 1, uint8_t, std::conditional_t<sizeof(T) == 2, uint16_t,
+              std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>>;
+template <class T, class F>
+inline T on_bits(T v, F f) {
+  if constexpr (std::is_integral<T>::value) {
+    return f(v);
+  } else {
+    static_assert(sizeof(T) <= 8, "bitwise SIMD-group built-ins take scalars");
+    return __builtin_bit_cast(T, f(__builtin_bit_cast(bits_t<T>, v)));
+  }
+}
+}  // namespace simd_builtin
+}  // namespace tsm_emu
+#define TSM_SIMD_BUILTIN1(name)                                                             \
+  template <class T>                                                                        \
+  inline T __metal_##name(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                \
+    return metal::name(v, site_);                                                           \
+  }
+#define TSM_SIMD_BUILTIN_BITS(name)                                                         \
+  template <class T>                                                                        \
+  inline T __metal_##name(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                \
+    return ::tsm_emu::simd_builtin::on_bits(v, [&](auto b) { return metal::name(b, site_); }); \
+  }
+#define TSM_SIMD_BUILTIN2(name)                                                             \
+  template <class T, class I>                                                               \
+  inline T __metal_##name(T v, I arg, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {         \
+    return metal::name(v, arg, site_);                                                      \
+  }
+TSM_SIMD_BUILTIN1(simd_sum) TSM_SIMD_BUILTIN1(simd_product) TSM_SIMD_BUILTIN1(simd_min)
+TSM_SIMD_BUILTIN1(simd_max) TSM_SIMD_BUILTIN1(simd_prefix_inclusive_sum)
+TSM_SIMD_BUILTIN1(simd_prefix_exclusive_sum) TSM_SIMD_BUILTIN1(simd_prefix_inclusive_product)
+TSM_SIMD_BUILTIN1(simd_prefix_exclusive_product) TSM_SIMD_BUILTIN1(simd_broadcast_first)
+TSM_SIMD_BUILTIN_BITS(simd_and) TSM_SIMD_BUILTIN_BITS(simd_or) TSM_SIMD_BUILTIN_BITS(simd_xor)
+TSM_SIMD_BUILTIN2(simd_shuffle) TSM_SIMD_BUILTIN2(simd_broadcast) TSM_SIMD_BUILTIN2(simd_shuffle_up)
+TSM_SIMD_BUILTIN2(simd_shuffle_down) TSM_SIMD_BUILTIN2(simd_shuffle_rotate_up)
+TSM_SIMD_BUILTIN2(simd_shuffle_rotate_down) TSM_SIMD_BUILTIN2(simd_shuffle_xor)
+#undef TSM_SIMD_BUILTIN1
+#undef TSM_SIMD_BUILTIN_BITS
+#undef TSM_SIMD_BUILTIN2
+template <class T, class D, class M>
+inline T __metal_simd_shuffle_and_fill_up(T data, T filling, D delta, M modulo,
+                                          ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return metal::simd_shuffle_and_fill_up(data, filling, delta, modulo, site_);
+}
+template <class T, class D, class M>
+inline T __metal_simd_shuffle_and_fill_down(T data, T filling, D delta, M modulo,
+                                            ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  return metal::simd_shuffle_and_fill_down(data, filling, delta, modulo, site_);
+}
+template <class T>
+constexpr T __metal_get_simdgroup_size(T) { return T(32); }

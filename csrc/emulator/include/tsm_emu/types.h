@@ -52,6 +52,17 @@ typedef unsigned char uchar;
 typedef unsigned long ulong;
 typedef _Float16 half;
 using size_t = decltype(sizeof(0));
+// Metal's fixed-width integer names, the same types as <cstdint>'s global ones.
+using int8_t = std::int8_t;
+using uint8_t = std::uint8_t;
+using int16_t = std::int16_t;
+using uint16_t = std::uint16_t;
+using int32_t = std::int32_t;
+using uint32_t = std::uint32_t;
+using int64_t = std::int64_t;
+using uint64_t = std::uint64_t;
+using intptr_t = std::intptr_t;
+using uintptr_t = std::uintptr_t;
 using ptrdiff_t = decltype(static_cast<int*>(nullptr) - static_cast<int*>(nullptr));
 
 struct bfloat;
@@ -677,6 +688,21 @@ using std::remove_reference_t;
 using std::remove_volatile;
 using std::remove_volatile_t;
 using std::true_type;
+// Internal traits of Apple's <metal_type_traits> (MLX's atomic.h uses _disjunction).
+template <class... B>
+using _disjunction = std::disjunction<B...>;
+template <class... B>
+using _conjunction = std::conjunction<B...>;
+// <metal_uniform>: a value the same in every thread; here just the value.
+template <class T>
+struct uniform {
+  T value_;
+  uniform() = default;
+  constexpr uniform(T value) : value_(value) {}
+  constexpr operator T() const { return value_; }
+};
+template <class T>
+constexpr uniform<T> make_uniform(T value) { return uniform<T>(value); }
 template <class T>
 struct remove_addrspace {
   using type = T;
