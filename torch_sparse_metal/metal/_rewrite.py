@@ -247,9 +247,16 @@ def uses_synchronisation(src: str) -> bool:
 
 
 _TYPE = (r"(?:unsigned\s+\w+|[A-Za-z_][\w:]*(?:\s*<[^<>;{}()]*(?:<[^<>;{}()]*>[^<>;{}()]*)*>)?)")
+# Qualifiers before a pointee type; Metal 3.2's `coherent(device)` among them.
+_QUALIFIERS = r"((?:(?:const|volatile|coherent\s*\([^()]*\))\s*)*)"
 _ADDRESS_SPACE_POINTER = re.compile(
-    r"(?<![\w:])((?:(?:const|volatile)\s+)*)(?:device|constant|threadgroup)\s+"
-    r"((?:(?:const|volatile)\s+)*)(" + _TYPE + r")\s*((?:(?:const|volatile)\b\s*)*)\*")
+    r"(?<![\w:])" + _QUALIFIERS + r"(?:device|constant|threadgroup)\s+" + _QUALIFIERS +
+    r"(" + _TYPE + r")\s*((?:(?:const|volatile)\b\s*)*)\*")
+
+
+def _cv(*qualifiers: str) -> str:
+    """The const and volatile of qualifier texts (coherence is the GPU's business)."""
+    return " ".join(re.sub(r"coherent\s*\([^()]*\)", " ", " ".join(qualifiers)).split())
 
 
 # A buffer of pointers, `device T* device const* p`: the pointers in it are its elements.
@@ -266,14 +273,14 @@ def _checked_pointers(src: str) -> str:
     masked = _mask_strings_and_directives(src)
     edits = []
     for m in _POINTER_TO_POINTER.finditer(masked):
-        inner = " ".join((m.group(2) + " " + src[m.start(3):m.end(3)] + " " + m.group(4)).split())
-        quals = " ".join((m.group(1) + " " + m.group(5) + " " + m.group(6)).split())
+        inner = _cv(m.group(2), src[m.start(3):m.end(3)], m.group(4))
+        quals = _cv(m.group(1), m.group(5), m.group(6))
         edits.append((m.start(), m.end(), f"::tsm_emu::ptr<{inner}* {quals}>".replace(" >", ">")))
     src = _apply(src, edits)
     masked = _mask_strings_and_directives(src)
     out, last = [], 0
     for m in _ADDRESS_SPACE_POINTER.finditer(masked):
-        quals = " ".join((m.group(1) + " " + m.group(2) + " " + m.group(4)).split())
+        quals = _cv(m.group(1), m.group(2), m.group(4))
         pointee = " ".join(src[m.start(3):m.end(3)].split())
         checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}>"
         start, end = m.start(), m.end()
