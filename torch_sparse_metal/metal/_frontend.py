@@ -476,18 +476,30 @@ def _is_exempt_copy(call) -> bool:
 
 
 class _Walker:
+    """Walks the user's functions, and the template instantiations they call, for what the
+    type system does not reject. Hot on large shaders: kinds are compared as clang's ids."""
+
     def __init__(self, cindex, main_file: str) -> None:
-        self.k = cindex.CursorKind
+        k = cindex.CursorKind
+        self.k = k
         self.main_file = main_file
         self.found: List[Tuple[object, str]] = []
         self.seen_functions: Set[str] = set()
         self.calls: Dict[str, Set[str]] = {}  # callee graph of user functions, for recursion
         self.lambdas: List[object] = []
         self.new_delete: List[object] = []
-        k = self.k
+        self.specialized = cindex.conf.lib.clang_getSpecializedCursorTemplate
         # An implicit conversion inside one of these is part of the explicit cast.
-        self.explicit_casts = {k.CSTYLE_CAST_EXPR, k.CXX_FUNCTIONAL_CAST_EXPR, k.CXX_STATIC_CAST_EXPR,
-                               k.CXX_REINTERPRET_CAST_EXPR, k.CXX_CONST_CAST_EXPR}
+        self.explicit_casts = {c.value for c in (k.CSTYLE_CAST_EXPR, k.CXX_FUNCTIONAL_CAST_EXPR,
+                                                 k.CXX_STATIC_CAST_EXPR, k.CXX_REINTERPRET_CAST_EXPR,
+                                                 k.CXX_CONST_CAST_EXPR)}
+        self.unexposed = k.UNEXPOSED_EXPR.value
+        self.lambda_ = k.LAMBDA_EXPR.value
+        self.allocation = {k.CXX_NEW_EXPR.value, k.CXX_DELETE_EXPR.value}
+        self.references = {k.CALL_EXPR.value, k.MEMBER_REF_EXPR.value, k.DECL_REF_EXPR.value}
+        self.call = k.CALL_EXPR.value
+        self.functions = {k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR, k.CONVERSION_FUNCTION,
+                          k.FUNCTION_TEMPLATE}
 
     def user(self, cursor) -> bool:
         f = cursor.location.file
@@ -500,32 +512,33 @@ class _Walker:
         self.seen_functions.add(key)
         self._walk(fn, fn, via)
 
-    def _walk(self, node, fn, via: str, parent=None) -> None:
-        k = self.k
+    def _walk(self, node, fn, via: str) -> None:
+        in_cast = node._kind_id in self.explicit_casts
         for child in node.get_children():
-            kind = child.kind
-            if kind == k.UNEXPOSED_EXPR and node.kind not in self.explicit_casts:
-                self._check_conversion(child, node, via)
+            kind = child._kind_id
+            if kind == self.unexposed:
+                if not in_cast:
+                    self._check_conversion(child, node, via)
             elif kind in self.explicit_casts:
                 self._check_explicit_cast(child, via)
-            elif kind == k.LAMBDA_EXPR:
+            elif kind == self.lambda_:
                 self.lambdas.append(child)
-            elif kind in (k.CXX_NEW_EXPR, k.CXX_DELETE_EXPR):
+            elif kind in self.allocation:
                 self.new_delete.append(child)
-            elif kind in (k.CALL_EXPR, k.MEMBER_REF_EXPR, k.DECL_REF_EXPR):
+            elif kind in self.references:
                 target = child.referenced
-                if target is not None and target.kind in (k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR,
-                                                           k.CONVERSION_FUNCTION, k.FUNCTION_TEMPLATE):
-                    if self.user(target):
-                        self.calls.setdefault(fn.get_usr(), set()).add(target.get_usr())
-                        instantiated = _cindex().conf.lib.clang_getSpecializedCursorTemplate(target)
-                        if instantiated is not None and not instantiated.kind.is_invalid():
-                            where = presumed_location(child.location)
-                            self.walk_function(target, via + f", instantiated from line {where[1]}")
-            self._walk(child, fn, via, node)
+                if target is not None and target.kind in self.functions and self.user(target):
+                    self.calls.setdefault(fn.get_usr(), set()).add(target.get_usr())
+                    instantiated = self.specialized(target)
+                    if instantiated is not None and not instantiated.kind.is_invalid():
+                        where = presumed_location(child.location)
+                        self.walk_function(target, via + f", instantiated from line {where[1]}")
+            self._walk(child, fn, via)
 
     def _check_explicit_cast(self, cast, via: str) -> None:
         """Metal converts between address spaces with no cast at all."""
+        if "__generic" not in cast.type.spelling:
+            return
         operands = [c for c in cast.get_children() if c.kind != self.k.TYPE_REF]
         if not operands:
             return
@@ -538,27 +551,32 @@ class _Walker:
                                      f"{_in_metal_words(cast.type.spelling)}{via}"))
 
     def _check_conversion(self, cast, parent, via: str) -> None:
+        to_type = cast.type
+        to_spelling = to_type.spelling
+        generic = "__generic" in to_spelling
+        if not generic and "bf" not in to_spelling:  # neither rule can apply (fast path)
+            return
         children = list(cast.get_children())
         if len(children) != 1:
             return
-        rule = _bfloat_conversion(children[0].type, cast.type)
+        from_type = children[0].type
+        rule = _bfloat_conversion(from_type, to_type)
         if rule:
             self.found.append((cast, rule + via))
             return
-        to_space = _address_space(cast.type)
-        if to_space not in ("__generic",):
+        if not generic or _address_space(to_type) != "__generic":
             return
-        from_space = _address_space(children[0].type)
+        from_space = _address_space(from_type)
         if from_space not in ("__global", "__local", "__constant"):
             return
-        if parent is not None and parent.kind == self.k.CALL_EXPR and _is_exempt_copy(parent):
+        if parent is not None and parent._kind_id == self.call and _is_exempt_copy(parent):
             return
         self.found.append((cast, f"cannot convert a {_AS_WORDS[from_space]} "
-                                 f"{_describe(children[0].type)} to the thread address space "
+                                 f"{_describe(from_type)} to the thread address space "
                                  f"(Metal has no implicit conversion between address spaces; "
                                  f"a pointer, reference or `this` without one is `thread`): "
-                                 f"{_in_metal_words(children[0].type.spelling)} -> "
-                                 f"{_in_metal_words(cast.type.spelling)}{via}"))
+                                 f"{_in_metal_words(from_type.spelling)} -> "
+                                 f"{_in_metal_words(to_spelling)}{via}"))
 
 
 def _scalar_name(type_) -> str:
@@ -657,14 +675,12 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
         out.append(Diagnostic(file, line, 0, message, lines[physical] if physical < len(lines) else ""))
 
     walker = _Walker(cindex, path)
-    k = cindex.CursorKind
     kernels = []
-    for cursor in tu.cursor.walk_preorder():
-        if cursor.kind in (k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR, k.FUNCTION_TEMPLATE,
-                           k.CONVERSION_FUNCTION, k.DESTRUCTOR) and walker.user(cursor) and cursor.is_definition():
-            walker.walk_function(cursor)
-            if cursor.spelling in prepared.kernel_names:
-                kernels.append(cursor)
+    functions = list(_user_functions(tu, path))
+    for cursor in functions:
+        walker.walk_function(cursor)
+        if cursor.spelling in prepared.kernel_names:
+            kernels.append(cursor)
     for cast, message in walker.found:
         add(cast.location, message)
     for kernel in kernels:
@@ -681,14 +697,32 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
     for expr in walker.new_delete:
         add(expr.location, "Metal has no new or delete (no dynamic allocation in a kernel)")
     for cycle_at in _recursive(walker.calls):
-        for cursor in tu.cursor.walk_preorder():
-            if cursor.kind in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE, k.CXX_METHOD) and \
-                    cursor.get_usr() == cycle_at and cursor.is_definition() and walker.user(cursor):
-                add(cursor.location, f"Metal does not support recursion: {cursor.spelling} calls itself "
-                                     f"(directly or through other functions)")
-                break
+        cursor = next((f for f in functions if f.get_usr() == cycle_at), None)
+        if cursor is not None:
+            add(cursor.location, f"Metal does not support recursion: {cursor.spelling} calls itself "
+                                 f"(directly or through other functions)")
     unique = sorted(set(out), key=lambda d: (d.file, d.line, d.column, d.message))
     return unique
+
+
+def _user_functions(tu, path: str):
+    """Function definitions written in the user's file: a walk of its own declarations, into
+    namespaces and classes, that never enters Metal's library (most of a small shader's AST)."""
+    k = _cindex().CursorKind
+    functions = (k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR, k.FUNCTION_TEMPLATE,
+                 k.CONVERSION_FUNCTION, k.DESTRUCTOR)
+    scopes = (k.NAMESPACE, k.STRUCT_DECL, k.CLASS_DECL, k.UNION_DECL, k.CLASS_TEMPLATE,
+              k.CLASS_TEMPLATE_PARTIAL_SPECIALIZATION, k.LINKAGE_SPEC, k.UNEXPOSED_DECL)
+    stack = [c for c in reversed(list(tu.cursor.get_children()))
+             if c.location.file is not None and c.location.file.name == path]
+    while stack:
+        cursor = stack.pop()
+        if cursor.kind in functions:
+            if cursor.is_definition():
+                yield cursor
+        elif cursor.kind in scopes:
+            stack.extend(c for c in reversed(list(cursor.get_children()))
+                         if c.location.file is not None and c.location.file.name == path)
 
 
 def _presumed_line(text: str, offset: int) -> Tuple[str, int]:

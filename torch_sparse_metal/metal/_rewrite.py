@@ -190,17 +190,18 @@ def _head_start(masked: str, pos: int) -> int:
 
 def find_kernels(src: str) -> List[Kernel]:
     masked = _mask_strings_and_directives(src)
+    # The same length, attributes blanked too: what follows a kernel mark, read once.
+    unattributed = _ATTRIBUTE.sub(lambda m: blank(m.group()), masked)
     templates = {}  # name -> params of a template kernel definition
     instantiations: List[Tuple[str, str, str, int, Optional[str]]] = []
     kernels: List[Kernel] = []
     for mark in _KERNEL_MARK.finditer(masked):
         head_start = _head_start(masked, mark.start())
         head = src[head_start:mark.start()]
-        after = masked[mark.end():]
-        host = _HOST_NAME.search(head) or _HOST_NAME.match(src[mark.end():].lstrip())
+        host = _HOST_NAME.search(head) or _HOST_NAME.match(src[mark.end():mark.end() + 4096].lstrip())
         host_name = "".join(re.findall(r'"([^"]*)"', host.group(1))) if host else None
         head_masked = masked[head_start:mark.start()]
-        tail = _ATTRIBUTE.sub(lambda m: blank(m.group()), after)
+        tail = unattributed[mark.end():]
         # `template [[host_name("n")]] kernel decltype(f<T>) f<T>;` (MLX), or with a typedef
         # of the function type: `typedef decltype(f<T>) f_t; ... kernel f_t f<T>;` (ggml).
         m_decltype = re.match(r"\s*(?:decltype\s*\(\s*([^()]*?)\s*\)|(?!void\b)[\w:]+)\s*([\w:]+\s*<[^;]*?>)\s*;",
