@@ -21,7 +21,7 @@ kernel void overflow_fiber_stack(device int* x [[buffer(0)]], uint i [[thread_po
   volatile int big[1 << 20];  // 4 MB on a fiber stack of 256 KB
   big[i] = 1;
   x[i] = big[i];
-  threadgroup_barrier(mem_flags::mem_none);
+  simdgroup_barrier(mem_flags::mem_none);  // a SIMD-group function: this kernel runs as fibers
 }
 kernel void trap(device int* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
   if (i == 9) __builtin_trap();  // emulator-only: ud2 (SIGILL) on x86-64, brk (SIGTRAP) on AArch64

@@ -29,12 +29,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
-from . import _access_rewrite, _cache, _frontend, _function_constants, _includes, _rewrite
+from . import _access_rewrite, _cache, _frontend, _function_constants, _includes, _regions, _rewrite
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -62,7 +63,6 @@ EMULATOR_PREDEFINED = ("-D__METAL_EMULATOR__=1",)
 class CompiledLibrary:
     path: Path
     kernels: List[_rewrite.Kernel]
-    uses_synchronisation: bool
     origin: str
     sanitize: bool
     language_version: str
@@ -146,7 +146,8 @@ def _toolchain_fingerprint() -> str:
             h.update(str(path.relative_to(EMULATOR_DIR)).encode())
             h.update(path.read_bytes())
     # The Python translation and the front end decide the generated code too.
-    for path in (Path(_rewrite.__file__), Path(_access_rewrite.__file__), Path(_frontend.__file__)):
+    for path in (Path(_rewrite.__file__), Path(_access_rewrite.__file__), Path(_frontend.__file__),
+                 Path(_regions.__file__)):
         h.update(path.read_bytes())
     h.update(" ".join(cxx_flags() + METAL_PREDEFINED + EMULATOR_PREDEFINED + (CXX_STANDARD,)).encode())
     return h.hexdigest()
@@ -231,19 +232,28 @@ class GeneratedCxx:
     text: str
     flags: Tuple[str, ...]  # also the runtime sources' (see compile_flags)
     kernels: List[_rewrite.Kernel]
-    uses_synchronisation: bool
+    grouped: Set[str]  # kernel functions run as barrier regions (see _regions)
 
 
 def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_version: str,
-               command: Sequence[str] = ()) -> GeneratedCxx:
-    """Check ``views`` against Metal's rules, then translate the emulator's view to C++."""
+               command: Sequence[str] = (), regions: Optional[bool] = None) -> GeneratedCxx:
+    """Check ``views`` against Metal's rules, then translate the emulator's view to C++
+    (with barrier regions unless ``regions`` is False; None: :func:`regions_enabled`)."""
     _frontend.check(views.metal, language_version=language_version, origin=origin, main_file=str(path))
-    emulated = _rewrite._apply(views.emulator, _frontend.emulator_edits(
-        views.emulator, language_version=language_version, main_file=str(path)))
+    translation = _frontend.emulator_edits(views.emulator, language_version=language_version,
+                                           main_file=str(path), kernels=views.kernels,
+                                           regions=regions_enabled() if regions is None else regions)
+    emulated = _rewrite._apply(views.emulator, translation.edits)
     text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
-            _rewrite.rewrite(emulated, sanitize=sanitize) + _rewrite.binding_table(views.kernels))
-    return GeneratedCxx(text, compile_flags(command), views.kernels,
-                        _rewrite.uses_synchronisation(views.emulator))
+            _rewrite.rewrite(emulated, sanitize=sanitize) +
+            _rewrite.binding_table(views.kernels, translation.grouped, translation.synchronising))
+    return GeneratedCxx(text, compile_flags(command), views.kernels, translation.grouped)
+
+
+def regions_enabled() -> bool:
+    """Whether kernels that only synchronise at threadgroup barriers run as barrier regions
+    (the default) rather than fibers: ``TSM_EMU_REGIONS=0`` turns them off, to compare."""
+    return os.environ.get("TSM_EMU_REGIONS", "1") != "0"
 
 
 def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
@@ -273,10 +283,9 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
     views = _views(path, include_dirs, origin, language_version, function_constants)
     # Keyed by what went in, so a cache hit needs neither the check nor the translation.
     key = hashlib.sha256("\0".join((_toolchain_fingerprint(), language_version, str(sanitize),
-                                    views.metal, views.emulator)).encode()).hexdigest()[:24]
+                                    str(regions_enabled()), views.metal, views.emulator)).encode()).hexdigest()[:24]
 
-    def build(out: Path) -> None:
-        cxx = _translate(views, path, origin, sanitize, language_version)
+    def link(cxx: GeneratedCxx, out: Path) -> None:
         runtime = _runtime_objects()
         with tempfile.TemporaryDirectory(prefix="tsm-emu-") as tmp:
             src = Path(tmp) / "kernel.cpp"
@@ -284,9 +293,22 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
             _run([compiler(), *cxx.flags, *NO_SOURCE_QUOTES, "-shared", str(src), *map(str, runtime),
                   "-o", str(out), "-lm", "-lpthread"], f"compiling {origin}", path.read_text(), origin)
 
+    def build(out: Path) -> None:
+        cxx = _translate(views, path, origin, sanitize, language_version)
+        try:
+            link(cxx, out)
+        except MetalCompileError:
+            if not cxx.grouped:
+                raise
+            # The source passed the check, so the fault is the barrier-region translation's:
+            # the kernels still run, as fibers, and the user hears of it.
+            link(_translate(views, path, origin, sanitize, language_version, regions=False), out)
+            warnings.warn(f"{origin}: the emulator could not run {', '.join(sorted(cxx.grouped))} as "
+                          f"barrier regions (an emulator bug: please report it with the shader); they "
+                          f"run as fibers, slower", RuntimeWarning, stacklevel=4)
+
     lib = _cache.fetch(f"{key}.so", build)
-    return CompiledLibrary(lib, views.kernels, _rewrite.uses_synchronisation(views.emulator), origin,
-                           sanitize, language_version, views.needs_constants)
+    return CompiledLibrary(lib, views.kernels, origin, sanitize, language_version, views.needs_constants)
 
 
 def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False,

@@ -89,6 +89,8 @@ def _cindex():
     lib.clang_getPresumedLocation.restype = None
     lib.clang_getCursorBinaryOperatorKind.argtypes = [cindex.Cursor]
     lib.clang_getCursorBinaryOperatorKind.restype = ctypes.c_int
+    lib.clang_getCursorUnaryOperatorKind.argtypes = [cindex.Cursor]
+    lib.clang_getCursorUnaryOperatorKind.restype = ctypes.c_int
     return cindex
 
 
@@ -761,10 +763,11 @@ _INTEGERS = {"bool", "char", "signed char", "unsigned char", "short", "unsigned 
              "long", "unsigned long", "long long", "unsigned long long"}
 
 
-def emulator_edits(preprocessed: str, *, language_version: str, main_file: str = "<msl>"
-                   ) -> List[Tuple[int, int, str]]:
+def emulator_edits(preprocessed: str, *, language_version: str, main_file: str = "<msl>",
+                   kernels: Sequence["_rewrite.Kernel"] = (), regions: bool = True):
     """Edits of the emulator's view of a shader (offsets into ``preprocessed``) that give its
-    C++ Metal's meaning where C++ differs:
+    C++ Metal's meaning where C++ differs, and how each of ``kernels`` runs (a
+    ``_regions.Translation``):
 
     * every integer (or type-dependent) ``/``, ``%``, ``/=`` and ``%=`` becomes a call of
       ``tsm_emu::div``/``rem``/... (integer division by zero, and INT_MIN / -1, are undefined
@@ -773,8 +776,11 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     * functions and member functions overloaded on address space (which the emulator's C++
       erases) get a name per overload, and each call the overload clang chose; constructors,
       conversion functions and operators, which have no name to call, keep one definition
-      when the overloads' bodies are the same (MLX's pattern), and are an error otherwise.
+      when the overloads' bodies are the same (MLX's pattern), and are an error otherwise;
+    * with ``regions``, kernels whose only synchronisation is threadgroup barriers in their
+      own bodies get a group function that runs a threadgroup as a loop (see _regions).
     """
+    from . import _regions  # it builds on this module
     cindex = _cindex()
     prepared, tu, path = _parse(preprocessed, language_version_number(language_version), main_file,
                                 emulator=True)
@@ -813,7 +819,9 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     # Nested divisions open at one offset: the outer call first.
     for offset, calls in openers.items():
         edits.append((offset, offset, "".join(text for _, text in sorted(calls, reverse=True))))
-    return edits
+    translation = _regions.plan(tu, path, prepared, preprocessed, edits, kernels, enabled=regions)
+    translation.edits += edits
+    return translation
 
 
 def _integer_or_dependent(type_) -> bool:

@@ -31,7 +31,6 @@ class _Launch(ctypes.Structure):
         ("group", ctypes.c_uint32 * 3),
         ("threadgroup_bytes", ctypes.c_uint64 * MAX_BUFFERS),
         ("num_threadgroup", ctypes.c_int32),
-        ("use_fibers", ctypes.c_int32),
         ("num_workers", ctypes.c_int32),
         ("sanitize", ctypes.c_int32),
         ("buffer_names", ctypes.c_char_p * MAX_BUFFERS),
@@ -137,7 +136,6 @@ class Kernel:
         launch.num_threadgroup = len(tg)
         launch.grid[:] = grid
         launch.group[:] = group
-        launch.use_fibers = int(self._library.uses_synchronisation)
         launch.num_workers = _num_workers(grid[0] * grid[1] * grid[2])
         launch.sanitize = int(self._library.sanitize)
         launch.interruptible = int(threading.current_thread() is threading.main_thread())
@@ -197,7 +195,6 @@ class Library:
     def __init__(self, compiled: CompiledLibrary) -> None:
         self.origin = compiled.origin
         self.path = compiled.path
-        self.uses_synchronisation = compiled.uses_synchronisation
         self.sanitize = compiled.sanitize
         self.language_version = compiled.language_version
         self.needs_constants = compiled.needs_constants

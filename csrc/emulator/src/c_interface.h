@@ -13,7 +13,6 @@ struct tsm_launch {
   uint32_t group[3];
   uint64_t threadgroup_bytes[31];
   int32_t num_threadgroup;
-  int32_t use_fibers;
   int32_t num_workers;
   int32_t sanitize;
   const char* buffer_names[31];

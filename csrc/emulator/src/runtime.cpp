@@ -31,6 +31,7 @@
 #include "c_interface.h"
 #include "fiber_switch.h"
 #include "sanitizer.h"
+#include "tsm_emu/regions.h"
 #include "tsm_emu/runtime.h"
 
 extern "C" {
@@ -93,7 +94,12 @@ struct Worker {
   size_t dynamic_tg_total = 0;
   size_t static_tg_total = 0;
   Fiber* current = nullptr;
-  AccessLog plain_touches;  // sanitized plain-loop dispatches
+  AccessLog plain_touches;  // sanitized plain-loop and region dispatches
+  // Region dispatches (regions.h): each thread's place, where it waits, how it got there.
+  std::vector<ThreadInfo> infos;
+  std::vector<int> at;
+  std::vector<uint64_t> iteration;
+  std::vector<unsigned> flags;
   Regions regions;          // unsanitized dispatches: what checked pointers point into
   DispatchArgs args;
   bool fault_raised = false;
@@ -487,20 +493,44 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
   }
 }
 
-void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, bool fibers) {
+// A region-compiled kernel runs the whole threadgroup in one call (regions.h).
+void run_group_regions(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, uint32_t n) {
+  w->infos.resize(n);
+  w->at.resize(n);
+  w->iteration.resize(n);
+  w->flags.resize(n);
+  for (uint32_t i = 0; i < n; ++i) w->infos[i] = thread_info(grid, group_size, groups, group, i);
+  Group g{n, w->infos.data(), &t_plain_thread, t_sanitizer != nullptr, w->at.data(), w->iteration.data(),
+          w->flags.data(), nullptr};
+  try {
+    run_kernel_code([&] { w->kernel->group(w->args, g); });
+  } catch (...) {
+    t_plain_thread = nullptr;
+    t_runtime_depth = 1;
+    throw;
+  }
+  t_plain_thread = nullptr;
+}
+
+void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group) {
+  const bool regions = w->kernel->group != nullptr, fibers = !regions && w->kernel->synchronises;
   u3 actual{std::min(group_size.x, grid.x - group.x * group_size.x),
             std::min(group_size.y, grid.y - group.y * group_size.y),
             std::min(group_size.z, grid.z - group.z * group_size.z)};
   uint32_t n = actual.x * actual.y * actual.z;
   w->static_tg.clear();
   w->static_tg_total = 0;
+  w->plain_touches.clear();  // a fault may have left a thread's accesses behind
   if (t_sanitizer) {
     t_sanitizer->begin_group((n + kSimdWidth - 1) / kSimdWidth, w->dynamic_tg_ptrs.data(),
                              w->dynamic_tg_bytes.data(), int(w->dynamic_tg_bytes.size()),
                              w->threadgroup_names);
   }
-  if (fibers) {
-    run_group_fibers(w, grid, group_size, groups, group, n);
+  if (regions || fibers) {
+    if (regions)
+      run_group_regions(w, grid, group_size, groups, group, n);
+    else
+      run_group_fibers(w, grid, group_size, groups, group, n);
     if (t_sanitizer) t_sanitizer->end_group();
     return;
   }
@@ -893,6 +923,51 @@ void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
   suspend(w);
 }
 
+void end_region_segment() {
+  RuntimeScope scope;
+  end_segment();
+}
+
+// The fiber scheduler's resolve_threadgroup_barrier, for threads that ran as a loop: the
+// same checks, in the same order, with the same words.
+bool resolve_regions(Group& g) {
+  RuntimeScope scope;
+  if (stop_requested()) throw stop_fault();
+  if (t_sanitizer) t_sanitizer->flush_bank_log();  // every thread is stopped
+  auto where_at = [&](uint32_t t) {
+    return where_info(g.threads[t]) + " at " + site_name({g.sites[g.at[t]]});
+  };
+  int waiting = -1, exited = -1;
+  for (uint32_t t = 0; t < g.n; ++t) {
+    if (g.at[t] < 0) {
+      if (exited < 0) exited = int(t);
+      continue;
+    }
+    if (waiting < 0) {
+      waiting = int(t);
+    } else if (g.at[t] != g.at[waiting]) {
+      raise("barrier_divergence", "threads wait at different threadgroup_barrier calls: " + where_at(waiting) +
+                                      ", " + where_at(t));
+    } else if (g.iteration[t] != g.iteration[waiting]) {
+      raise("barrier_divergence", "threads wait at different threadgroup_barrier calls: " + where_at(waiting) +
+                                      ", " + where_at(t) + " in a different iteration of the loop around it");
+    }
+  }
+  if (waiting < 0) return false;
+  if (exited >= 0 && !exited_threads_arrive())
+    raise("barrier_divergence", where_info(g.threads[exited]) + " returned before the threadgroup_barrier at " +
+                                    site_name({g.sites[g.at[waiting]]}) + " that " +
+                                    where_info(g.threads[waiting]) +
+                                    " waits at (undefined in Metal: it hangs "
+                                    "on some GPUs; set TSM_EMU_EXITED_THREADS_ARRIVE=1 to count "
+                                    "exited threads as arrived)");
+  unsigned flags = 0;
+  for (uint32_t t = 0; t < g.n; ++t)
+    if (g.at[t] > 0) flags |= g.flags[t];
+  if (t_sanitizer) t_sanitizer->threadgroup_barrier(flags);
+  return true;
+}
+
 void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name) {
   RuntimeScope scope;
   Worker* w = t_worker;
@@ -1144,7 +1219,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
         if (g >= num_groups) break;
         u3 pos{uint32_t(g % groups.x), uint32_t((g / groups.x) % groups.y),
                uint32_t(g / (uint64_t(groups.x) * groups.y))};
-        run_group(w, grid, group, groups, pos, l->use_fibers != 0);
+        run_group(w, grid, group, groups, pos);
       }
     } catch (KernelFault& e) {
       std::lock_guard<std::mutex> g(fault_lock);

@@ -38,12 +38,11 @@ int kernel_index(const char* name) {
 // One dispatch of a 1-D grid, buffers bound in [[buffer(i)]] order.
 class Dispatch {
  public:
-  Dispatch(uint32_t threads, uint32_t group_size, int workers = 1, bool fibers = true) {
+  Dispatch(uint32_t threads, uint32_t group_size, int workers = 1) {
     launch_.grid[0] = threads;
     launch_.group[0] = group_size;
     launch_.grid[1] = launch_.grid[2] = launch_.group[1] = launch_.group[2] = 1;
     launch_.num_workers = workers;
-    launch_.use_fibers = fibers;
   }
   template <class T>
   Dispatch& buffer(std::vector<T>& v) {
@@ -200,9 +199,8 @@ void check_faults() {
   std::vector<float> floats(100);
   std::vector<int> ints(100);
   std::vector<void*> null_pointer(1, nullptr);
-  // An access outside its buffer is stopped by the bounds check, in fibers and in a plain loop.
-  check_fault("fault_wild_write", "wild_write",
-              {Dispatch(100, 32).buffer(floats), Dispatch(100, 32, 1, false).buffer(floats)}, "out_of_bounds",
+  // An access outside its buffer is stopped by the bounds check.
+  check_fault("fault_wild_write", "wild_write", {Dispatch(100, 32).buffer(floats)}, "out_of_bounds",
               "accesses [[buffer(0)]] at element 400000077", "thread (77, 0, 0)");
   check_fault("fault_null_read", "read_through_null", {Dispatch(100, 32).buffer(ints).buffer(null_pointer)},
               "crash", "invalid memory access (SIG", "thread (3, 0, 0)");

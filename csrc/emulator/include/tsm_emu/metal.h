@@ -19,6 +19,7 @@
 #include "tsm_emu/matrix.h"
 #include "tsm_emu/pack.h"
 #include "tsm_emu/builtins.h"
+#include "tsm_emu/regions.h"
 
 // Metal's scalar, fixed-width integer and vector type names are visible without `using
 // namespace metal`: ggml-common.h declares its blocks with half2 and uint8_t before any

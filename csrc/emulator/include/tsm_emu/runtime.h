@@ -84,13 +84,20 @@ struct TypeInfo {
 };
 
 using InvokeFn = void (*)(const DispatchArgs&, const ThreadInfo&);
+struct Group;  // regions.h
+using GroupFn = void (*)(const DispatchArgs&, Group&);
 
+// How the runtime runs a kernel's threadgroups: with `group` (barrier regions, regions.h)
+// when the translation made one; else as fibers when the kernel synchronises (barriers,
+// SIMD-group functions); else as a plain loop over `invoke`.
 struct KernelEntry {
   const char* name;
   InvokeFn invoke;
   int num_params;
   const ParamSpec* params;
   const TypeInfo* types;
+  GroupFn group;
+  int synchronises;
 };
 
 // ---- runtime services (runtime.cpp) -------------------------------------------------

@@ -1,0 +1,157 @@
+// Barrier regions: a threadgroup's threads as a loop between barriers, without fibers.
+//
+// For a kernel whose only synchronisation is threadgroup_barrier statements in its own body
+// (torch_sparse_metal/metal/_regions.py decides), the translation adds a second definition
+// that runs a whole threadgroup. Its body is the kernel's, resumable: each barrier becomes
+// "record where this thread waits, return", followed by a `case` label to come back to, and
+// the kernel's variables that a resumption jumps over live in per-thread slots. The
+// scheduler below runs every thread from where it waits to its next barrier (or its end),
+// in thread order, then checks that all of them wait at the same barrier, as the fiber
+// scheduler does: the same order of execution, the same faults, without a context switch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <type_traits>
+#include <utility>
+
+#include "tsm_emu/bind.h"
+#include "tsm_emu/runtime.h"
+#include "tsm_emu/sync.h"
+
+namespace tsm_emu {
+
+// One threadgroup, as the runtime hands it to a region-compiled kernel.
+struct Group {
+  uint32_t n;                     // threads in this threadgroup
+  const ThreadInfo* threads;      // n of them
+  const ThreadInfo** current;     // the worker's running thread, for faults and the sanitizer
+  bool sanitized;
+  int* at;                        // per thread: 0 not started, k > 0 waits at barrier k, -1 returned
+  uint64_t* iteration;            // per thread: loop iterations of the barrier it waits at
+  unsigned* flags;                // per thread: mem_flags of that barrier
+  const uint32_t* sites;          // per barrier k: its Site (line << 12 | call on the line)
+
+  // At a barrier: how thread t got there (its mem_flags; the iterations of the loops around
+  // it, so the same barrier in two different iterations is two places).
+  void arrive(uint32_t t, uint64_t loop_iterations, metal::mem_flags f = metal::mem_flags::mem_none) {
+    iteration[t] = loop_iterations;
+    flags[t] = unsigned(f);
+  }
+};
+
+// Out of line (runtime.cpp). After a round, with every thread at a barrier or returned:
+// fault on divergence, order memory for the sanitizer; false when all returned.
+bool resolve_regions(Group& g);
+void end_region_segment();  // sanitized dispatches: the running thread stopped
+
+// The loop iterations around a barrier, as one key: exact for two nested loops.
+inline uint64_t iteration_key() { return 0; }
+inline uint64_t iteration_key(uint32_t a) { return a; }
+inline uint64_t iteration_key(uint32_t a, uint32_t b) { return (uint64_t(a) << 32) | b; }
+template <class... R>
+inline uint64_t iteration_key(uint32_t a, uint32_t b, uint32_t c, R... rest) {
+  return iteration_key(uint32_t(iteration_key(a, b) * 0x9E3779B97F4A7C15ull >> 32) ^ c, uint32_t(rest)...);
+}
+
+template <class Body>
+inline void run_regions(Group& g, const uint32_t* sites, Body&& body) {
+  g.sites = sites;
+  for (uint32_t t = 0; t < g.n; ++t) g.at[t] = 0;
+  do {
+    for (uint32_t t = 0; t < g.n; ++t) {
+      int& at = g.at[t];
+      if (at < 0) continue;
+      *g.current = &g.threads[t];
+      at = body(t, at);
+      if (g.sanitized) end_region_segment();
+    }
+    *g.current = nullptr;
+  } while (resolve_regions(g));
+}
+
+// Per-thread storage for one kernel variable: a slot per thread of the group, in a buffer
+// the worker keeps for the kernel (static thread_local at the definition), grown to the
+// largest threadgroup seen. The slots are raw: a variable is constructed into its slot when
+// its declaration runs, and never destroyed (kernel variables are trivially destructible).
+struct SlotBuffer {
+  unsigned char* data = nullptr;
+  size_t bytes = 0;
+  ~SlotBuffer() { std::free(data); }
+  void* reserve(size_t need) {
+    if (need > bytes) {
+      std::free(data);
+      bytes = (need + 63) / 64 * 64;
+      data = static_cast<unsigned char*>(std::aligned_alloc(64, bytes));
+      if (!data) fault("launch", "out of memory for a kernel's per-thread variables");
+    }
+    return data;
+  }
+};
+
+template <class T>
+class Slots {
+  static_assert(alignof(T) <= 64, "over-aligned kernel variable");
+
+ public:
+  Slots(SlotBuffer& buffer, uint32_t n) : base_(static_cast<T*>(buffer.reserve(sizeof(T) * (n ? n : 1)))) {}
+  T& operator[](uint32_t t) const { return base_[t]; }
+
+ private:
+  T* base_;
+};
+
+// Construct the variable in `slot` (declared const, or an array, maybe) from `value`.
+template <class T, class U>
+inline void construct(T& slot, U& value) {
+  using V = std::remove_cv_t<T>;
+  void* p = const_cast<void*>(static_cast<const volatile void*>(&slot));
+  if constexpr (std::is_array<V>::value) {
+    static_assert(std::is_trivially_copyable<V>::value, "array of a class type across a barrier");
+    std::memcpy(p, static_cast<const void*>(&value), sizeof(V));
+  } else {
+    ::new (p) V(value);
+  }
+}
+
+// What the type probes return: the declared types of the variables of one scope.
+template <class... T>
+struct type_list {};
+template <size_t I, class L>
+struct type_at_;
+template <class H, class... T>
+struct type_at_<0, type_list<H, T...>> {
+  using type = H;
+};
+template <size_t I, class H, class... T>
+struct type_at_<I, type_list<H, T...>> : type_at_<I - 1, type_list<T...>> {};
+template <size_t I, class L>
+using type_at = typename type_at_<I, L>::type;
+
+// A built-in argument's value for one thread (see make_arg).
+template <class V>
+inline V builtin_arg(int which, const ThreadInfo& t) {
+  if constexpr (builtin_traits<V>::ok) {
+    return builtin_traits<V>::make(builtin_value(which, t));
+  } else {
+    fault("launch", "built-in parameter of an unsupported type");
+  }
+}
+
+template <class... A, size_t... I>
+inline void invoke_group_with(void (*f)(Group&, A...), const ParamSpec* p, const DispatchArgs& d, Group& g,
+                              std::index_sequence<I...>) {
+  f(g, make_arg<A>(p[I], d, g.threads[0])...);
+}
+
+// Binds a region-compiled kernel's arguments (built-ins as thread 0's: the kernel reads
+// each thread's own from its slots) and runs one threadgroup.
+template <class... A>
+inline void invoke_group(void (*f)(Group&, A...), const ParamSpec* p, const DispatchArgs& d, Group& g) {
+  invoke_group_with(f, p, d, g, std::index_sequence_for<A...>{});
+}
+
+}  // namespace tsm_emu

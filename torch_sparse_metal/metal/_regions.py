@@ -1,0 +1,680 @@
+"""Threadgroups as loops between barriers: the emulator's translation of kernels whose only
+synchronisation is ``threadgroup_barrier`` (the runtime side is
+csrc/emulator/include/tsm_emu/regions.h).
+
+Fibers give every Metal thread a stack and switch between them at each barrier; PoCL-style
+emulators instead run the code between two barriers as a loop over the threads. This module
+does the latter at the source level, from clang's AST of the emulator's view. A kernel
+qualifies when every ``threadgroup_barrier`` is a statement of its own body (at any depth
+of blocks, ``if``s and loops; not in a ``switch``, a range-``for``, or a statement whose
+condition declares a variable) and nothing it calls synchronises. Its translation keeps the
+kernel and adds, right after it::
+
+    inline void <kernel>__tsm_group(tsm_emu::Group& g, <the kernel's parameters>)
+
+which runs one whole threadgroup. Its heart is the kernel's body made resumable, as a
+lambda ``(thread, where) -> where next`` that the scheduler calls for each thread in turn:
+
+* ``switch (where) { case 0: <body> }``; each barrier statement becomes
+  ``{ g.arrive(t, <loop iterations>, <flags>); return k; case k:; }``, and each
+  ``return;`` becomes ``return -1;``. Every other statement, ``break``, ``continue`` and
+  ``if`` stays as it was: a thread runs from where it waits to its next barrier exactly as
+  its fiber would, so the order of execution, the memory the sanitizer sees and every
+  fault are those of the fiber scheduler, without a context switch.
+* A jump to ``case k`` may not skip a declaration with an initialiser: the variables
+  declared before a barrier in a block that encloses it (and in a ``for``'s
+  initialisation) live in per-thread slots instead, constructed where they were declared
+  and bound by reference at the top of the lambda. Their types come from type probes:
+  lambdas, never called, that repeat the declarations and return their ``decltype``.
+  ``static``, ``constexpr``, ``threadgroup`` and constant declarations (and local types)
+  there move to the group function, where they are one per threadgroup.
+* Built-in arguments, and arguments the kernel may modify, get per-thread slots too; the
+  others are shared by the threadgroup's threads, which only read them.
+* Each loop around a barrier counts its iterations per thread, so the same barrier reached
+  in two different iterations is divergence, as it is under fibers.
+
+Whatever does not qualify runs as fibers, as before; so does every kernel when
+``TSM_EMU_REGIONS=0``.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from . import _frontend, _rewrite
+
+Edit = Tuple[int, int, str]
+
+
+@dataclass
+class Translation:
+    """What the emulator's translation of a shader needs from this module."""
+    edits: List[Edit] = field(default_factory=list)
+    grouped: Set[str] = field(default_factory=set)        # kernel functions with a group function
+    synchronising: Set[str] = field(default_factory=set)  # kernel functions that synchronise
+
+
+class _Unsupported(Exception):
+    """The kernel's structure defeats the transformation: it runs as fibers."""
+
+
+# ---- which kernels synchronise, and which qualify ----------------------------------------------
+
+def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
+         kernels: Sequence[_rewrite.Kernel], enabled: bool = True) -> Translation:
+    """The group functions for the qualifying kernels of the parsed emulator view
+    (``original``; ``base_edits`` are the other edits of it, applied inside copies too)."""
+    cindex = _frontend._cindex()
+    k = cindex.CursorKind
+    out = Translation()
+    functions = list(_frontend._user_functions(tu, path))
+    by_name: Dict[str, List[object]] = defaultdict(list)
+    for f in functions:
+        by_name[f.spelling].append(f)
+    masked = _rewrite._mask_strings_and_directives(original)
+    source = prepared.source
+
+    def text_of(cursor) -> str:
+        return masked[source.original(cursor.extent.start.offset):
+                      source.original(cursor.extent.end.offset, end=True)]
+
+    names_cache: Dict[int, Set[str]] = {}
+
+    def referenced_names(f) -> Set[str]:
+        key = f.hash
+        if key not in names_cache:
+            names = set()
+            for c in f.walk_preorder():
+                if c.kind in (k.CALL_EXPR, k.DECL_REF_EXPR, k.OVERLOADED_DECL_REF, k.MEMBER_REF_EXPR):
+                    names.add(c.spelling)
+            names_cache[key] = names
+        return names_cache[key]
+
+    instantiated: Dict[str, List[_rewrite.Kernel]] = defaultdict(list)
+    for kernel in kernels:
+        instantiated[_rewrite.function_name(kernel.cxx)].append(kernel)
+    for name, entries in instantiated.items():
+        definitions = [f for f in by_name.get(name, ()) if f.kind in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE)]
+        reached: Dict[int, object] = {}
+        frontier = list(definitions)
+        while frontier:
+            f = frontier.pop()
+            for n in referenced_names(f):
+                for g in by_name.get(n, ()):
+                    if g.hash not in reached and g.spelling not in instantiated:
+                        reached[g.hash] = g
+                        frontier.append(g)
+        own = set()
+        for d in definitions:
+            own.update(m.group(1) for m in _rewrite._SYNC_CALL.finditer(text_of(d)))
+        helpers = any(_rewrite._SYNC_CALL.search(text_of(g)) for g in reached.values())
+        if not definitions:  # not found in the AST: assume the worst
+            out.synchronising.add(name)
+            continue
+        if own or helpers:
+            out.synchronising.add(name)
+        if not enabled or helpers or own != {"threadgroup_barrier"} or len(definitions) != 1:
+            continue
+        if definitions[0].kind == k.FUNCTION_TEMPLATE and any("<" not in e.cxx for e in entries):
+            continue  # instantiated by deduction: no template arguments to name the copy with
+        try:
+            out.edits += _GroupFunction(definitions[0], entries[0], prepared, original, base_edits).edits()
+        except _Unsupported:
+            continue
+        out.grouped.add(name)
+    return out
+
+
+# ---- the group function of one kernel ------------------------------------------------------------
+
+_ASSIGNMENTS = set(range(22, 33))  # clang's CXBinaryOperatorKind: = *= /= ... |=
+_MODIFYING_UNARY = {1, 2, 3, 4, 5}  # CXUnaryOperatorKind: x++ x-- ++x --x &x
+_HOISTED_KINDS = ("TYPEDEF_DECL", "TYPE_ALIAS_DECL", "STRUCT_DECL", "CLASS_DECL", "UNION_DECL", "ENUM_DECL",
+                  "STATIC_ASSERT", "TYPE_ALIAS_TEMPLATE_DECL", "USING_DECLARATION", "USING_DIRECTIVE")
+_CONSTANT_KINDS = ("INTEGER_LITERAL", "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "CHARACTER_LITERAL",
+                   "UNEXPOSED_EXPR", "PAREN_EXPR", "BINARY_OPERATOR", "UNARY_OPERATOR", "CONDITIONAL_OPERATOR",
+                   "CSTYLE_CAST_EXPR", "CXX_FUNCTIONAL_CAST_EXPR", "CXX_STATIC_CAST_EXPR", "TYPE_REF",
+                   "TEMPLATE_REF", "NAMESPACE_REF", "CXX_UNARY_EXPR", "DECL_REF_EXPR")
+
+
+@dataclass
+class _Frame:
+    """A kernel variable that lives in a per-thread slot."""
+    var: object         # its VAR_DECL
+    statement: object   # the DECL_STMT declaring it
+    scope: object       # the COMPOUND_STMT, or the FOR_STMT whose initialisation declares it
+    index: int          # among the slots
+    name: str           # the unique name its uses are renamed to
+
+
+class _GroupFunction:
+    def __init__(self, kernel, entry: _rewrite.Kernel, prepared, original: str, base_edits: Sequence[Edit]):
+        self.cindex = _frontend._cindex()
+        self.k = self.cindex.CursorKind
+        self.kernel = kernel
+        self.entry = entry
+        self.source = prepared.source
+        self.original = original
+        self.masked = _rewrite._mask_strings_and_directives(original)
+        body = [c for c in kernel.get_children() if c.kind == self.k.COMPOUND_STMT]
+        if len(body) != 1:
+            raise _Unsupported("no body")
+        self.body = body[0]
+        self.body_start, self.body_end = self.span(self.body)
+        self.base_edits = [e for e in base_edits if self.body_start <= e[0] and e[1] <= self.body_end]
+        self.params = [c for c in kernel.get_children() if c.kind == self.k.PARM_DECL]
+        if len(self.params) != len(entry.params):
+            raise _Unsupported("parameters")
+
+    # ---- positions -------------------------------------------------------------------------
+    def span(self, cursor) -> Tuple[int, int]:
+        return (self.source.original(cursor.extent.start.offset),
+                self.source.original(cursor.extent.end.offset, end=True))
+
+    def statement_end(self, cursor) -> int:
+        """Just past the statement ``cursor`` (its ``;`` included)."""
+        k = self.k
+        kind = cursor.kind
+        if kind in (k.IF_STMT, k.FOR_STMT, k.WHILE_STMT):
+            return self.statement_end(list(cursor.get_children())[-1])
+        start, end = self.span(cursor)
+        if kind in (k.COMPOUND_STMT, k.DECL_STMT):
+            return end
+        m = re.match(r"\s*;", self.masked[end:])
+        if not m:
+            raise _Unsupported("statement end")
+        return end + m.end()
+
+    def where(self, cursor) -> Tuple[str, int]:
+        file, line, _ = _frontend.presumed_location(cursor.extent.start)
+        return file, line
+
+    # ---- the walk ----------------------------------------------------------------------------
+    def walk(self) -> None:
+        k = self.k
+        self.barriers: List[Tuple[object, List[object]]] = []
+        self.returns: List[object] = []
+        self.refs: List[Tuple[object, List[object]]] = []
+        stop = {k.STRUCT_DECL, k.CLASS_DECL, k.UNION_DECL, k.CLASS_TEMPLATE}
+
+        def visit(node, ancestors):
+            for child in node.get_children():
+                kind = child.kind
+                if kind == k.LAMBDA_EXPR:
+                    raise _Unsupported("lambda")
+                if kind in stop:
+                    continue
+                if kind == k.CALL_EXPR and child.spelling == "threadgroup_barrier":
+                    self.barriers.append((child, ancestors + [node]))
+                elif kind == k.RETURN_STMT:
+                    self.returns.append(child)
+                elif kind == k.DECL_REF_EXPR:
+                    self.refs.append((child, ancestors + [node]))
+                visit(child, ancestors + [node])
+
+        visit(self.body, [])
+        if not self.barriers:
+            raise _Unsupported("no barrier statement")
+        if re.search(r"\bdecltype\b", self.masked[self.body_start:self.body_end]):
+            raise _Unsupported("decltype")  # of a variable turned into a reference
+
+    def chain(self, barrier, ancestors) -> List[Tuple[object, object]]:
+        """(enclosing statement, its child towards the barrier), outermost first; raises
+        _Unsupported unless the barrier is a statement in a structured position."""
+        k = self.k
+        pairs = []
+        for i, node in enumerate(ancestors):
+            child = ancestors[i + 1] if i + 1 < len(ancestors) else barrier
+            children = list(node.get_children())
+            if node.kind == k.COMPOUND_STMT:
+                pass
+            elif node.kind == k.IF_STMT:
+                if any(c.kind in (k.VAR_DECL, k.DECL_STMT) for c in children) or children[0] == child:
+                    raise _Unsupported("if")
+            elif node.kind in (k.FOR_STMT, k.WHILE_STMT):
+                if any(c.kind == k.VAR_DECL for c in children) or children[-1] != child:
+                    raise _Unsupported("loop condition")
+            elif node.kind == k.DO_STMT:
+                if children[0] != child:
+                    raise _Unsupported("do")
+            else:
+                raise _Unsupported(node.kind.name)
+            pairs.append((node, child))
+        return pairs
+
+    # ---- declarations --------------------------------------------------------------------------
+    def hoistable(self, statement) -> bool:
+        """A declaration that is one per threadgroup (or a constant): it moves to the group
+        function."""
+        k = self.k
+        children = list(statement.get_children())
+        kinds = {c.kind.name for c in children}
+        if kinds & set(_HOISTED_KINDS):
+            if not kinds <= set(_HOISTED_KINDS):
+                raise _Unsupported("a type and a variable in one declaration")
+            return True
+        start, end = self.span(statement)
+        text = self.masked[start:end]
+        if re.match(r"\s*(?:threadgroup|constant)\b", text) or re.search(r"\b(?:static|constexpr)\b", text):
+            return True
+        return all(c.kind == k.VAR_DECL and self.constant(c) for c in children)
+
+    def constant(self, var) -> bool:
+        if not var.type.is_const_qualified() or _frontend._type_kind(var.type).endswith("Reference"):
+            return False
+        inits = [c for c in var.get_children() if c.kind not in (self.k.TYPE_REF, self.k.TEMPLATE_REF,
+                                                                   self.k.NAMESPACE_REF)]
+        if len(inits) != 1:
+            return False
+        for c in inits[0].walk_preorder():
+            if c.kind.name not in _CONSTANT_KINDS:
+                return False
+            if c.kind == self.k.DECL_REF_EXPR:
+                target = c.referenced
+                if target is None:
+                    return False
+                if target.kind in (self.k.ENUM_CONSTANT_DECL, self.k.TEMPLATE_NON_TYPE_PARAMETER):
+                    continue
+                if target.kind == self.k.VAR_DECL and (target.canonical.hash in self.hoisted_vars or
+                                                       target.semantic_parent.kind in (
+                                                           self.k.TRANSLATION_UNIT, self.k.NAMESPACE)):
+                    continue
+                return False
+        return True
+
+    def analyse(self) -> None:
+        k = self.k
+        self.walk()
+        self.loops: Dict[int, Tuple[object, int]] = {}  # loop offset -> (loop, counter)
+        self.barrier_info = []  # (call, chain loops)
+        bypassed: Dict[int, Tuple[object, object]] = {}  # statement offset -> (DECL_STMT, scope)
+        for call, ancestors in self.barriers:
+            pairs = self.chain(call, ancestors)
+            loops = []
+            for node, child in pairs:
+                child_start = self.span(child)[0]
+                if node.kind == k.COMPOUND_STMT:
+                    for s in node.get_children():
+                        if self.span(s)[0] >= child_start:
+                            break
+                        if s.kind == k.DECL_STMT:
+                            bypassed[self.span(s)[0]] = (s, node)
+                elif node.kind == k.FOR_STMT:
+                    for s in node.get_children():
+                        if s.kind == k.DECL_STMT:
+                            bypassed[self.span(s)[0]] = (s, node)
+                if node.kind in (k.FOR_STMT, k.WHILE_STMT, k.DO_STMT):
+                    at = self.span(node)[0]
+                    if at not in self.loops:
+                        self.loops[at] = (node, len(self.loops))
+                    loops.append(self.loops[at][1])
+            self.barrier_info.append((call, loops, len(pairs)))
+        self.hoisted: List[object] = []
+        self.hoisted_vars: Set[int] = set()
+        self.frames: List[_Frame] = []
+        self.frame_of: Dict[int, _Frame] = {}   # VAR_DECL canonical hash -> frame
+        self.frame_statements: Dict[int, Tuple[object, object, List[_Frame]]] = {}
+        for offset in sorted(bypassed):
+            statement, scope = bypassed[offset]
+            if scope.kind == k.COMPOUND_STMT and self.hoistable(statement):
+                self.hoisted.append(statement)
+                self.hoisted_vars.update(c.canonical.hash for c in statement.get_children() if c.kind == k.VAR_DECL)
+                continue
+            frames = []
+            for var in statement.get_children():
+                if var.kind != k.VAR_DECL:
+                    raise _Unsupported("declaration")
+                if _frontend._type_kind(var.type).endswith("Reference"):
+                    raise _Unsupported("reference across a barrier")
+                f = _Frame(var, statement, scope, len(self.frames), f"{var.spelling}__tsm{len(self.frames)}")
+                self.frames.append(f)
+                self.frame_of[var.canonical.hash] = f
+                frames.append(f)
+            self.frame_statements[offset] = (statement, scope, frames)
+        # Parameters each thread needs its own copy of: built-ins, and what the kernel may modify.
+        self.thread_params: List[Tuple[object, Optional[int]]] = []
+        used: Dict[int, List[List[object]]] = defaultdict(list)
+        for ref, ancestors in self.refs:
+            target = ref.referenced
+            if target is not None and target.kind == k.PARM_DECL:
+                used[target.canonical.hash].append(ancestors + [ref])
+        for param, spec in zip(self.params, self.entry.params):
+            paths = used.get(param.canonical.hash)
+            if not paths:
+                continue
+            if spec.kind == _rewrite.P_BUILTIN:
+                self.thread_params.append((param, spec.index))
+            elif any(self.modifies(path, param) for path in paths):
+                self.thread_params.append((param, None))
+
+    def modifies(self, path: List[object], param) -> bool:
+        """Whether the use of ``param`` at the end of ``path`` (its ancestors) may change it.
+
+        A kernel's parameters are buffers and threadgroup memory (pointers and references),
+        built-ins (values, each thread's own anyway) and their like. A reference cannot be
+        reseated; a pointer changes by assignment, increment, through its address, or bound
+        to a non-const reference: a call the AST leaves unresolved (a template's dependent
+        call) is taken to copy it, as Metal's helpers take pointers by value."""
+        k = self.k
+        lib = self.cindex.conf.lib
+        kind = _frontend._type_kind(param.type)
+        if kind in ("LValueReference", "RValueReference"):
+            return False
+        pointer = kind == "Pointer"
+        i = len(path) - 1
+        rvalue = False
+        while i > 0:
+            child, parent = path[i], path[i - 1]
+            first = next(iter(parent.get_children()), None)
+            if parent.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
+                rvalue |= parent.kind == k.UNEXPOSED_EXPR
+                i -= 1
+                continue
+            if parent.kind == k.MEMBER_REF_EXPR and first == child:
+                target = parent.referenced
+                if pointer:
+                    return False
+                if target is not None and target.kind == k.CXX_METHOD:
+                    return not target.is_const_method()
+                i -= 1
+                continue
+            if parent.kind == k.ARRAY_SUBSCRIPT_EXPR and first == child:
+                if pointer:
+                    return False
+                i -= 1
+                continue
+            if parent.kind in (k.BINARY_OPERATOR, k.COMPOUND_ASSIGNMENT_OPERATOR):
+                return first == child and lib.clang_getCursorBinaryOperatorKind(parent) in _ASSIGNMENTS
+            if parent.kind == k.UNARY_OPERATOR:
+                return lib.clang_getCursorUnaryOperatorKind(parent) in _MODIFYING_UNARY
+            if parent.kind == k.CALL_EXPR:
+                if rvalue:
+                    return False
+                callee = parent.referenced
+                args = list(parent.get_arguments())
+                if callee is None or child not in args:
+                    return callee is None and not pointer
+                formals = list(callee.get_arguments())
+                at = args.index(child)
+                if at >= len(formals):
+                    return False
+                t = formals[at].type
+                return _frontend._type_kind(t) == "LValueReference" and not t.get_pointee().is_const_qualified()
+            if parent.kind == k.VAR_DECL:
+                t = parent.type
+                return _frontend._type_kind(t) == "LValueReference" and not t.get_pointee().is_const_qualified()
+            return False
+        return False
+
+    # ---- the text --------------------------------------------------------------------------------
+    def edits(self) -> List[Edit]:
+        self.analyse()
+        k = self.k
+        fine: List[Tuple[int, int, str, Tuple[int, int]]] = []  # (start, end, text, order)
+
+        def insert(at: int, text: str, order: Tuple[int, int]) -> None:
+            fine.append((at, at, text, order))
+
+        def replace(start: int, end: int, text: str) -> None:
+            fine.append((start, end, text, (0, 0)))
+
+        for start, end, text in self.base_edits:
+            # The other edits' insertions (integer division's calls) are innermost.
+            fine.append((start, end, text, (1 if text.endswith("(") else -1, 1000) if start == end else (0, 0)))
+
+        # Uses of slot variables: renamed (inside their own declaration, to its temporaries).
+        own: Dict[int, int] = {}  # VAR_DECL hash -> offset of the declaring statement
+        for offset, (_, _, frames) in self.frame_statements.items():
+            for f in frames:
+                own[f.var.canonical.hash] = offset
+        for ref, ancestors in self.refs:
+            target = ref.referenced
+            if target is None:
+                continue
+            f = self.frame_of.get(target.canonical.hash)
+            if f is None:
+                continue
+            start, end = self.span(ref)
+            if self.original[start:end] != target.spelling:
+                raise _Unsupported("reference spelling")
+            s_start, s_end = self.span(f.statement)
+            inside = s_start <= start < s_end
+            replace(start, end, f"__tsm_d{f.index}" if inside else f.name)
+
+        # Declarations of slot variables: into temporaries, then constructed in the slots.
+        moved: Dict[int, Tuple[int, int, str]] = {}  # for-initialisations, by their loop's offset
+        for offset, (statement, scope, frames) in self.frame_statements.items():
+            s_start, s_end = self.span(statement)
+            for f in frames:
+                at = self.source.original(f.var.location.offset)
+                if self.original[at:at + len(f.var.spelling)] != f.var.spelling:
+                    raise _Unsupported("declarator spelling")
+                replace(at, at + len(f.var.spelling), f"__tsm_d{f.index}")
+            constructs = " ".join(f"::tsm_emu::construct({f.name}, __tsm_d{f.index});" for f in frames)
+            if scope.kind == k.FOR_STMT:
+                moved[self.span(scope)[0]] = (s_start, s_end, constructs)
+            else:
+                depth = self.depth(scope) + 1
+                insert(s_start, "{ ", (1, depth))
+                insert(s_end, f" {constructs} }}", (-1, depth))
+
+        # Hoisted declarations leave the body (for the group function's top).
+        blocks: List[Tuple[int, int, str]] = []
+        for statement in self.hoisted:
+            start, end = self.span(statement)
+            blocks.append((start, end, _rewrite.blank(self.original[start:end])))
+
+        # Loops around barriers count their iterations; a for's slot variables are declared
+        # before it.
+        for at, (loop, counter) in self.loops.items():
+            depth = self.depth(loop)
+            end = self.statement_end(loop)
+            opener = f"{{ __tsm_it{counter} = 0; "
+            if at in moved:
+                s_start, s_end, constructs = moved[at]
+                opener += "{ " + self.edited(fine, s_start, s_end) .replace("\n", " ") + f" {constructs} }} "
+                blocks.append((s_start, s_end, ";" + _rewrite.blank(self.original[s_start + 1:s_end])))
+            insert(at, opener, (1, depth))
+            insert(end, " }", (-1, depth))
+            children = list(loop.get_children())
+            body = children[0] if loop.kind == k.DO_STMT else children[-1]
+            b_start, _ = self.span(body)
+            if body.kind == k.COMPOUND_STMT:
+                insert(b_start + 1, f" ++__tsm_it{counter};", (1, depth))
+            else:
+                insert(b_start, f"{{ ++__tsm_it{counter}; ", (1, depth))
+                insert(self.statement_end(body), " }", (-1, depth))
+
+        # Barriers: wait, return, resume here.
+        self.sites = []
+        lines_start, lines = _rewrite._source_lines(self.original)
+        for number, (call, loops, depth) in enumerate(self.barrier_info, start=1):
+            c_start, c_end = self.span(call)
+            open_paren = self.masked.find("(", self.span(next(iter(call.get_children())))[1])
+            if open_paren < 0 or open_paren >= c_end:
+                raise _Unsupported("barrier call")
+            end = self.statement_end(call)
+            args = list(call.get_arguments())
+            key = f"::tsm_emu::iteration_key({', '.join(f'__tsm_it{c}' for c in loops)})"
+            replace(c_start, open_paren + 1, f"{{ __tsm_g.arrive(__tsm_t, {key}{', ' if args else ''}")
+            insert(end, f" return {number}; case {number}:; }}", (-1, depth + 1))
+            self.sites.append(self.site(call, lines_start, lines))
+
+        # Returns leave the thread's loop for good.
+        for ret in self.returns:
+            start, end = self.span(ret)
+            value = list(ret.get_children())
+            if value:
+                v_start, v_end = self.span(value[0])
+                insert(v_start, "(", (1, 99))
+                insert(v_end, "), -1", (-1, 99))
+            else:
+                insert(end, " -1", (-1, 99))
+
+        body = self.apply(fine, blocks, self.body_start, self.body_end)
+        return [(self.end_of_kernel(), self.end_of_kernel(), self.group_text(fine, body))]
+
+    def depth(self, node) -> int:
+        """How many statements enclose ``node`` on the way to a barrier."""
+        for call, ancestors in self.barriers:
+            for i, a in enumerate(ancestors):
+                if a == node:
+                    return i
+        return 0
+
+    def site(self, call, starts: List[int], lines: List[int]) -> int:
+        """The barrier's Site as the rewriter numbers the fiber kernel's: line << 12 | k, the
+        k-th collective call on its line."""
+        import bisect
+        start = self.span(call)[0]
+        row = bisect.bisect_right(starts, start) - 1
+        line = lines[row]
+        pattern = _rewrite._call_pattern(_rewrite.collective_names())
+        before = [m for m in pattern.finditer(self.masked, starts[row], self.span(call)[1]) if m.start() <= start]
+        return (line << 12) | max(1, min(len(before), 0xFFF))
+
+    def edited(self, fine, start: int, end: int) -> str:
+        return self.apply(fine, [], start, end)
+
+    def apply(self, fine, blocks: List[Tuple[int, int, str]], start: int, end: int) -> str:
+        """original[start:end] with the edits inside it; ``blocks`` replace whole spans
+        (their own edits already applied)."""
+        def inside_block(e) -> bool:
+            return any(b0 <= e[0] and e[1] <= b1 and not (e[0] == e[1] and e[0] in (b0, b1)) for b0, b1, _ in blocks)
+
+        edits = [e for e in fine if start <= e[0] and e[1] <= end and not (e[0] == e[1] == end and e[3][0] > 0)
+                 and not (e[0] == e[1] == start and e[3][0] < 0 and start != end)]
+        edits = [e for e in edits if not inside_block(e)]
+        edits += [(b0, b1, text, (0, 0)) for b0, b1, text in blocks if start <= b0 and b1 <= end]
+
+        def order(e):
+            opener, depth = e[3]
+            if e[0] == e[1]:
+                return (e[0], 0 if opener >= 0 else 2, depth if opener >= 0 else -depth)
+            return (e[0], 1, 0)
+
+        out, last = [], start
+        for s, e, text, _ in sorted(edits, key=order):
+            if s < last:
+                raise _Unsupported("overlapping edits")
+            out.append(self.original[last:s])
+            out.append(text)
+            last = e
+        out.append(self.original[last:end])
+        return "".join(out)
+
+    def end_of_kernel(self) -> int:
+        return self.span(self.kernel)[1]
+
+    def parameter_text(self) -> str:
+        start = self.source.original(self.kernel.location.offset) + len(self.kernel.spelling)
+        m = re.match(r"\s*\(", self.masked[start:])
+        if not m:
+            raise _Unsupported("parameter list")
+        open_paren = start + m.end() - 1
+        close = _rewrite._match_close(self.masked, open_paren, "(", ")")
+        return " ".join(self.original[open_paren + 1:close].split())
+
+    def template_header(self) -> str:
+        if self.kernel.kind != self.k.FUNCTION_TEMPLATE:
+            return ""
+        start = self.span(self.kernel)[0]
+        m = re.match(r"\s*template\s*<", self.masked[start:])
+        if not m:
+            raise _Unsupported("template header")
+        depth, paren = 0, 0
+        i = start + m.end() - 1
+        while i < len(self.masked):
+            c = self.masked[i]
+            if c in "([":
+                paren += 1
+            elif c in ")]":
+                paren -= 1
+            elif paren == 0 and c == "<":
+                depth += 1
+            elif paren == 0 and c == ">":
+                depth -= 1
+                if depth == 0:
+                    return " ".join(self.original[start:i + 1].split())
+            i += 1
+        raise _Unsupported("template header")
+
+    def probes(self, fine) -> Tuple[List[str], Dict[int, str]]:
+        """Type probes, one per block that declares slot variables, and each slot's type."""
+        k = self.k
+        scopes: Dict[int, Tuple[object, List[_Frame]]] = {}
+        for f in self.frames:
+            at = self.span(f.scope)[0]
+            scopes.setdefault(at, (f.scope, []))[1].append(f)
+        # The path of enclosing blocks (and for-initialisations) down to each scope.
+        paths: Dict[int, List[Tuple[object, object]]] = {}
+        for call, ancestors in self.barriers:
+            pairs = self.chain(call, ancestors)
+            for i, (node, _) in enumerate(pairs):
+                paths.setdefault(self.span(node)[0], pairs[:i + 1])
+        statements_in: Dict[int, List[Tuple[object, List[_Frame]]]] = defaultdict(list)
+        for offset in sorted(self.frame_statements):
+            statement, scope, frames = self.frame_statements[offset]
+            statements_in[self.span(scope)[0]].append((statement, frames))
+        texts, types = [], {}
+        for number, (at, (scope, frames)) in enumerate(sorted(scopes.items())):
+            pieces = []
+            for node, child in paths[at]:
+                node_at = self.span(node)[0]
+                limit = self.span(child)[0] if node_at != at else self.span(node)[1]
+                decls = [self.base_text(s) for s, _ in statements_in.get(node_at, ())
+                         if self.span(s)[0] < limit]
+                pieces.append("{ " + " ".join(decls))
+            listed = ", ".join(f"decltype({f.var.spelling})" for f in frames)
+            body = " ".join(pieces) + f" return ::tsm_emu::type_list<{listed}>{{}}; " + "}" * len(pieces)
+            texts.append(f"auto __tsm_probe{number} = [&]() {body};")
+            for i, f in enumerate(frames):
+                types[f.index] = f"::tsm_emu::type_at<{i}, decltype(__tsm_probe{number}())>"
+        return texts, types
+
+    def base_text(self, statement) -> str:
+        start, end = self.span(statement)
+        return self.apply([(s, e, t, (0, 0)) for s, e, t in self.base_edits], [], start, end).replace("\n", " ")
+
+    def group_text(self, fine, body: str) -> str:
+        name = self.kernel.spelling
+        params = self.parameter_text()
+        signature = "::tsm_emu::Group& __tsm_g" + (", " + params if params.strip() and params.strip() != "void" else "")
+        head = [f"{self.template_header()} inline void {name}__tsm_group({signature}) {{"]
+        head += [self.base_text(s) for s in self.hoisted]
+        bindings = []
+        for i, (param, builtin) in enumerate(self.thread_params):
+            p = param.spelling
+            value_type = f"std::remove_cv_t<decltype({p})>"
+            value = f"::tsm_emu::builtin_arg<{value_type}>({builtin}, __tsm_g.threads[__tsm_i])" \
+                if builtin is not None else p
+            head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_pb{i}; "
+                        f"::tsm_emu::Slots<{value_type}> __tsm_p{i}(__tsm_pb{i}, __tsm_g.n); "
+                        f"for (unsigned __tsm_i = 0; __tsm_i < __tsm_g.n; ++__tsm_i) {{ "
+                        f"{value_type} __tsm_v = {value}; ::tsm_emu::construct(__tsm_p{i}[__tsm_i], __tsm_v); }}")
+            bindings.append(f"auto& {p} = __tsm_p{i}[__tsm_t];")
+        probes, types = self.probes(fine)
+        head += probes
+        for f in self.frames:
+            head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_sb{f.index}; "
+                        f"::tsm_emu::Slots<{types[f.index]}> __tsm_s{f.index}(__tsm_sb{f.index}, __tsm_g.n);")
+            bindings.append(f"auto& {f.name} = __tsm_s{f.index}[__tsm_t];")
+        for counter in range(len(self.loops)):
+            head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_cb{counter}; "
+                        f"::tsm_emu::Slots<unsigned> __tsm_c{counter}(__tsm_cb{counter}, __tsm_g.n);")
+            bindings.append(f"auto& __tsm_it{counter} = __tsm_c{counter}[__tsm_t];")
+        sites = ", ".join(["0u"] + [f"{s}u" for s in self.sites])
+        head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
+        head.append("::tsm_emu::run_regions(__tsm_g, __tsm_sites, [&](unsigned __tsm_t, int __tsm_at) -> int {")
+        head += bindings
+        head.append("switch (__tsm_at) { case 0:")
+        file, line = self.where(self.body)
+        end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]
+        return (f"\n{_line_marker(line, file)}\n" + " ".join(head) + " " + body +
+                f" }} return -1; }}); }}\n{_line_marker(end_line, end_file)}\n")
+
+
+def _line_marker(line: int, file: str) -> str:
+    return '# {} "{}"'.format(line, file.replace("\\", "\\\\").replace('"', '\\"'))
