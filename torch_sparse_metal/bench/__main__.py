@@ -6,6 +6,19 @@ import json
 import sys
 
 
+def _at_least(low: int):
+    """An argparse type: an int >= ``low``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+    return parse
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_sparse_metal.bench",
                                      description=__doc__)
@@ -49,6 +62,21 @@ def main(argv=None) -> int:
     mat.add_argument("--csv", default=None, help="MPS: write the rows to this CSV file")
     mat.add_argument("--plot", default=None, help="MPS: write a PNG bar chart here")
     mat.add_argument("--json", action="store_true", help="print the rows as JSON")
+    emu = sub.add_parser("emulator", help="the emulator's speed: kernels with an OpenCL twin "
+                                          "against PoCL when installed, the project's shaders, "
+                                          "the sanitizer's slowdown")
+    emu.add_argument("--repeats", type=_at_least(1), default=5,
+                     help="interleaved timing rounds after the checked warm-up")
+    emu.add_argument("--sanitized-repeats", type=_at_least(0), default=1,
+                     help="of those rounds, how many also run the sanitized build (0: none)")
+    emu.add_argument("--matmul-sizes", type=_at_least(1), nargs="+", default=[128, 256, 512],
+                     help="n of the tiled matmul twin (n^3)")
+    emu.add_argument("--mm-sizes", type=_at_least(1), nargs="+", default=[256, 512],
+                     help="n of tsm.mm, every rung (n^3)")
+    emu.add_argument("--twins-only", action="store_true",
+                     help="only the kernels with an OpenCL twin")
+    emu.add_argument("--csv", default=None, metavar="PATH", help="also write the rows to a CSV file")
+    emu.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
 
     if args.benchmark == "sanitizer":
@@ -68,6 +96,11 @@ def main(argv=None) -> int:
         from . import kmeans as kmeans_bench
         result = kmeans_bench.run(args.n, args.d, args.k, args.iters)
         print(json.dumps(result, indent=2) if args.json else kmeans_bench.format_report(result))
+    elif args.benchmark == "emulator":
+        from . import emulator
+        result, table = emulator.main(args)
+        print(json.dumps(result, indent=2) if args.json else table)
+        return 0 if all(row["ok"] for row in result["rows"]) else 1
     return 0
 
 
