@@ -69,7 +69,8 @@ def test_project_shaders_run_unsanitized_and_sanitized():
     # Both builds ran: unsanitized launches carry no counters, sanitized ones do.
     assert any(l.counters is None for l in launches)
     assert any(l.counters is not None for l in launches)
-    assert {l.kernel for l in launches} >= {"sparse_linear_forward_float", "sparse_linear_backward_float"}
+    assert {l.kernel for l in launches} >= {"sparse_linear_forward_float",
+                                            "sparse_linear_backward_float"}
 
 
 def test_a_wrong_answer_fails_the_row_and_gives_no_number():
@@ -99,7 +100,8 @@ def test_an_implementation_that_raises_fails_the_row():
 def test_mismatch():
     want = np.array([1.0, 2.0, 3.0])
     assert eb.mismatch(np.float32([1, 2, 3]), want, 1e-6) is None
-    assert "1 of 3 elements off, e.g. at (1,): nan" in eb.mismatch(np.float32([1, np.nan, 3]), want, 1)
+    with_nan = eb.mismatch(np.float32([1, np.nan, 3]), want, 1)
+    assert "1 of 3 elements off, e.g. at (1,): nan" in with_nan
     assert "at (2,)" in eb.mismatch(np.float32([1, 2, 3.5]), want, 0.1)
     assert "shape" in eb.mismatch(np.zeros(2), want, 1)
 
@@ -126,7 +128,8 @@ def test_implementations_are_interleaved_and_ratios_computed():
         return eb.Impl(run, lambda: [np.zeros(1)])
 
     emulator = {False: [0.0, 0.005, 0.003, 0.004], True: [0.0, 0.5]}
-    case = eb.Case("k", "s", lambda sanitize: impl("san" if sanitize else "emu", emulator[sanitize]),
+    case = eb.Case("k", "s",
+                   lambda sanitize: impl("san" if sanitize else "emu", emulator[sanitize]),
                    lambda out: None, pocl=lambda device: impl("pocl", [0.0, 0.002, 0.001, 0.003]))
     row = eb.run_case(case, object(), repeats=3, sanitized_repeats=1, clock=clock)
     assert calls == ["emu", "pocl", "san",          # warm-ups (checked)

@@ -1,6 +1,7 @@
 // OpenCL C twins of barrier_heavy.metal's kernels, for PoCL in
 // python -m torch_sparse_metal.bench emulator: the same algorithm, memory layout and
-// launch geometry, line for line, so the two timings compare the runtimes, not the code.
+// launch geometry, statement for statement, so the two timings compare the runtimes, not
+// the code.
 
 #define TILE 16
 

@@ -75,7 +75,8 @@ def main(argv=None) -> int:
                      help="n of tsm.mm, every rung (n^3)")
     emu.add_argument("--twins-only", action="store_true",
                      help="only the kernels with an OpenCL twin")
-    emu.add_argument("--csv", default=None, metavar="PATH", help="also write the rows to a CSV file")
+    emu.add_argument("--csv", default=None, metavar="PATH",
+                     help="also write the rows to a CSV file")
     emu.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
 

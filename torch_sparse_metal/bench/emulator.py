@@ -38,9 +38,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .. import _backend
-from .. import metal
+from .. import _backend, metal
 from .._shaders import shader_path
+from ..ops import kmeans as K
+from ..ops import matmul as mmops
+from ..ops.sparse_linear import CSRPattern, sparse_linear_pattern
+from .kmeans import make_data
 
 BARRIER_HEAVY = "bench/barrier_heavy"   # .metal and .cl
 CSR_FORWARD = "bench/csr_forward"
@@ -84,7 +87,7 @@ def mismatch(got: np.ndarray, want: np.ndarray, atol: float, rtol: float = 1e-4)
     bad = ~(error <= atol + rtol * np.abs(want))
     if not bad.any():
         return None
-    i = np.unravel_index(np.argmax(np.where(bad, np.nan_to_num(error, nan=np.inf), -1)), want.shape)
+    i = np.unravel_index(np.argmax(np.where(bad, error, -1)), want.shape)  # a NaN, or the worst
     return (f"{int(bad.sum())} of {want.size} elements off, e.g. at {tuple(int(j) for j in i)}: "
             f"{float(got[i]):.7g}, expected {float(want[i]):.7g}")
 
@@ -258,12 +261,16 @@ def csr_forward_case(rows: int, cols: int, density: float, batch: int,
     indptr, indices, values = random_csr(rows, cols, density, rng)
     x = rng.standard_normal((batch, cols), dtype=np.float32)
     want = csr_product(indptr, indices, values, x)
-    terms = max(1, len(indices) // max(rows, 1))
     return _twin("csr_forward", _sparse_size(rows, cols, density, batch), CSR_FORWARD,
                  [x, indptr, indices, values, _poisoned((batch, rows)), np.uint32(batch),
                   np.uint32(cols), np.uint32(rows)], [4],
                  (-(-batch * rows // group) * group,), (group,),
-                 lambda out: mismatch(out[0], want, 1e-4 * terms ** 0.5))
+                 lambda out: mismatch(out[0], want, _sum_atol(indptr)))
+
+
+def _sum_atol(indptr: np.ndarray) -> float:
+    """The absolute tolerance of float32 sums over CSR rows of unit-scale terms."""
+    return 1e-4 * max(1, int(np.diff(indptr).max(initial=0))) ** 0.5
 
 
 def _sparse_size(rows: int, cols: int, density: float, batch: int) -> str:
@@ -308,7 +315,6 @@ def _op_case(kernel: str, size: str, op: Callable[[], Sequence[torch.Tensor]],
 
 def mm_case(rung: str, n: int) -> Case:
     """``tsm.mm`` with the rung pinned, n x n float32."""
-    from ..ops import matmul as mmops
     g = torch.Generator().manual_seed(n)
     a, b = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     want = a.double().numpy() @ b.double().numpy()
@@ -317,38 +323,36 @@ def mm_case(rung: str, n: int) -> Case:
                     lambda out: mismatch(out[0], want, tol, rtol=tol))
 
 
-def _sparse_layer(rows: int, cols: int, density: float, batch: int):
-    from ..ops.sparse_linear import CSRPattern
-    rng = np.random.default_rng(rows * cols + batch)
+def _sparse_layer(rows: int, cols: int, density: float, batch: int, rng: np.random.Generator):
+    """A layer's pattern, its CSR arrays, an input and a bias."""
     indptr, indices, values = random_csr(rows, cols, density, rng)
     x = rng.standard_normal((batch, cols), dtype=np.float32)
     bias = rng.standard_normal(rows, dtype=np.float32)
     pattern = CSRPattern(torch.from_numpy(indptr), torch.from_numpy(indices), cols)
-    return pattern, (indptr, indices, values, x, bias), rng
+    return pattern, indptr, indices, values, x, bias
 
 
 def sparse_linear_forward_case(rows: int, cols: int, density: float, batch: int) -> Case:
     """``sparse_linear`` forward (one dispatch): ``x @ W.T + bias``."""
-    from ..ops.sparse_linear import sparse_linear_pattern
-    pattern, (indptr, indices, values, x, bias), _ = _sparse_layer(rows, cols, density, batch)
+    rng = np.random.default_rng(rows * cols + batch)
+    pattern, indptr, indices, values, x, bias = _sparse_layer(rows, cols, density, batch, rng)
     want = csr_product(indptr, indices, values, x) + bias
     xt, vt, bt = (torch.from_numpy(t) for t in (x, values, bias))
-    terms = max(1, len(indices) // rows)
 
     def op() -> List[torch.Tensor]:
         with torch.no_grad():
             return [sparse_linear_pattern(xt, pattern, vt, bt)]
     return _op_case("sparse_linear_forward", _sparse_size(rows, cols, density, batch), op,
-                    lambda out: mismatch(out[0], want, 1e-4 * terms ** 0.5))
+                    lambda out: mismatch(out[0], want, _sum_atol(indptr)))
 
 
 def sparse_linear_backward_case(rows: int, cols: int, density: float, batch: int) -> Case:
     """``sparse_linear`` backward (one dispatch): the gradients of input, values and bias,
-    through autograd on a retained graph."""
-    from ..ops.sparse_linear import sparse_linear_pattern
-    pattern, (indptr, indices, values, x, bias), rng = _sparse_layer(rows, cols, density, batch)
+    through autograd on a graph kept from one forward."""
+    rng = np.random.default_rng(rows * cols + batch)
+    pattern, indptr, indices, values, x, bias = _sparse_layer(rows, cols, density, batch, rng)
     grad = rng.standard_normal((batch, rows), dtype=np.float32)
-    # grad_input = grad @ W: the product with W's transpose, the CSR sorted by column.
+    # grad_input = grad @ W: a product with W's transpose, the CSR sorted by column.
     order = np.argsort(indices, kind="stable")
     t_indptr = np.searchsorted(indices[order], np.arange(cols + 1))
     row_ids = np.repeat(np.arange(rows), np.diff(indptr))
@@ -359,24 +363,22 @@ def sparse_linear_backward_case(rows: int, cols: int, density: float, batch: int
     xt, vt, bt = (torch.from_numpy(t).requires_grad_() for t in (x, values, bias))
     gt = torch.from_numpy(grad)
     with _package_kernels(False):
-        y = sparse_linear_pattern(xt, pattern, vt, bt)  # once; each call runs backward only
+        y = sparse_linear_pattern(xt, pattern, vt, bt)
 
     def op() -> Sequence[torch.Tensor]:
         return torch.autograd.grad(y, (xt, vt, bt), gt, retain_graph=True)
 
     def check(out: Sequence[np.ndarray]) -> Optional[str]:
-        per_input = max(1, len(indices) // cols)
-        return _all_right(mismatch(out[0], want_input, 1e-4 * per_input ** 0.5),
-                          mismatch(out[1], want_values, 1e-4 * batch ** 0.5),
-                          mismatch(out[2], want_bias, 1e-4 * batch ** 0.5))
+        over_batch = 1e-4 * batch ** 0.5
+        return _all_right(mismatch(out[0], want_input, _sum_atol(t_indptr)),
+                          mismatch(out[1], want_values, over_batch),
+                          mismatch(out[2], want_bias, over_batch))
     return _op_case("sparse_linear_backward", _sparse_size(rows, cols, density, batch), op, check)
 
 
 def kmeans_iteration_case(n: int, d: int, k: int) -> Case:
     """One Lloyd iteration as ``tsm.KMeans.fit`` runs it (6 dispatches): distances through
     the GEMM and assignment, accumulation (zero + atomic sums), finalize, drift and norms."""
-    from .kmeans import make_data
-    from ..ops import kmeans as K
     x = make_data(n, d, k)
     centers = x[torch.randperm(n, generator=torch.Generator().manual_seed(1))[:k]].clone()
     xd, cd = x.double().numpy(), centers.double().numpy()
@@ -403,8 +405,9 @@ def kmeans_iteration_case(n: int, d: int, k: int) -> Case:
         # right when its distance is the smallest up to that rounding.
         far = np.flatnonzero(chosen - best > scale)
         if far.size:
-            return (f"{far.size} points not assigned to a nearest centroid, e.g. point "
-                    f"{far[0]}: label {labels[far[0]]} at {chosen[far[0]]:.7g}, nearest {best[far[0]]:.7g}")
+            i = far[0]
+            return (f"{far.size} points not assigned to a nearest centroid, e.g. point {i}: "
+                    f"label {labels[i]} at {chosen[i]:.7g}, nearest {best[i]:.7g}")
         counts = np.bincount(labels, minlength=k)
         sums = np.zeros((k, d))
         np.add.at(sums, labels, xd)
@@ -435,8 +438,7 @@ def twin_cases(matmul_sizes: Sequence[int] = MATMUL_SIZES, sparse=SPARSE,
 
 
 def project_cases(mm_sizes: Sequence[int] = MM_SIZES, sparse=SPARSE, kmeans=KMEANS) -> List[Case]:
-    from ..ops.matmul import KERNELS
-    return ([mm_case(rung, n) for n in mm_sizes for rung in KERNELS]
+    return ([mm_case(rung, n) for n in mm_sizes for rung in mmops.KERNELS]
             + [sparse_linear_forward_case(*sparse), sparse_linear_backward_case(*sparse),
                kmeans_iteration_case(*kmeans)])
 
@@ -481,9 +483,10 @@ def run_case(case: Case, pocl: Union[PoclDevice, str], repeats: int, sanitized_r
             ready[name] = impl
 
     best = {name: math.inf for name in ready}
-    for round_ in range(max(repeats, sanitized_repeats if "sanitized" in ready else 0)):
+    rounds = {name: sanitized_repeats if name == "sanitized" else repeats for name in ready}
+    for round_ in range(max(rounds.values(), default=0)):
         for name, impl in list(ready.items()):
-            if round_ >= (sanitized_repeats if name == "sanitized" else repeats):
+            if round_ >= rounds[name]:
                 continue
             try:
                 start = clock()
@@ -543,8 +546,8 @@ def format_table(result: Dict[str, object]) -> str:
     lines = [f"PoCL: {result['pocl']}", head, "-" * len(head)]
     notes = []
     for r in rows:
-        ratio = f"{r['ratio']:.1f}" if r["ratio"] is not None else "-"
-        slowdown = "-" if r["slowdown"] is None else f"{r['slowdown']:.{1 if r['slowdown'] < 10 else 0}f}x"
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.1f}"
+        slowdown = "-" if r["slowdown"] is None else f"{r['slowdown']:.{int(r['slowdown'] < 10)}f}x"
         lines.append(f"{r['kernel']:<24}{r['size']:<24}{_cell(r['emulator_ms'], r['emulator']):>12}"
                      f"{_cell(r['pocl_ms'], r['pocl']):>15}{ratio:>8}"
                      f"{_cell(r['sanitized_ms'], r['sanitized']):>14}{slowdown:>10}")
