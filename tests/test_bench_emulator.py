@@ -12,6 +12,7 @@ import pytest
 
 from torch_sparse_metal.bench import __main__ as bench_cli
 from torch_sparse_metal.bench import emulator as eb
+from torch_sparse_metal.bench.pocl import find_pocl
 from torch_sparse_metal.metal import record
 
 NOT_INSTALLED = "not installed (faked by the test)"
@@ -143,7 +144,7 @@ def test_implementations_are_interleaved_and_ratios_computed():
 
 def test_not_installed_without_pyopencl(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyopencl", None)  # import pyopencl raises ImportError
-    reason = eb.find_pocl()
+    reason = find_pocl(eb.TWIN_PROGRAMS)
     assert reason.startswith("not installed")
     row = eb.run_case(eb.tiled_matmul_case(16), reason, repeats=1, sanitized_repeats=0)
     assert row["ok"] and row["pocl"] == reason and row["ratio"] is None
@@ -156,12 +157,12 @@ def test_not_installed_without_pyopencl(monkeypatch):
 def test_not_installed_without_a_pocl_cpu_device(monkeypatch):
     fake = types.SimpleNamespace(get_platforms=lambda: [], Error=Exception)
     monkeypatch.setitem(sys.modules, "pyopencl", fake)
-    assert eb.find_pocl() == "not installed (pyopencl finds no PoCL CPU device)"
+    assert find_pocl(eb.TWIN_PROGRAMS) == "not installed (pyopencl finds no PoCL CPU device)"
 
 
 def test_cli_json_csv_and_exit_code(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(eb, "twin_cases", lambda sizes: [eb.tiled_matmul_case(n) for n in sizes])
-    monkeypatch.setattr(eb, "find_pocl", lambda: NOT_INSTALLED)
+    monkeypatch.setattr(eb, "find_pocl", lambda programs: NOT_INSTALLED)
     path = tmp_path / "rows.csv"
     assert bench_cli.main(["emulator", "--twins-only", "--matmul-sizes", "16", "--repeats", "1",
                            "--sanitized-repeats", "0", "--json", "--csv", str(path)]) == 0
@@ -189,7 +190,7 @@ def test_cli_rejects_bad_values(bad, capsys):
 
 
 def test_pocl_twins_agree_with_numpy():
-    pocl = eb.find_pocl()
+    pocl = find_pocl(eb.TWIN_PROGRAMS)
     if isinstance(pocl, str):
         pytest.skip(f"PoCL {pocl}")
     result = eb.run(tiny_twins(), repeats=2, sanitized_repeats=0, pocl=pocl)

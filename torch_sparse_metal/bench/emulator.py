@@ -29,7 +29,6 @@ import contextlib
 import csv
 import math
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -39,14 +38,15 @@ import numpy as np
 import torch
 
 from .. import _backend, metal
-from .._shaders import shader_path
 from ..ops import kmeans as K
 from ..ops import matmul as mmops
 from ..ops.sparse_linear import CSRPattern, sparse_linear_pattern
 from .kmeans import make_data
+from .pocl import PoclDevice, find_pocl
 
 BARRIER_HEAVY = "bench/barrier_heavy"   # .metal and .cl
 CSR_FORWARD = "bench/csr_forward"
+TWIN_PROGRAMS = (BARRIER_HEAVY, CSR_FORWARD)
 IMPLEMENTATIONS = ("emulator", "pocl", "sanitized")
 NO_TWIN = "no OpenCL twin"
 CSV_FIELDS = ("kernel", "size", "emulator_ms", "pocl_ms", "ratio", "sanitized_ms", "slowdown",
@@ -70,7 +70,7 @@ class Case:
     size: str
     emulator: Callable[[bool], Impl]
     check: Callable[[Sequence[np.ndarray]], Optional[str]]
-    pocl: Optional[Callable[["PoclDevice"], Impl]] = None
+    pocl: Optional[Callable[[PoclDevice], Impl]] = None
 
 
 # ---------------------------------------------------------------------------------------
@@ -124,86 +124,6 @@ def random_csr(rows: int, cols: int, density: float,
 
 
 # ---------------------------------------------------------------------------------------
-# PoCL
-
-
-class PoclDevice:
-    """A PoCL CPU device with the twins' OpenCL programs built (:func:`find_pocl`)."""
-
-    def __init__(self, cl, context, programs: Dict[str, object]) -> None:
-        self._cl = cl
-        self.context = context
-        self.queue = cl.CommandQueue(context)
-        self._programs = programs
-        device = context.devices[0]
-        version = device.platform.version
-        pocl = re.search(r"PoCL \S+", version)
-        llvm = re.search(r"LLVM [\d.]+", version)
-        self.description = (f"{pocl.group(0) if pocl else version}"
-                            f"{f' ({llvm.group(0)})' if llvm else ''}, device {device.name!r}, "
-                            f"{device.max_compute_units} compute units")
-
-    def impl(self, program: str, kernel: str, args: Sequence[object], outputs: Sequence[int],
-             global_size: Tuple[int, ...], local_size: Tuple[int, ...],
-             local_memory: Sequence[int] = ()) -> Impl:
-        """``kernel`` of ``shaders/<program>.cl`` over ``args`` (arrays become buffers,
-        ``outputs`` their indices, local memory arguments follow the others)."""
-        cl = self._cl
-        k = cl.Kernel(self._programs[program], kernel)
-        flags = cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR
-        bound = [cl.Buffer(self.context, flags, hostbuf=a) if isinstance(a, np.ndarray) else a
-                 for a in args]
-        bound += [cl.LocalMemory(n) for n in local_memory]
-        k.set_args(*bound)
-
-        def run() -> None:
-            cl.enqueue_nd_range_kernel(self.queue, k, global_size, local_size)
-            self.queue.finish()
-
-        def result() -> List[np.ndarray]:
-            out = [np.empty_like(args[i]) for i in outputs]
-            for i, host in zip(outputs, out):
-                cl.enqueue_copy(self.queue, host, bound[i])
-            self.queue.finish()
-            return out
-        return Impl(run, result)
-
-
-def _build_error(exc: Exception) -> str:
-    text = str(exc)
-    errors = [line.strip() for line in text.splitlines() if "error" in line.lower()]
-    return errors[-1] if errors else text.splitlines()[0]
-
-
-def find_pocl() -> Union[PoclDevice, str]:
-    """The first PoCL CPU device that builds the twins' OpenCL programs, or why there is
-    none ("not installed ...", "unavailable: ...")."""
-    try:
-        import pyopencl as cl
-    except ImportError:
-        return "not installed (pip install pyopencl pocl-binary-distribution)"
-    try:
-        platforms = [p for p in cl.get_platforms() if "pocl" in p.version.lower()]
-    except cl.Error:  # no OpenCL platform at all
-        platforms = []
-    devices = [d for p in platforms for d in p.get_devices()
-               if d.type & cl.device_type.CPU]
-    if not devices:
-        return "not installed (pyopencl finds no PoCL CPU device)"
-    failures = []
-    for device in devices:
-        context = cl.Context([device])
-        try:
-            programs = {name: cl.Program(context, shader_path(name + ".cl").read_text()).build()
-                        for name in (BARRIER_HEAVY, CSR_FORWARD)}
-        except cl.Error as exc:
-            failures.append(f"{device.name}: {_build_error(exc)}")
-            continue
-        return PoclDevice(cl, context, programs)
-    return "unavailable: PoCL could not build the kernels (" + "; ".join(failures) + ")"
-
-
-# ---------------------------------------------------------------------------------------
 # Twins: one MSL kernel and its OpenCL copy
 
 
@@ -225,7 +145,8 @@ def _twin(kernel: str, size: str, shader: str, args: Sequence[object], outputs: 
                     lambda: [mine[i].copy() for i in outputs])
 
     def pocl(device: PoclDevice) -> Impl:
-        return device.impl(shader, kernel, own_outputs(), outputs, threads, group, local_memory)
+        return Impl(*device.prepare(shader, kernel, own_outputs(), outputs, threads, group,
+                                    local_memory))
 
     return Case(kernel, size, emulator, check, pocl)
 
@@ -513,7 +434,7 @@ def run(cases: Sequence[Case], repeats: int = 5, sanitized_repeats: int = 1,
         progress: Optional[Callable[[str], None]] = None) -> Dict[str, object]:
     """Every case's row (:func:`run_case`), with PoCL from :func:`find_pocl` unless given."""
     if pocl is None:
-        pocl = find_pocl()
+        pocl = find_pocl(TWIN_PROGRAMS)
     rows = []
     for case in cases:
         if progress:
