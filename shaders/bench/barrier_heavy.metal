@@ -1,5 +1,6 @@
 // Barrier-heavy kernels for measuring the emulator and its sanitizer
-// (python -m torch_sparse_metal.bench sanitizer). Not used by any op.
+// (python -m torch_sparse_metal.bench sanitizer, and emulator with their OpenCL twins in
+// barrier_heavy.cl). Not used by any op.
 #include <metal_stdlib>
 using namespace metal;
 

@@ -103,6 +103,22 @@ def main(argv=None) -> int:
     mat.add_argument("--csv", default=None, help="MPS: write the rows to this CSV file")
     mat.add_argument("--plot", default=None, help="MPS: write a PNG bar chart here")
     mat.add_argument("--json", action="store_true", help="print the rows as JSON")
+    emu = sub.add_parser("emulator", help="the emulator's speed: kernels with an OpenCL twin "
+                                          "against PoCL when installed, the project's shaders, "
+                                          "the sanitizer's slowdown")
+    emu.add_argument("--repeats", type=POSITIVE, default=5,
+                     help="interleaved timing rounds after the checked warm-up")
+    emu.add_argument("--sanitized-repeats", type=NON_NEGATIVE, default=1,
+                     help="of those rounds, how many also run the sanitized build (0: none)")
+    emu.add_argument("--matmul-sizes", type=POSITIVE, nargs="+", default=[128, 256, 512],
+                     help="n of the tiled matmul twin (n^3)")
+    emu.add_argument("--mm-sizes", type=POSITIVE, nargs="+", default=[256, 512],
+                     help="n of tsm.mm, every rung (n^3)")
+    emu.add_argument("--twins-only", action="store_true",
+                     help="only the kernels with an OpenCL twin")
+    emu.add_argument("--csv", default=None, metavar="PATH",
+                     help="also write the rows to a CSV file")
+    emu.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     if args.benchmark == "train" and len(args.widths) < 2:
         train.error("--widths needs at least two widths (input and output)")
@@ -126,6 +142,11 @@ def main(argv=None) -> int:
         from . import kmeans as kmeans_bench
         result = kmeans_bench.run(args.n, args.d, args.k, args.iters)
         print(json.dumps(result, indent=2) if args.json else kmeans_bench.format_report(result))
+    elif args.benchmark == "emulator":
+        from . import emulator
+        result, table = emulator.main(args)
+        print(json.dumps(result, indent=2) if args.json else table)
+        return 0 if all(row["ok"] for row in result["rows"]) else 1
     return 0
 
 
