@@ -28,12 +28,13 @@ cheapest style that ``torch.compile`` can trace and ``opcheck`` can check
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
 
 NAMESPACE = "torch_sparse_metal"
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+DEFINED: List[str] = []  # every op's name, in definition order (the tests opcheck each)
 
 # The dispatch key of each kernel backend's tensors.
 _BACKEND_KEYS = (("emulator", "CPU"), ("metal", "MPS"))
@@ -52,6 +53,7 @@ def define(schema: str, kernel: Callable[..., Any], fake: Callable[..., Any], *,
     name = schema.split("(", 1)[0]
     qualified = f"{NAMESPACE}::{name}"
     _LIBRARY.define(schema)
+    DEFINED.append(name)
     for backend, key in _BACKEND_KEYS:
         _LIBRARY.impl(name, functools.partial(kernel, backend=backend), key)
     torch.library.register_fake(qualified, fake, lib=_LIBRARY)
