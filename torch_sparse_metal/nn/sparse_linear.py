@@ -299,7 +299,8 @@ class SparseLinear(nn.Module):
         """A layer whose ``W`` is ``weight``: a torch sparse CSR tensor, a COO tensor
         (coalesced and converted once), or a SciPy sparse matrix or array, of shape
         ``(out_features, in_features)``. Its pattern and values are copied (duplicate
-        entries of a SciPy matrix stay separate edges, adding up as there).
+        entries of a CSR matrix stay separate edges, adding up as there; SciPy's
+        ``tocsr()`` sums those of its other formats).
 
         ``bias``: ``(out_features,)`` tensor or array, copied; None for a layer without
         bias. ``dtype`` / ``device`` default to the weight's (an integer matrix becomes

@@ -329,39 +329,41 @@ _CHANGED = ("the pattern's index arrays were written since it was validated, byp
 
 def apply_pattern(input: torch.Tensor, pattern, values: torch.Tensor,
                   bias: Optional[torch.Tensor] = None, *, activation: Optional[str] = None,
-                  deterministic: Optional[bool] = None, verify: bool = False) -> torch.Tensor:
+                  deterministic: Optional[bool] = None, verify: bool = False,
+                  op: str = OP) -> torch.Tensor:
     """:func:`sparse_linear_pattern` for a pattern the caller knows unchanged since it was
     validated or checked (``SparseLinear`` checks its own before each call), or, with
     ``verify`` (a ``SparseLinear`` under ``torch.compile``, ``pattern`` an
-    :class:`IndexArrays` of its buffers), one the op checks against its fingerprints."""
-    check_activation(OP, activation)
+    :class:`IndexArrays` of its buffers), one the op checks against its fingerprints.
+    ``op`` starts the error messages (the public function that was called)."""
+    check_activation(op, activation)
     for name, t in (("input", input), ("values", values)):
-        V.check_tensor(OP, name, t)
-        V.check_floating(OP, name, t)
+        V.check_tensor(op, name, t)
+        V.check_floating(op, name, t)
     if bias is not None:
-        V.check_tensor(OP, "bias", bias)
-        V.check_floating(OP, "bias", bias)
+        V.check_tensor(op, "bias", bias)
+        V.check_floating(op, "bias", bias)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     elif not isinstance(deterministic, bool):
-        raise TypeError(f"{OP}: deterministic must be True, False or None, got {deterministic!r}")
-    V.check_same_dtype(OP, {"input": input, "values": values, "bias": bias})
-    V.check_same_device(OP, {"input": input, "values": values, "bias": bias,
+        raise TypeError(f"{op}: deterministic must be True, False or None, got {deterministic!r}")
+    V.check_same_dtype(op, {"input": input, "values": values, "bias": bias})
+    V.check_same_device(op, {"input": input, "values": values, "bias": bias,
                              "indptr": pattern.indptr})
-    V.check_length(OP, "values", values, pattern.nnz, "nnz = len(indices)")
+    V.check_length(op, "values", values, pattern.nnz, "nnz = len(indices)")
     if bias is not None:
-        V.check_length(OP, "bias", bias, pattern.out_features, "out_features = len(indptr) - 1")
-    x, lead = V.flat_batch(OP, "input", input, pattern.in_features)
+        V.check_length(op, "bias", bias, pattern.out_features, "out_features = len(indptr) - 1")
+    x, lead = V.flat_batch(op, "input", input, pattern.in_features)
 
-    backend = resolve_backend(OP, (input, values, bias))
+    backend = resolve_backend(op, (input, values, bias))
     if backend == "reference":
         out = sparse_linear_reference(x, pattern.indptr, pattern.indices, values, bias,
                                       activation=activation)
     else:
-        V.check_kernel_dtype(OP, input.dtype, backend)
+        V.check_kernel_dtype(op, input.dtype, backend)
         batch = x.shape[0]
-        V.check_fits_uint32(OP, "batch * in_features", batch * pattern.in_features)
-        V.check_fits_uint32(OP, "batch * out_features", batch * pattern.out_features)
+        V.check_fits_uint32(op, "batch * in_features", batch * pattern.in_features)
+        V.check_fits_uint32(op, "batch * out_features", batch * pattern.out_features)
         need_grad = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (x, values, bias))
         # The by-source CSR only when a backward may come (the op saves it for that).
