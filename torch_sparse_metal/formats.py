@@ -21,8 +21,9 @@ import torch
 _TORCH_SPARSE = (torch.sparse_csr, torch.sparse_coo)
 
 
-def _is_scipy_sparse(obj: Any) -> bool:
-    # Without scipy imported, nothing can be a SciPy matrix: no import needed to tell.
+def is_scipy_sparse(obj: Any) -> bool:
+    """A SciPy sparse matrix or array (without importing SciPy: if it is not imported,
+    nothing can be one)."""
     sparse = sys.modules.get("scipy.sparse")
     return sparse is not None and sparse.issparse(obj)
 
@@ -30,7 +31,7 @@ def _is_scipy_sparse(obj: Any) -> bool:
 def is_sparse_weight(obj: Any) -> bool:
     """A torch sparse CSR or COO tensor, or a SciPy sparse matrix or array."""
     return (isinstance(obj, torch.Tensor) and obj.layout in _TORCH_SPARSE) \
-        or _is_scipy_sparse(obj)
+        or is_scipy_sparse(obj)
 
 
 def sparse_weight_parts(op: str, weight: Any) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor,
@@ -53,7 +54,7 @@ def sparse_weight_parts(op: str, weight: Any) -> Tuple[torch.Tensor, torch.Tenso
             weight = weight.coalesce().to_sparse_csr()
         return (weight.crow_indices(), weight.col_indices(), weight.values(),
                 tuple(weight.shape))
-    if _is_scipy_sparse(weight):
+    if is_scipy_sparse(weight):
         if weight.ndim != 2:
             raise ValueError(f"{op}: the sparse weight must be 2-D, got shape {weight.shape}")
         csr = weight.tocsr()
