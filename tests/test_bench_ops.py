@@ -12,19 +12,20 @@ def test_rows_time_every_style_with_and_without_the_kernel():
     calls, repeats = 20, 2
     with record() as launches:
         rows = ops.run(calls=calls, repeats=repeats)
-    assert [(r["kernel"], r["requires_grad"], r["style"]) for r in rows] == [
-        (kernel, grad, style) for kernel in (True, False) for grad in (False, True)
-        for style in ops.STYLES]
+    key = ("launch", "arguments", "requires_grad", "style")
+    assert [tuple(r[k] for k in key) for r in rows] == [
+        (launch, arguments, grad, style) for launch in (True, False)
+        for arguments in ops.ARGUMENTS for grad in (False, True) for style in ops.STYLES]
     for r in rows:
         assert r["us_per_call"] > 0
-        direct = next(d for d in rows if d["style"] == "direct" and d["kernel"] == r["kernel"]
-                      and d["requires_grad"] == r["requires_grad"])
+        direct = next(d for d in rows if d["style"] == "direct"
+                      and all(d[k] == r[k] for k in key[:3]))
         assert r["overhead_us"] == pytest.approx(r["us_per_call"] - direct["us_per_call"])
     # Every style launched the kernel on every call (warm-up included), and only there.
-    per_style = 2 * (min(calls, 50) + repeats * calls)
+    per_style = len(ops.ARGUMENTS) * 2 * (min(calls, 50) + repeats * calls)
     assert [l.kernel for l in launches] == ["noop"] * (len(ops.STYLES) * per_style)
     table = ops.format_table(rows, "emulator")
-    assert "Library.define" in table and "EMULATOR" in table
+    assert "Library+Autograd kernel" in table and "EMULATOR" in table
 
 
 def test_cli_json(capsys):
