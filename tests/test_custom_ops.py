@@ -144,3 +144,12 @@ def test_errors_inside_an_op_keep_their_type_and_message():
     logits, labels = torch.randn(3, 4), torch.tensor([0, 4, 1])
     with pytest.raises(ValueError, match=r"^cross_entropy: labels must lie in \[0, classes\)"):
         OPS.cross_entropy(logits, labels, -100, False)
+
+
+def test_the_emulator_backend_refuses_tensors_off_the_cpu():
+    """No op has a kernel for other devices: the backend check says so before any op."""
+    a = torch.randn(3, 4, device="meta")
+    with tsm.use_backend("emulator"), pytest.raises(
+            ValueError, match="^mm: backend 'emulator' runs on CPU tensors; move the inputs "
+                              "to 'cpu'"):
+        tsm.mm(a, a.t())
