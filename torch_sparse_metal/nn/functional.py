@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 import torch
+
 from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V

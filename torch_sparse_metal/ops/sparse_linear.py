@@ -327,7 +327,7 @@ _CHANGED = ("the pattern's index arrays were written since it was validated, byp
             "torch's version counter (through .data or .numpy(), say)")
 
 
-def apply_pattern(input: torch.Tensor, pattern, values: torch.Tensor,
+def apply_pattern(input: torch.Tensor, pattern: "CSRPattern | IndexArrays", values: torch.Tensor,
                   bias: Optional[torch.Tensor] = None, *, activation: Optional[str] = None,
                   deterministic: Optional[bool] = None, verify: bool = False,
                   op: str = OP) -> torch.Tensor:
