@@ -9,10 +9,11 @@ Host code follows torch's MPS ops: validate -> allocate -> return early on empty
 Ops (``torch.ops.torch_sparse_metal``, registered by :mod:`torch_sparse_metal._custom_ops`):
 
 * ``sparse_linear`` (differentiable) runs the forward kernel. Besides the data it takes the
-  pattern's index arrays, its by-source CSR (empty tensors when no gradient is needed:
-  the backward then builds it) and their fingerprints, so that all of them are saved for
-  backward, where torch's version counter guards them and the backward op checks their
-  contents against the fingerprints (a write through ``.data`` or ``.numpy()``).
+  pattern's index arrays, its by-source CSR (three empty tensors when no gradient will be
+  needed; a backward would then build it) and their fingerprints, so that all of them are
+  saved for backward, where torch's version counter guards them and the backward op
+  checks their contents against the fingerprints (a write through ``.data`` or
+  ``.numpy()``).
 * ``sparse_linear_backward`` runs the one fused backward kernel.
 
 Validation that reads the device back (the pattern's values, the fingerprint check) runs
