@@ -143,7 +143,7 @@ setup(
         include=[PACKAGE, f"{PACKAGE}.*"],
         exclude=[f"{PACKAGE}._data", f"{PACKAGE}._data.*", "*.__pycache__"]),
     python_requires=">=3.10",
-    install_requires=["torch>=2.1", "numpy", "libclang>=17"],
+    install_requires=["torch>=2.4", "numpy", "libclang>=17"],
     extras_require={
         "test": ["pytest", "hypothesis", "scipy", "scikit-learn"],
         "demo": ["scikit-learn", "matplotlib"],

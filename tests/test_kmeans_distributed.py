@@ -29,14 +29,23 @@ def make_data() -> torch.Tensor:
     return x[torch.randperm(x.shape[0], generator=g)].contiguous()
 
 
-CONFIGS = [dict(init="k-means++", seed=3, accumulate="cas"),
-           dict(init="random", seed=4, accumulate="deterministic")]
+def make_weights() -> torch.Tensor:
+    """0, 1 or 2 per point: weighted draws, sums and inertia, and points of no weight."""
+    return (torch.arange(160) % 3).float()
 
 
-def fit_all(x: torch.Tensor, distributed: bool) -> list:
+# (constructor arguments, weighted)
+CONFIGS = [(dict(init="k-means++", seed=3, accumulate="cas"), False),
+           (dict(init="random", seed=4, accumulate="deterministic"), False),
+           (dict(init="k-means++", seed=5, accumulate="deterministic"), True),
+           (dict(init="random", seed=6, accumulate="atomic"), True)]
+
+
+def fit_all(x: torch.Tensor, w: torch.Tensor, distributed: bool) -> list:
     out = []
-    for cfg in CONFIGS:
-        km = tsm.KMeans(len(CENTERS), **cfg).fit(x, distributed=distributed)
+    for cfg, weighted in CONFIGS:
+        km = tsm.KMeans(len(CENTERS), **cfg).fit(x, sample_weight=w if weighted else None,
+                                                 distributed=distributed)
         out.append((km.cluster_centers_.clone(), km.labels_.clone(), km.inertia_, km.n_iter_,
                     km.cluster_counts_.clone()))
     return out
@@ -48,8 +57,9 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
     try:
         x = make_data()
         shard = x.tensor_split(world)[rank]  # uneven shards are fine
+        weights = make_weights().tensor_split(world)[rank]
         with tsm.use_backend("emulator"):
-            queue.put((rank, fit_all(shard, distributed=True)))
+            queue.put((rank, fit_all(shard, weights, distributed=True)))
         dist.barrier()  # leave together: see tests/_ddp_train.py
     finally:
         dist.destroy_process_group()
@@ -90,7 +100,7 @@ def test_two_gloo_ranks_match_one_process():
 
     x = make_data()
     with tsm.use_backend("emulator"):
-        single = fit_all(x, distributed=False)
+        single = fit_all(x, make_weights(), distributed=False)
     for cfg_i in range(len(CONFIGS)):
         c0, l0, i0, it0, n_0 = results[0][cfg_i]
         c1, l1, i1, it1, n_1 = results[1][cfg_i]

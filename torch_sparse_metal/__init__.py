@@ -7,6 +7,8 @@ from . import metal
 from ._backend import get_backend, use_backend
 from ._metal_backend import is_available as metal_available
 from .ops.sparse_linear import sparse_linear
+from .ops.spmm import spmm
+from . import formats
 from .ops.matmul import addmm, mm
 from . import nn
 from .cluster import KMeans
@@ -14,5 +16,5 @@ from . import optim
 
 __all__ = ["metal", "use_backend", "get_backend", "metal_available", "sparse_linear", "nn",
            "optim", "KMeans"]
-__all__ += ["mm", "addmm"]
+__all__ += ["mm", "addmm", "spmm", "formats"]
 __version__ = "0.1.0"

@@ -70,7 +70,7 @@ def resolve_backend(op: str, tensors: Iterable[torch.Tensor]) -> str:
     if name == "metal" and not on_mps:
         raise ValueError(f"{op}: backend 'metal' needs tensors on the 'mps' device, got "
                          f"{tensors[0].device if tensors else 'no tensors'}")
-    if name == "emulator" and on_mps:
+    if name == "emulator" and any(t.device.type != "cpu" for t in tensors):
         raise ValueError(f"{op}: backend 'emulator' runs on CPU tensors; move the inputs "
                          "to 'cpu' or use backend 'metal'")
     if name == "reference":

@@ -85,6 +85,14 @@ def main(argv=None) -> int:
     km.add_argument("--k", type=POSITIVE, default=16, help="clusters")
     km.add_argument("--iters", type=POSITIVE, default=10, help="Lloyd iterations per fit")
     km.add_argument("--json", action="store_true", help="print the result as JSON")
+    ops = sub.add_parser("ops", help="per-call cost of each op registration style (direct, "
+                                     "autograd.Function, custom_op, Library.define) around a "
+                                     "no-op kernel")
+    ops.add_argument("--device", choices=["emulator", "mps"], default=None,
+                     help="default: mps on a Mac with MPS and the extension, else emulator")
+    ops.add_argument("--calls", type=POSITIVE, default=2000, help="calls per timed round")
+    ops.add_argument("--repeats", type=POSITIVE, default=5, help="rounds (the minimum counts)")
+    ops.add_argument("--json", action="store_true", help="print the rows as JSON")
     mat = sub.add_parser("matmul", help="the matmul ladder: counters on the emulator, "
                                         "TFLOP/s vs torch.mm and MPSMatrixMultiplication on MPS")
     mat.add_argument("--device", choices=["emulator", "mps"], default=None,
@@ -138,6 +146,11 @@ def main(argv=None) -> int:
         result = train_bench.run(args.widths, args.density, args.batch, args.steps,
                                  args.backend)
         print(json.dumps(result, indent=2) if args.json else train_bench.format_table(result))
+    elif args.benchmark == "ops":
+        from . import ops as ops_bench
+        device = args.device or ops_bench.default_device()
+        rows = ops_bench.run(args.calls, args.repeats, device)
+        print(json.dumps(rows, indent=2) if args.json else ops_bench.format_table(rows, device))
     elif args.benchmark == "kmeans":
         from . import kmeans as kmeans_bench
         result = kmeans_bench.run(args.n, args.d, args.k, args.iters)

@@ -16,11 +16,19 @@ float64 tensor on the data's device. Sums that need more than the data's precisi
 (inertia, potentials, the variance behind ``tol``) go through :func:`_host_sum`: the device
 adds blocks of rows in the data's dtype, and the host widens those few partial sums to
 float64 and adds them.
+
+scikit-learn's habits: ``get_params`` / ``set_params`` (so ``sklearn.clone``, pipelines and
+grid searches work), ``n_features_in_``, ``sample_weight`` in ``fit`` and ``score``, array
+outputs for array inputs; ``tests/test_kmeans_sklearn.py`` runs scikit-learn's estimator
+checks and lists the few that do not apply, with the reason.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Any, Optional, Tuple, Union
+import sys
+import warnings
+from typing import Any, Dict, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -28,6 +36,7 @@ from torch import nn
 
 from .. import _validation as V
 from .._progress import ProgressBar
+from ..formats import is_scipy_sparse
 from .._backend import resolve_backend
 from ..ops import kmeans as K
 
@@ -63,27 +72,86 @@ def _host_sum(t: torch.Tensor) -> torch.Tensor:
     return partial.cpu().double().sum(dim=0)
 
 
-def _as_tensor(x: Any, where: str, name: str = "x") -> torch.Tensor:
-    """``x`` as a tensor: a NumPy array becomes one (sharing its memory when it can; a
-    contiguous copy in native byte order otherwise); anything else but a tensor is a
-    TypeError naming ``where``."""
-    if isinstance(x, np.ndarray):
-        arr = np.ascontiguousarray(x)
-        if not arr.dtype.isnative:
-            arr = arr.astype(arr.dtype.newbyteorder("="))
+def _as_tensor(x: Any, where: str, name: str = "x") -> Tuple[torch.Tensor, bool]:
+    """``(x as a tensor, whether it came as an array)``: a tensor as it is; a NumPy array or
+    any array-like (a list, an object with ``__array__``) through NumPy, sharing the
+    array's memory when it can (a contiguous copy in native byte order otherwise; numbers
+    held in an object array converted to float64, as scikit-learn does). A SciPy sparse
+    matrix, or what cannot become a numeric tensor, is a TypeError naming ``where``."""
+    if isinstance(x, torch.Tensor):
+        return x, False
+    if is_scipy_sparse(x):
+        raise TypeError(f"{where}: sparse input is not supported; {name} must be dense (a "
+                        "tensor or an array: use .toarray())")
+    what = "a NumPy array" if isinstance(x, np.ndarray) else f"a {type(x).__name__}"
+    arr = np.asarray(x)
+    if arr.dtype == object:
         try:
-            return torch.from_numpy(arr)
-        except TypeError as err:  # object, string, unsigned 16/32/64-bit... arrays
-            raise TypeError(f"{where}: cannot convert a NumPy array of dtype {arr.dtype} "
-                            f"to a tensor ({err})") from None
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{where}: {name} must be a torch.Tensor or a NumPy array, "
-                        f"got {type(x).__name__}")
-    return x
+            arr = arr.astype(np.float64)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"{where}: cannot convert {what} of dtype object to a tensor "
+                            f"({err})") from None
+    arr = np.ascontiguousarray(arr)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    try:
+        with warnings.catch_warnings():  # a read-only array: never written here
+            warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+            return torch.from_numpy(arr), True
+    except TypeError as err:  # string, unsigned 16/32/64-bit... arrays
+        raise TypeError(f"{where}: cannot convert {what} of dtype {arr.dtype} to a tensor "
+                        f"({err})") from None
+
+
+def _as_output(t: torch.Tensor, as_array: bool) -> ArrayLike:
+    """NumPy out when NumPy came in (a CPU copy if ``t`` lives elsewhere)."""
+    return t.cpu().numpy() if as_array else t
 
 
 class NotFittedError(ValueError, AttributeError):
-    """The estimator is used before ``fit`` (as scikit-learn's ``NotFittedError``)."""
+    """The estimator is used before ``fit`` (as scikit-learn's ``NotFittedError``; when
+    scikit-learn is imported, the error raised is an instance of its class too)."""
+
+
+def _not_fitted(message: str) -> NotFittedError:
+    sklearn_exceptions = sys.modules.get("sklearn.exceptions")  # imported: no import cost
+    if sklearn_exceptions is None:
+        return NotFittedError(message)
+    return _also_sklearns(sklearn_exceptions.NotFittedError)(message)
+
+
+@functools.lru_cache(maxsize=None)
+def _also_sklearns(sklearn_class: type) -> type:
+    return type("NotFittedError", (NotFittedError, sklearn_class), {"__module__": __name__})
+
+
+_PARAMS = ("n_clusters", "init", "n_init", "max_iter", "tol", "seed", "verbose", "accumulate")
+
+
+def _validated_params(*, n_clusters, init, n_init, max_iter, tol, seed, verbose,
+                      accumulate) -> Dict[str, Any]:
+    """The constructor's arguments checked, as stored: a valid value is kept as given (a
+    NumPy number becomes the Python one), so ``get_params`` returns what was set."""
+    n_clusters = V.check_int(_NAME, "n_clusters", n_clusters, minimum=1)
+    if isinstance(init, str):
+        if init not in _INITS:
+            raise ValueError(f"{_NAME}: init must be one of {_INITS} or a tensor of "
+                             f"centroids, got {init!r}")
+    elif not isinstance(init, (torch.Tensor, np.ndarray)):
+        raise TypeError(f"{_NAME}: init must be a string or a (n_clusters, n_features) "
+                        f"tensor, got {type(init).__name__}")
+    n_init = V.check_int(_NAME, "n_init", n_init, minimum=1)
+    max_iter = V.check_int(_NAME, "max_iter", max_iter, minimum=1)
+    tol = V.check_number(_NAME, "tol", tol, minimum=0)
+    if seed is not None:
+        seed = V.check_int(_NAME, "seed", seed)
+    if not isinstance(verbose, (bool, np.bool_)):
+        verbose = V.check_int(_NAME, "verbose", verbose, minimum=0)
+    if accumulate not in K.ACCUMULATE_MODES:
+        raise ValueError(f"{_NAME}: accumulate must be one of {K.ACCUMULATE_MODES}, "
+                         f"got {accumulate!r}")
+    return dict(n_clusters=n_clusters, init=init, n_init=n_init, max_iter=max_iter, tol=tol,
+                seed=seed, verbose=verbose, accumulate=accumulate)
 
 
 # ---------------------------------------------------------------------------------------
@@ -166,16 +234,25 @@ class KMeans(nn.Module):
             Ignored by the reference backend, which is deterministic.
 
     Attributes (after ``fit``; the first two are buffers, so ``.to()`` and ``state_dict()``
-    carry them):
+    carry them, and stay tensors):
         cluster_centers_: ``(k, n_features)``.
         cluster_counts_: ``(k,)`` int32, points each centroid has absorbed (the weights of
             :meth:`partial_fit`'s running means).
-        labels_: ``(n_samples,)`` int64 label of each training point.
-        inertia_: float, sum of squared distances of the points to their centroids.
+        labels_: ``(n_samples,)`` int64 label of each training point (a NumPy array when
+            ``fit`` was given an array).
+        inertia_: float, (weighted) sum of squared distances of the points to their
+            centroids.
         n_iter_: int, Lloyd iterations of the best run.
+        n_features_in_: int, features seen by ``fit`` (also after ``load_state_dict``).
 
-    ``forward(x)`` returns the labels of ``x`` ``(*, n_features) -> (*)``, so a fitted
-    ``KMeans`` works as a quantizer stage inside a model. Inputs are never modified.
+    Inputs: tensors, or NumPy arrays and other array-likes (lists, ...), which give NumPy
+    outputs (``predict``, ``transform``, ``fit_predict``, ``labels_``); never modified.
+    ``forward(x)`` returns the labels of a tensor ``x`` ``(*, n_features) -> (*)``, so a
+    fitted ``KMeans`` works as a quantizer stage inside a model.
+
+    scikit-learn's estimator API: ``get_params`` / ``set_params`` (validated as the
+    constructor validates: a bad value raises at once, nothing changes), ``sklearn.clone``,
+    ``sample_weight`` in :meth:`fit` and :meth:`score`.
     """
 
     def __init__(self, n_clusters: int = 8, *, init: Union[str, ArrayLike] = "k-means++",
@@ -183,35 +260,45 @@ class KMeans(nn.Module):
                  seed: Optional[int] = None, verbose: bool = False,
                  accumulate: str = "auto") -> None:
         super().__init__()
-        n_clusters = V.check_int(_NAME, "n_clusters", n_clusters, minimum=1)
-        if isinstance(init, str):
-            if init not in _INITS:
-                raise ValueError(f"{_NAME}: init must be one of {_INITS} or a tensor of "
-                                 f"centroids, got {init!r}")
-        elif not isinstance(init, (torch.Tensor, np.ndarray)):
-            raise TypeError(f"{_NAME}: init must be a string or a (n_clusters, n_features) "
-                            f"tensor, got {type(init).__name__}")
-        n_init = V.check_int(_NAME, "n_init", n_init, minimum=1)
-        max_iter = V.check_int(_NAME, "max_iter", max_iter, minimum=1)
-        tol = V.check_number(_NAME, "tol", tol, minimum=0)
-        if seed is not None:
-            seed = V.check_int(_NAME, "seed", seed)
-        if accumulate not in K.ACCUMULATE_MODES:
-            raise ValueError(f"{_NAME}: accumulate must be one of {K.ACCUMULATE_MODES}, "
-                             f"got {accumulate!r}")
-        self.n_clusters = n_clusters
-        self.init = init
-        self.n_init = n_init
-        self.max_iter = max_iter
-        self.tol = tol
-        self.seed = seed
-        self.verbose = bool(verbose)
-        self.accumulate = accumulate
+        for name, value in _validated_params(n_clusters=n_clusters, init=init, n_init=n_init,
+                                             max_iter=max_iter, tol=tol, seed=seed,
+                                             verbose=verbose, accumulate=accumulate).items():
+            setattr(self, name, value)
         self.register_buffer("cluster_centers_", None)
         self.register_buffer("cluster_counts_", None)
-        self.labels_: Optional[torch.Tensor] = None
-        self.inertia_: Optional[float] = None
-        self.n_iter_: Optional[int] = None
+
+    # -----------------------------------------------------------------------------------
+    # scikit-learn's estimator protocol
+
+    def get_params(self, deep: bool = True) -> Dict[str, Any]:
+        """The constructor's arguments, by name (``deep`` is accepted and changes nothing:
+        no parameter is an estimator)."""
+        return {name: getattr(self, name) for name in _PARAMS}
+
+    def set_params(self, **params: Any) -> "KMeans":
+        """Set constructor arguments by name; every value is checked before any is set.
+        A fitted model keeps its centroids until it is fitted again."""
+        unknown = sorted(set(params) - set(_PARAMS))
+        if unknown:
+            raise ValueError(f"{_NAME}.set_params: invalid parameter(s) {unknown}; valid "
+                             f"parameters are {list(_PARAMS)}")
+        validated = _validated_params(**{**self.get_params(), **params})
+        for name in params:
+            setattr(self, name, validated[name])
+        return self
+
+    def __sklearn_tags__(self):
+        from sklearn.utils import InputTags, Tags, TargetTags, TransformerTags
+        return Tags(estimator_type="clusterer", target_tags=TargetTags(required=False),
+                    transformer_tags=TransformerTags(preserves_dtype=["float64", "float32"]),
+                    input_tags=InputTags(two_d_array=True, sparse=False))
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return self.cluster_centers_ is not None
+
+    @property
+    def n_features_in_(self) -> int:
+        return int(self._check_fitted("n_features_in_").shape[1])
 
     def extra_repr(self) -> str:
         init = self.init if isinstance(self.init, str) else "array"
@@ -223,21 +310,22 @@ class KMeans(nn.Module):
     # Input handling
 
     def _prepare(self, x: ArrayLike, method: str, *, dtype: Optional[torch.dtype] = None,
-                 device: Optional[torch.device] = None) -> torch.Tensor:
-        """``x`` as a contiguous 2-D floating tensor, validated; never the caller's memory
-        written to (a view or a copy, only read)."""
+                 device: Optional[torch.device] = None) -> Tuple[torch.Tensor, bool]:
+        """``(x as a contiguous 2-D floating tensor, validated; whether it came as an
+        array)``; never the caller's memory written to (a view or a copy, only read)."""
         where = f"{_NAME}.{method}"
-        x = _as_tensor(x, where)
+        x, as_array = _as_tensor(x, where)
         if x.dim() != 2:
-            hint = " (one sample? use x.reshape(1, -1))" if x.dim() == 1 else ""
+            hint = ". Reshape your data: x.reshape(1, -1) for one sample" if x.dim() == 1 else ""
             raise ValueError(f"{where}: x must be 2-D (n_samples, n_features), got shape "
                              f"{tuple(x.shape)}{hint}")
         if x.shape[0] == 0:
             raise ValueError(f"{where}: x is empty (0 samples)")
         if x.shape[1] == 0:
-            raise ValueError(f"{where}: x has 0 features")
+            raise ValueError(f"{where}: x has 0 features: found array with 0 feature(s) "
+                             f"(shape={tuple(x.shape)}) while a minimum of 1 is required.")
         if x.is_complex():
-            raise ValueError(f"{where}: complex input is not supported")
+            raise ValueError(f"{where}: Complex data not supported (x has dtype {x.dtype})")
         if device is not None and x.device != device:
             raise ValueError(f"{where}: x is on {x.device} but the centroids are on {device}; "
                              "move one of them (model.to(device) or x.to(device))")
@@ -247,12 +335,12 @@ class KMeans(nn.Module):
             x = x.to(torch.get_default_dtype())
         if not bool(torch.isfinite(x).all()):
             raise ValueError(f"{where}: x contains NaN or infinity")
-        return x.contiguous()
+        return x.contiguous(), as_array
 
     def _check_fitted(self, method: str) -> torch.Tensor:
         if self.cluster_centers_ is None:
-            raise NotFittedError(f"{_NAME}.{method}: this KMeans is not fitted yet; call "
-                                 "fit (or partial_fit, or load_state_dict) first")
+            raise _not_fitted(f"{_NAME}.{method}: this KMeans is not fitted yet; call fit (or "
+                              "partial_fit, or load_state_dict) first")
         return self.cluster_centers_
 
     def _backend(self, method: str, x: torch.Tensor) -> str:
@@ -261,27 +349,61 @@ class KMeans(nn.Module):
             V.check_kernel_dtype(f"{_NAME}.{method}", x.dtype, backend)
         return backend
 
-    def _prepare_for_centroids(self, x: ArrayLike, method: str) -> Tuple[torch.Tensor, str]:
+    def _prepare_for_centroids(self, x: ArrayLike,
+                               method: str) -> Tuple[torch.Tensor, str, bool]:
+        """``(x, backend, whether x came as an array)`` for a method of a fitted model."""
         centers = self._check_fitted(method)
-        x = self._prepare(x, method, dtype=centers.dtype, device=centers.device)
+        x, as_array = self._prepare(x, method, dtype=centers.dtype, device=centers.device)
         if x.shape[1] != centers.shape[1]:
-            raise ValueError(f"{_NAME}.{method}: x has {x.shape[1]} features but the model "
-                             f"was fitted with {centers.shape[1]}")
-        return x, self._backend(method, x)
+            raise ValueError(f"{_NAME}.{method}: X has {x.shape[1]} features, but {_NAME} is "
+                             f"expecting {centers.shape[1]} features as input")
+        return x, self._backend(method, x), as_array
+
+    def _prepare_weights(self, sample_weight: Any, x: torch.Tensor, method: str,
+                         comm: "_Comm") -> Optional[torch.Tensor]:
+        """``sample_weight`` as a ``(n_samples,)`` tensor of ``x``'s dtype and device:
+        finite, non-negative, not all zero (over every rank); None stays None."""
+        if sample_weight is None:
+            return None
+        where = f"{_NAME}.{method}"
+        w, _ = _as_tensor(sample_weight, where, "sample_weight")
+        if w.dim() != 1 or w.shape[0] != x.shape[0]:
+            raise ValueError(f"{where}: sample_weight must have shape (n_samples,) = "
+                             f"({x.shape[0]},), got {tuple(w.shape)}")
+        if w.is_complex():
+            raise ValueError(f"{where}: Complex data not supported (sample_weight has dtype "
+                             f"{w.dtype})")
+        w = w.to(device=x.device, dtype=x.dtype).contiguous()
+        if not bool(torch.isfinite(w).all()):
+            raise ValueError(f"{where}: sample_weight contains NaN or infinity")
+        if bool((w < 0).any()):
+            raise ValueError(f"{where}: sample_weight must be non-negative")
+        if float(comm.sum(_host_sum(w).reshape(1))) == 0:
+            raise ValueError(f"{where}: every sample weight is zero; at least one must be "
+                             "positive")
+        return w
 
     # -----------------------------------------------------------------------------------
     # Fitting
 
-    def fit(self, x: ArrayLike, y: Any = None, *, distributed: bool = False,
-            process_group: Any = None) -> "KMeans":
+    def fit(self, x: ArrayLike, y: Any = None, sample_weight: Optional[ArrayLike] = None, *,
+            distributed: bool = False, process_group: Any = None) -> "KMeans":
         """Cluster ``x`` ``(n_samples, n_features)``; returns ``self``.
 
-        ``distributed=True`` (implied by a ``process_group``): ``x`` is this rank's shard;
-        needs ``torch.distributed`` initialised (the default group unless one is given).
-        ``y`` is ignored (scikit-learn's signature).
+        ``sample_weight`` ``(n_samples,)``: non-negative weights, as scikit-learn's: a point
+        of weight 2 counts as two copies of it in the centroids, the inertia and the
+        k-means++ draws (the tolerance's variance stays unweighted, as there). The points
+        are then accumulated with their weight as one more feature, and the centroids are
+        those weighted sums divided by torch ops, not the finalize kernel (which divides
+        by integer counts).
+
+        ``distributed=True`` (implied by a ``process_group``): ``x`` (and
+        ``sample_weight``) is this rank's shard; needs ``torch.distributed`` initialised
+        (the default group unless one is given). ``y`` is ignored (scikit-learn's
+        signature).
         """
         comm = _Comm(distributed or process_group is not None, process_group)
-        x = self._prepare(x, "fit")
+        x, as_array = self._prepare(x, "fit")
         backend = self._backend("fit", x)
         mode = K.choose_accumulate_mode(self.accumulate, backend, x.dtype)
         k = self.n_clusters
@@ -294,7 +416,16 @@ class KMeans(nn.Module):
         n_total = int(sizes.sum())
         if n_total < k:
             raise ValueError(f"{_NAME}.fit: n_samples = {n_total} should be >= n_clusters = {k}")
-        K.check_fit_limits(f"{_NAME}.fit", x.shape[0], k, x.shape[1], x.dtype, backend)
+        w = self._prepare_weights(sample_weight, x, "fit", comm)
+        if w is not None:
+            positive = int(comm.sum((w > 0).sum().reshape(1).cpu()))
+            if positive < k:
+                raise ValueError(f"{_NAME}.fit: sample_weight has {positive} positive "
+                                 f"weight(s); it needs at least n_clusters = {k}")
+        # With weights, the points are accumulated as (w x, w): the weighted sums and the
+        # clusters' weights from one kernel.
+        points = x if w is None else torch.cat([x * w[:, None], w[:, None]], dim=1)
+        K.check_fit_limits(f"{_NAME}.fit", x.shape[0], k, points.shape[1], x.dtype, backend)
         start = int(sizes[:comm.rank].sum())
 
         seed = self.seed
@@ -308,8 +439,8 @@ class KMeans(nn.Module):
         explicit = not isinstance(self.init, str)
         best = None
         for run in range(1 if explicit else self.n_init):
-            centers = self._init_centroids(x, x_sq, gen, comm, backend, n_total, start)
-            result = self._lloyd(x, x_sq, centers, tol, comm, backend, mode, run)
+            centers = self._init_centroids(x, x_sq, w, gen, comm, backend, n_total, start)
+            result = self._lloyd(x, x_sq, points, w, centers, tol, comm, backend, mode, run)
             if best is None or result[2] < best[2]:
                 best = result
         centers, labels, inertia, n_iter = best
@@ -317,12 +448,12 @@ class KMeans(nn.Module):
         counts = torch.bincount(labels.long(), minlength=k).to(torch.int32)
         self.cluster_centers_ = centers
         self.cluster_counts_ = comm.sum(counts)
-        self.labels_ = labels.long()
+        self.labels_ = _as_output(labels.long(), as_array)
         self.inertia_ = inertia
         self.n_iter_ = n_iter
         return self
 
-    def fit_predict(self, x: ArrayLike, y: Any = None, **fit_kwargs) -> torch.Tensor:
+    def fit_predict(self, x: ArrayLike, y: Any = None, **fit_kwargs) -> ArrayLike:
         """``fit(x)`` then the training labels (int64)."""
         return self.fit(x, **fit_kwargs).labels_
 
@@ -335,11 +466,12 @@ class KMeans(nn.Module):
         sq = comm.sum(_host_sum(dev * dev)) / n_total
         return float(sq.mean())
 
-    def _init_centroids(self, x: torch.Tensor, x_sq: torch.Tensor, gen: torch.Generator,
-                        comm: _Comm, backend: str, n_total: int, start: int) -> torch.Tensor:
+    def _init_centroids(self, x: torch.Tensor, x_sq: torch.Tensor, w: Optional[torch.Tensor],
+                        gen: torch.Generator, comm: _Comm, backend: str, n_total: int,
+                        start: int) -> torch.Tensor:
         k, d = self.n_clusters, x.shape[1]
         if not isinstance(self.init, str):
-            init = _as_tensor(self.init, f"{_NAME}.fit", "init")
+            init, _ = _as_tensor(self.init, f"{_NAME}.fit", "init")
             if init.shape != (k, d):
                 raise ValueError(f"{_NAME}.fit: init has shape {tuple(init.shape)}, expected "
                                  f"(n_clusters, n_features) = ({k}, {d})")
@@ -348,31 +480,45 @@ class KMeans(nn.Module):
                 raise ValueError(f"{_NAME}.fit: init contains NaN or infinity")
             return init.clone().contiguous()
         if self.init == "random":
-            idx = torch.randperm(n_total, generator=gen)[:k]
+            if w is None:
+                idx = torch.randperm(n_total, generator=gen)[:k]
+            else:  # k distinct points drawn with probability proportional to their weight
+                every = comm.fetch(w, torch.arange(n_total), start).cpu().double()
+                idx = torch.multinomial(every, k, replacement=False, generator=gen)
             return comm.fetch(x, idx, start).contiguous()
-        return self._kmeans_plusplus(x, x_sq, gen, comm, backend, n_total, start)
+        return self._kmeans_plusplus(x, x_sq, w, gen, comm, backend, n_total, start)
 
-    def _kmeans_plusplus(self, x: torch.Tensor, x_sq: torch.Tensor, gen: torch.Generator,
-                         comm: _Comm, backend: str, n_total: int, start: int) -> torch.Tensor:
+    def _kmeans_plusplus(self, x: torch.Tensor, x_sq: torch.Tensor, w: Optional[torch.Tensor],
+                         gen: torch.Generator, comm: _Comm, backend: str, n_total: int,
+                         start: int) -> torch.Tensor:
         """Greedy k-means++ (Arthur & Vassilvitskii; scikit-learn's variant): each new
         centroid is the best of ``2 + log k`` candidates drawn with probability proportional
-        to the squared distance to the nearest centroid so far. The draws come from the
-        shared generator and the candidates' potentials are summed over ranks, so every
-        rank picks the same centroids."""
+        to the (weighted) squared distance to the nearest centroid so far; with weights,
+        the first centroid is drawn in proportion to them. The draws come from the shared
+        generator and the candidates' potentials are summed over ranks, so every rank
+        picks the same centroids."""
         k, d = self.n_clusters, x.shape[1]
         trials = 2 + int(math.log(k))
         centers = x.new_empty(k, d)
-        first = torch.randint(n_total, (1,), generator=gen)
+        if w is None:
+            first = torch.randint(n_total, (1,), generator=gen)
+        else:
+            total = float(comm.sum(_host_sum(w).reshape(1)))
+            first = self._sample(w, torch.rand(1, generator=gen, dtype=torch.float64) * total,
+                                 comm, n_total, start)
+        weighted = (lambda t: t) if w is None else (lambda t: t * (w if t.dim() == 1
+                                                                   else w[:, None]))
         centers[0] = comm.fetch(x, first, start)[0]
         min_dist = K.pp_update(x, centers[0].contiguous(),
                                torch.full_like(x_sq, math.inf), backend=backend)
-        potential = float(comm.sum(_host_sum(min_dist).reshape(1)))
+        potential = float(comm.sum(_host_sum(weighted(min_dist)).reshape(1)))
         for c in range(1, k):
             draws = torch.rand(trials, generator=gen, dtype=torch.float64) * potential
-            idx = self._sample(min_dist, draws, comm, n_total, start)
+            idx = self._sample(weighted(min_dist), draws, comm, n_total, start)
             candidates = comm.fetch(x, idx, start).contiguous()
             dist = K.distances(x, candidates, x_sq=x_sq, backend=backend)
-            pots = comm.sum(_host_sum(torch.minimum(dist, min_dist[:, None])))  # host float64
+            # host float64
+            pots = comm.sum(_host_sum(weighted(torch.minimum(dist, min_dist[:, None]))))
             best = int(torch.argmin(pots))
             centers[c] = candidates[best]
             min_dist = K.pp_update(x, candidates[best].contiguous(), min_dist, backend=backend)
@@ -404,11 +550,18 @@ class KMeans(nn.Module):
         idx = comm.sum(idx) - 1
         return idx.clamp(0, n_total - 1)
 
-    def _lloyd(self, x: torch.Tensor, x_sq: torch.Tensor, centers: torch.Tensor, tol: float,
-               comm: _Comm, backend: str, mode: str,
-               run: int) -> Tuple[torch.Tensor, torch.Tensor, float, int]:
-        """One run of Lloyd's algorithm from ``centers``: ``(centers, labels, inertia, n_iter)``."""
-        k = self.n_clusters
+    def _lloyd(self, x: torch.Tensor, x_sq: torch.Tensor, points: torch.Tensor,
+               w: Optional[torch.Tensor], centers: torch.Tensor, tol: float, comm: _Comm,
+               backend: str, mode: str, run: int) -> Tuple[torch.Tensor, torch.Tensor, float, int]:
+        """One run of Lloyd's algorithm from ``centers``: ``(centers, labels, inertia, n_iter)``.
+
+        ``points``: what is accumulated per cluster, ``x`` or, with weights ``w``, the
+        rows ``(w x, w)``."""
+        k, d = self.n_clusters, x.shape[1]
+
+        def inertia_of(min_dist: torch.Tensor) -> float:
+            return float(comm.sum(_host_sum(min_dist if w is None else min_dist * w).reshape(1)))
+
         labels_old = None
         n_iter = 0
         progress = ProgressBar(self.max_iter, f"{_NAME}: ") if self.verbose and comm.rank == 0 else None
@@ -416,20 +569,27 @@ class KMeans(nn.Module):
         for i in range(self.max_iter):
             n_iter = i + 1
             labels, min_dist = K.assign(x, centers, x_sq=x_sq, c_sq=c_sq, backend=backend)
-            sums, counts = K.accumulate(x, labels, k, mode=mode, backend=backend)
+            sums, counts = K.accumulate(points, labels, k, mode=mode, backend=backend)
             sums, counts = comm.sum(sums), comm.sum(counts)
-            if bool((counts == 0).any()):
-                self._relocate_empty(x, labels, min_dist, sums, counts, comm)
-            new_centers = K.finalize(sums, counts, centers, backend=backend)
+            empty = (counts if w is None else sums[:, d]) == 0
+            if bool(empty.any()):
+                self._relocate_empty(points, labels, min_dist, sums, counts, comm,
+                                     torch.nonzero(empty).flatten())
+            if w is None:
+                new_centers = K.finalize(sums, counts, centers, backend=backend)
+            else:
+                mass = sums[:, d:]
+                new_centers = torch.where(mass > 0, sums[:, :d] / torch.where(mass > 0, mass, 1),
+                                          centers)
             shift, new_sq = K.drift_and_norms(centers, new_centers, backend=backend)
             shift_max, shift_total = (float(v) for v in shift.tolist())
             if progress is not None:
-                inertia = float(comm.sum(_host_sum(min_dist).reshape(1)))
+                inertia = inertia_of(min_dist)
                 prefix = f"run {run + 1}, " if self.n_init > 1 else ""
                 progress.update(i + 1, f"{prefix}iteration {i + 1}/{self.max_iter}, inertia "
                                        f"{inertia:.6g}, largest centroid shift {math.sqrt(shift_max):.4g}")
             elif self.verbose:
-                comm.sum(_host_sum(min_dist).reshape(1))  # keep ranks in step
+                inertia_of(min_dist)  # keep ranks in step
             centers, c_sq = new_centers, new_sq
             if labels_old is not None:
                 changed = int(comm.sum((labels != labels_old).sum().reshape(1)))
@@ -449,16 +609,16 @@ class KMeans(nn.Module):
             progress.close(f"stopped after max_iter = {self.max_iter} iterations")
         # Labels and inertia that match the final centroids.
         labels, min_dist = K.assign(x, centers, x_sq=x_sq, c_sq=c_sq, backend=backend)
-        inertia = float(comm.sum(_host_sum(min_dist).reshape(1)))
-        return centers, labels, inertia, n_iter
+        return centers, labels, inertia_of(min_dist), n_iter
 
     @staticmethod
     def _relocate_empty(x: torch.Tensor, labels: torch.Tensor, min_dist: torch.Tensor,
-                        sums: torch.Tensor, counts: torch.Tensor, comm: _Comm) -> None:
-        """Re-seed each empty cluster to one of the points farthest from their centroids
-        (scikit-learn's rule), moving that point's contribution out of its old cluster.
+                        sums: torch.Tensor, counts: torch.Tensor, comm: _Comm,
+                        empty: torch.Tensor) -> None:
+        """Re-seed each empty cluster (``empty``: their indices) to one of the points
+        farthest from their centroids (scikit-learn's rule), moving that point's
+        contribution (its row of ``x``, what was accumulated) out of its old cluster.
         Edits ``sums`` and ``counts`` (the fit's own fresh tensors) in place."""
-        empty = torch.nonzero(counts == 0).flatten()
         n_empty = empty.numel()
         # Each rank proposes its n_empty farthest points; the global top n_empty win
         # (ties to the lower global index: a stable sort of the gathered candidates).
@@ -489,26 +649,30 @@ class KMeans(nn.Module):
     # -----------------------------------------------------------------------------------
     # Using a fitted model
 
-    def predict(self, x: ArrayLike) -> torch.Tensor:
+    def predict(self, x: ArrayLike) -> ArrayLike:
         """The nearest centroid of each point: ``(n_samples, n_features) -> (n_samples,)``
         int64."""
-        x, backend = self._prepare_for_centroids(x, "predict")
+        x, backend, as_array = self._prepare_for_centroids(x, "predict")
         labels, _ = K.assign(x, self.cluster_centers_.contiguous(), backend=backend)
-        return labels.long()
+        return _as_output(labels.long(), as_array)
 
-    def transform(self, x: ArrayLike) -> torch.Tensor:
+    def transform(self, x: ArrayLike) -> ArrayLike:
         """Euclidean distance of each point to each centroid: ``(n_samples, n_clusters)``."""
-        x, backend = self._prepare_for_centroids(x, "transform")
-        return K.distances(x, self.cluster_centers_.contiguous(), backend=backend).sqrt()
+        x, backend, as_array = self._prepare_for_centroids(x, "transform")
+        dist = K.distances(x, self.cluster_centers_.contiguous(), backend=backend).sqrt()
+        return _as_output(dist, as_array)
 
-    def fit_transform(self, x: ArrayLike, y: Any = None, **fit_kwargs) -> torch.Tensor:
+    def fit_transform(self, x: ArrayLike, y: Any = None, **fit_kwargs) -> ArrayLike:
         return self.fit(x, **fit_kwargs).transform(x)
 
-    def score(self, x: ArrayLike, y: Any = None) -> float:
-        """Minus the inertia of ``x`` under the fitted centroids (scikit-learn's sign)."""
-        x, backend = self._prepare_for_centroids(x, "score")
+    def score(self, x: ArrayLike, y: Any = None,
+              sample_weight: Optional[ArrayLike] = None) -> float:
+        """Minus the (weighted) inertia of ``x`` under the fitted centroids (scikit-learn's
+        sign)."""
+        x, backend, _ = self._prepare_for_centroids(x, "score")
+        w = self._prepare_weights(sample_weight, x, "score", _Comm(False))
         _, min_dist = K.assign(x, self.cluster_centers_.contiguous(), backend=backend)
-        return -float(_host_sum(min_dist))
+        return -float(_host_sum(min_dist if w is None else min_dist * w))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Labels of ``x`` ``(*, n_features) -> (*)`` int64: a quantizer stage."""
@@ -525,14 +689,14 @@ class KMeans(nn.Module):
         """The nearest centroid of ONE new point ``(n_features,)`` (one small dispatch; the
         centroids do not move)."""
         centers = self._check_fitted("assign")
-        x_one = _as_tensor(x_one, f"{_NAME}.assign", "x_one")
+        x_one, _ = _as_tensor(x_one, f"{_NAME}.assign", "x_one")
         if x_one.dim() == 2 and x_one.shape[0] == 1:
             x_one = x_one[0]
         if x_one.dim() != 1:
             raise ValueError(f"{_NAME}.assign: x_one must be one point (n_features,), got shape "
                              f"{tuple(x_one.shape)}; use predict for many")
         point = self._prepare(x_one.reshape(1, -1), "assign", dtype=centers.dtype,
-                              device=centers.device)[0]
+                              device=centers.device)[0][0]
         if point.shape[0] != centers.shape[1]:
             raise ValueError(f"{_NAME}.assign: x_one has {point.shape[0]} features but the "
                              f"model was fitted with {centers.shape[1]}")
@@ -548,9 +712,9 @@ class KMeans(nn.Module):
         batch's (under the centroids before the update). Returns ``self``."""
         fitted = self.cluster_centers_ is not None
         if fitted:
-            x, backend = self._prepare_for_centroids(x, "partial_fit")
+            x, backend, as_array = self._prepare_for_centroids(x, "partial_fit")
         else:
-            x = self._prepare(x, "partial_fit")
+            x, as_array = self._prepare(x, "partial_fit")
             if x.shape[0] < self.n_clusters and isinstance(self.init, str):
                 raise ValueError(f"{_NAME}.partial_fit: the first batch has n_samples = "
                                  f"{x.shape[0]}, should be >= n_clusters = {self.n_clusters}")
@@ -566,7 +730,7 @@ class KMeans(nn.Module):
             gen = torch.Generator().manual_seed(seed)
             comm = _Comm(False)
             x_sq = K.sq_norms(x, backend=backend)
-            centers = self._init_centroids(x, x_sq, gen, comm, backend, x.shape[0], 0)
+            centers = self._init_centroids(x, x_sq, None, gen, comm, backend, x.shape[0], 0)
             counts = torch.zeros(self.n_clusters, dtype=torch.int32, device=x.device)
         if int(counts.max()) + x.shape[0] > V.INT32_MAX:
             raise ValueError(f"{_NAME}.partial_fit: a centroid's count would pass 2**31 - 1")
@@ -578,7 +742,7 @@ class KMeans(nn.Module):
                                             batch_sums, batch_counts, backend=backend)
         self.cluster_centers_ = centers
         self.cluster_counts_ = counts
-        self.labels_ = labels.long()
+        self.labels_ = _as_output(labels.long(), as_array)
         self.inertia_ = float(_host_sum(min_dist))
         return self
 

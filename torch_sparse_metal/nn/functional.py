@@ -12,8 +12,8 @@ from typing import Optional, Tuple
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
+from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
@@ -70,15 +70,20 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
     if not -V.INT32_MAX - 1 <= int(ignore_index) <= V.INT32_MAX:
         raise ValueError(f"{OP}: ignore_index = {ignore_index} is past the int32 range of the "
                          "kernel's labels")
-    count = _check_labels(labels, classes, int(ignore_index))
+    ignore_index = int(ignore_index)
 
     backend = resolve_backend(OP, (logits,))
     if backend == "reference":
+        # Inside a compiled graph the check cannot read the labels back: torch's own
+        # cross_entropy checks them there.
+        if not torch.compiler.is_compiling():
+            _check_labels(labels, classes, ignore_index)
         return torch.nn.functional.cross_entropy(logits, labels.long(), ignore_index=ignore_index)
     V.check_kernel_dtype(OP, logits.dtype, backend)
     V.check_fits_uint32(OP, "batch * classes", batch * classes)
-    return _CrossEntropyFunction.apply(logits.contiguous(), labels, int(ignore_index), count,
-                                       backend)
+    need_grad = torch.is_grad_enabled() and logits.requires_grad
+    loss, _ = _CROSS_ENTROPY(logits, labels, ignore_index, need_grad)
+    return loss
 
 
 def _check_torch_options(weight, size_average, reduce, reduction, label_smoothing) -> None:
@@ -115,23 +120,35 @@ def _check_labels(labels: torch.Tensor, classes: int, ignore_index: int) -> int:
     return int(n)
 
 
-class _CrossEntropyFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, count: int,
-                backend: str) -> torch.Tensor:
-        need_grad = ctx.needs_input_grad[0]
-        loss, grad_logits = _forward(logits, labels, ignore_index, count, backend,
-                                     need_grad=need_grad)
-        ctx.save_for_backward(grad_logits)
-        return loss
+# The op ``torch_sparse_metal::cross_entropy``: ``(mean loss, d loss / d logits)`` from one
+# dispatch; the label check (one read-back) runs inside it, so it holds under torch.compile.
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_loss: torch.Tensor):
-        (grad_logits,) = ctx.saved_tensors
-        # The kernel already wrote d mean_loss / d logits; chain rule with the scalar
-        # upstream gradient is one plain torch multiply, not a kernel.
-        return grad_logits * grad_loss, None, None, None, None
+
+def _kernel(logits, labels, ignore_index, need_grad, *, backend):
+    count = _check_labels(labels, logits.shape[1], ignore_index)
+    loss, grad_logits = _forward(logits.contiguous(), labels, ignore_index, count, backend,
+                                 need_grad=need_grad)
+    return loss, grad_logits if need_grad else _custom_ops.empty_like_none(loss)
+
+
+def _fake(logits, labels, ignore_index, need_grad):
+    return logits.new_empty(()), logits.new_empty(logits.shape if need_grad else (0,))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    ctx.save_for_backward(output[1])
+
+
+def _backward(ctx, grad_loss, _grad_of_grad_logits):
+    (grad_logits,) = ctx.saved_tensors
+    # The kernel already wrote d mean_loss / d logits; chain rule with the scalar
+    # upstream gradient is one plain torch multiply, not a kernel.
+    return grad_logits * grad_loss, None, None, None
+
+
+_CROSS_ENTROPY = _custom_ops.define(
+    "cross_entropy(Tensor logits, Tensor labels, int ignore_index, bool need_grad) "
+    "-> (Tensor, Tensor)", _kernel, _fake, backward=_backward, setup_context=_setup_context)
 
 
 def _forward(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, count: int,

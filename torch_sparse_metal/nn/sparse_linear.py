@@ -1,14 +1,16 @@
 """``SparseLinear``: ``nn.Linear`` with a fixed CSR sparsity pattern."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
+import numpy as np
 import torch
 from torch import nn
 
 from .. import _validation as V
 from .._activations import check_activation
-from ..ops.sparse_linear import BySource, CSRPattern, apply_pattern
+from ..formats import sparse_weight_parts
+from ..ops.sparse_linear import BySource, CSRPattern, IndexArrays, apply_pattern
 
 _MODULE = "SparseLinear"
 # Below this many cells a random pattern comes from randperm (exact, O(cells) memory);
@@ -93,6 +95,16 @@ class SparseLinear(nn.Module):
     ``load_state_dict`` accepts a state dict with a different pattern (another nnz): the
     buffers and ``weight`` are resized first. Optimizer state of ``weight`` then no longer
     fits: build the optimizer after loading.
+
+    Other formats: :meth:`from_dense` prunes a trained ``nn.Linear`` by magnitude (or a
+    mask), :meth:`from_sparse` takes a torch sparse CSR / COO tensor or a SciPy matrix, and
+    :meth:`to_sparse_csr` / :meth:`to_dense` give ``W`` back.
+
+    Under ``torch.compile`` the forward cannot validate and transpose a changed pattern
+    again inside the graph: the op compares the buffers with their fingerprints instead
+    and raises ``ValueError`` if they were written behind torch's back. Edits made in
+    eager code between compiled calls (``load_state_dict``, ``prune_and_regrow``) are
+    validated by :meth:`pattern`, which those call.
     """
 
     def __init__(self, in_features: int, out_features: int, *, density: Optional[float] = None,
@@ -133,6 +145,9 @@ class SparseLinear(nn.Module):
         self.register_buffer("src_indptr", src.indptr, persistent=False)
         self.register_buffer("src_rows", src.rows, persistent=False)
         self.register_buffer("src_perm", src.perm, persistent=False)
+        # What the op checks the five index buffers against under torch.compile.
+        self.register_buffer("pattern_fingerprints", pattern.fingerprints(True),
+                             persistent=False)
         self._pattern = pattern
         self._pattern_key = self._buffers_key()
         self.reset_parameters(generator=generator)
@@ -153,6 +168,7 @@ class SparseLinear(nn.Module):
             src: BySource = pattern.by_source()
             self.indptr, self.indices = pattern.indptr, pattern.indices  # int32 if they weren't
             self.src_indptr, self.src_rows, self.src_perm = src
+            self.pattern_fingerprints = pattern.fingerprints(True)
             self._pattern = pattern
             self._pattern_key = self._buffers_key()
         return self._pattern
@@ -197,6 +213,14 @@ class SparseLinear(nn.Module):
                 self.bias.copy_((2 * u - 1) * bound)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            # No read-back inside a graph: the op checks the buffers against their
+            # fingerprints (eager code validates and transposes them in pattern()).
+            arrays = IndexArrays(self.indptr, self.indices, self.in_features,
+                                 BySource(self.src_indptr, self.src_rows, self.src_perm),
+                                 self.pattern_fingerprints)
+            return apply_pattern(input, arrays, self.weight, self.bias, verify=True,
+                                 activation=self.activation, deterministic=self.deterministic)
         return apply_pattern(input, self.pattern(), self.weight, self.bias,
                              activation=self.activation, deterministic=self.deterministic)
 
@@ -206,6 +230,101 @@ class SparseLinear(nn.Module):
         dense = self.weight.new_zeros(self.out_features, self.in_features)
         return dense.index_put((pattern.row_ids(), pattern.indices.long()), self.weight,
                                accumulate=True)
+
+    def to_sparse_csr(self) -> torch.Tensor:
+        """``W`` as a torch sparse CSR tensor ``(out_features, in_features)`` with int64
+        indices, differentiable in ``weight``. Columns come sorted within each row and
+        duplicate entries summed, as torch's CSR invariants require (for a pattern already
+        so, the values are ``weight`` in order)."""
+        pattern = self.pattern()
+        cells = torch.stack([pattern.row_ids(), pattern.indices.long()])
+        coo = torch.sparse_coo_tensor(cells, self.weight, (self.out_features, self.in_features))
+        return coo.coalesce().to_sparse_csr()
+
+    @classmethod
+    def from_dense(cls, linear: Union[nn.Linear, torch.Tensor], *,
+                   density: Optional[float] = None, mask: Optional[torch.Tensor] = None,
+                   activation: Optional[str] = None,
+                   deterministic: Optional[bool] = None) -> "SparseLinear":
+        """A sparse layer from a trained dense one (an ``nn.Linear``, or a weight tensor
+        ``(out_features, in_features)`` and no bias), by magnitude pruning.
+
+        Give exactly one of ``density`` (keep the ``round(density * out * in)`` weights of
+        largest magnitude; ties go to the lower row-major position) or ``mask`` (a bool
+        ``(out_features, in_features)`` tensor, True where a weight is kept). The kept
+        weights and the bias are copied (dtype and device follow the dense layer); the
+        pattern is row-major with sorted columns.
+        """
+        if isinstance(linear, nn.Linear):
+            weight, bias = linear.weight, linear.bias
+        elif isinstance(linear, torch.Tensor) and linear.dim() == 2 \
+                and linear.layout == torch.strided:
+            weight, bias = linear, None
+        else:
+            raise TypeError(f"{_MODULE}.from_dense: expected an nn.Linear or a dense 2-D weight "
+                            f"tensor, got {type(linear).__name__}")
+        if (density is None) == (mask is None):
+            raise ValueError(f"{_MODULE}.from_dense: give exactly one of density or mask")
+        out_features, in_features = weight.shape
+        w = weight.detach().reshape(-1)
+        if density is not None:
+            density = V.check_number(f"{_MODULE}.from_dense", "density", density,
+                                     minimum=0, maximum=1)
+            # Stable: among equal magnitudes the lower position wins.
+            order = torch.argsort(w.abs(), descending=True, stable=True)
+            cells, _ = torch.sort(order[:round(density * w.numel())])
+        else:
+            if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool \
+                    or tuple(mask.shape) != (out_features, in_features):
+                raise ValueError(f"{_MODULE}.from_dense: mask must be a bool tensor of shape "
+                                 f"(out_features, in_features) = {(out_features, in_features)}, "
+                                 f"got {_describe(mask)}")
+            cells = mask.to(w.device).reshape(-1).nonzero().squeeze(1)
+        rows = torch.div(cells, max(in_features, 1), rounding_mode="floor")
+        counts = torch.bincount(rows, minlength=out_features)
+        indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+        layer = cls(in_features, out_features, indptr=indptr, indices=cells - rows * in_features,
+                    bias=bias is not None, activation=activation, deterministic=deterministic,
+                    device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(w[cells])
+            if bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+    @classmethod
+    def from_sparse(cls, weight: Any, bias: Optional[Union[torch.Tensor, np.ndarray]] = None, *,
+                    activation: Optional[str] = None, deterministic: Optional[bool] = None,
+                    device=None, dtype=None) -> "SparseLinear":
+        """A layer whose ``W`` is ``weight``: a torch sparse CSR tensor, a COO tensor
+        (coalesced and converted once), or a SciPy sparse matrix or array, of shape
+        ``(out_features, in_features)``. Its pattern and values are copied (duplicate
+        entries of a CSR matrix stay separate edges, adding up as there; SciPy's
+        ``tocsr()`` sums those of its other formats).
+
+        ``bias``: ``(out_features,)`` tensor or array, copied; None for a layer without
+        bias. ``dtype`` / ``device`` default to the weight's (an integer matrix becomes
+        torch's default dtype).
+        """
+        where = f"{_MODULE}.from_sparse"
+        indptr, indices, values, (out_features, in_features) = sparse_weight_parts(where, weight)
+        values = values.detach()
+        if dtype is None:
+            dtype = values.dtype if values.is_floating_point() else torch.get_default_dtype()
+        device = values.device if device is None else device
+        if bias is not None:
+            bias = torch.as_tensor(bias)
+            if tuple(bias.shape) != (out_features,):
+                raise ValueError(f"{where}: bias has shape {tuple(bias.shape)}, expected "
+                                 f"(out_features,) = ({out_features},)")
+        layer = cls(in_features, out_features, indptr=indptr, indices=indices,
+                    bias=bias is not None, activation=activation, deterministic=deterministic,
+                    device=device, dtype=dtype)
+        with torch.no_grad():
+            layer.weight.copy_(values)
+            if bias is not None:
+                layer.bias.copy_(bias)
+        return layer
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -227,3 +346,9 @@ class SparseLinear(nn.Module):
                                       unexpected_keys, error_msgs)
         if len(error_msgs) == n_errors:
             self.pattern()  # a bad pattern fails here, not at the next forward
+
+
+def _describe(obj: Any) -> str:
+    if isinstance(obj, torch.Tensor):
+        return f"a {obj.dtype} tensor of shape {tuple(obj.shape)}"
+    return type(obj).__name__

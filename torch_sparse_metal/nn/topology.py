@@ -35,7 +35,7 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
     New edges start at weight 0 (as in RigL), so the layer's function is unchanged except
     for the dropped edges. They are grown only in cells empty before the drop (a dropped
     edge does not come straight back); nnz stays fixed. The CSR (by target) is rebuilt in
-    row-major order and the by-source CSR follows on the next forward.
+    row-major order, and the by-source CSR with it.
 
     ``optimizer``: its state tensors shaped like the weight (``exp_avg``, ...) are
     permuted with the edges, new edges getting zeros; scalar state (``step``) is kept.
@@ -108,10 +108,12 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
         for value in optimizer.state.get(weight, {}).values():
             if isinstance(value, torch.Tensor) and value.shape == weight.shape:
                 value.copy_(moved(value))
-    # In place: same nnz, and the version bump makes layer.pattern() rebuild (validate
-    # and transpose) on next use.
+    # In place: same nnz. The version bump would make layer.pattern() rebuild (validate
+    # and transpose) on next use; rebuilding now also serves a compiled model, whose
+    # graph cannot.
     layer.indices.copy_((new_cells - rows * in_f).to(layer.indices.dtype))
     layer.indptr.copy_(indptr.to(layer.indptr.dtype))
+    layer.pattern()
     return k
 
 

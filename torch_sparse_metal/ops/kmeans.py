@@ -6,6 +6,9 @@ validate -> allocate -> return early on empty -> launch. ``backend=None`` resolv
 backend from the tensors (:func:`torch_sparse_metal._backend.resolve_backend`); the
 estimator (:class:`torch_sparse_metal.KMeans`) resolves once per fit and passes it down.
 ``"reference"`` runs :mod:`torch_sparse_metal.reference.kmeans` (plain torch, any device).
+On the kernel backends each function validates, then calls its op
+(``torch.ops.torch_sparse_metal.kmeans_<role>``, see :mod:`torch_sparse_metal._custom_ops`;
+not differentiable), whose kernel allocates and launches.
 
 Conventions: ``x`` is ``(n, d)``, centroids ``(k, d)``, both contiguous floating tensors of
 one dtype and one device; labels and counts are int32 tensors (the kernels read them as
@@ -29,6 +32,7 @@ from typing import NamedTuple, Optional, Tuple
 import numpy as np
 import torch
 
+from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
@@ -142,6 +146,11 @@ def sq_norms(rows: torch.Tensor, *, backend: Optional[str] = None) -> torch.Tens
     _check_kernel_inputs(backend, rows=rows)
     n, d = rows.shape
     V.check_fits_uint32(OP, "n * d", n * d)
+    return _SQ_NORMS(rows)
+
+
+def _sq_norms_kernel(rows: torch.Tensor, *, backend: str) -> torch.Tensor:
+    n, d = rows.shape
     out = rows.new_empty(n)
     if n == 0:
         return out
@@ -188,22 +197,31 @@ def _launch_assign(dist: torch.Tensor, x_sq: Optional[torch.Tensor], flags: int,
     return labels, min_dist
 
 
+def _check_kernel_distances(x: torch.Tensor, centroids: torch.Tensor,
+                            x_sq: Optional[torch.Tensor], c_sq: Optional[torch.Tensor],
+                            backend: str) -> None:
+    """What the kernel path of :func:`distances` and :func:`assign` needs besides
+    :func:`_check_distance_inputs`."""
+    _check_kernel_inputs(backend, x=x, centroids=centroids)
+    n, d = x.shape
+    V.check_fits_uint32(OP, "n * d", n * d)
+    V.check_fits_uint32(OP, "n * k", n * centroids.shape[0])
+    _check_kernel_inputs(backend, **{name: t for name, t in (("x_sq", x_sq), ("c_sq", c_sq))
+                                     if t is not None})
+
+
 def _kernel_distances(op: str, x: torch.Tensor, centroids: torch.Tensor,
                       x_sq: Optional[torch.Tensor], c_sq: Optional[torch.Tensor], backend: str,
                       store: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The kernel path of :func:`distances` and :func:`assign`: ``(D or D', labels,
+    """The kernels of :func:`distances` and :func:`assign`: ``(D or D', labels,
     min_dist)`` -- D (finished in place) with ``store``, else the GEMM's D'."""
-    _check_kernel_inputs(backend, x=x, centroids=centroids)
-    n, d = x.shape
+    n = x.shape[0]
     k = centroids.shape[0]
-    V.check_fits_uint32(OP, "n * d", n * d)
-    V.check_fits_uint32(OP, "n * k", n * k)
     if n == 0:
         return (x.new_empty(n, k), torch.empty(0, dtype=torch.int32, device=x.device),
                 x.new_empty(0))
-    x_sq = sq_norms(x, backend=backend) if x_sq is None else x_sq
-    c_sq = sq_norms(centroids, backend=backend) if c_sq is None else c_sq
-    _check_kernel_inputs(backend, x_sq=x_sq, c_sq=c_sq)
+    x_sq = _sq_norms_kernel(x, backend=backend) if x_sq is None else x_sq
+    c_sq = _sq_norms_kernel(centroids, backend=backend) if c_sq is None else c_sq
     dist = _gemm_partial_distances(op, x, centroids, c_sq, backend)
     flags = ASSIGN_ADD_X_SQ | (ASSIGN_STORE if store else 0)
     labels, min_dist = _launch_assign(dist, x_sq, flags, backend)
@@ -225,8 +243,12 @@ def distances(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.
     if centroids.shape[0] == 0:
         _check_kernel_inputs(backend, x=x, centroids=centroids)
         return x.new_empty(x.shape[0], 0)
-    dist, _, _ = _kernel_distances("distances", x, centroids, x_sq, c_sq, backend, store=True)
-    return dist
+    _check_kernel_distances(x, centroids, x_sq, c_sq, backend)
+    return _DISTANCES(x, centroids, x_sq, c_sq)
+
+
+def _distances_kernel(x, centroids, x_sq, c_sq, *, backend):
+    return _kernel_distances("distances", x, centroids, x_sq, c_sq, backend, store=True)[0]
 
 
 def assign_from_distances(dist: torch.Tensor, *,
@@ -240,7 +262,11 @@ def assign_from_distances(dist: torch.Tensor, *,
     n, k = dist.shape
     if k == 0:
         raise ValueError(f"{OP}: cannot assign points to 0 clusters")
-    if n == 0:
+    return _ASSIGN_FROM_DISTANCES(dist)
+
+
+def _assign_from_distances_kernel(dist, *, backend):
+    if dist.shape[0] == 0:
         return torch.empty(0, dtype=torch.int32, device=dist.device), dist.new_empty(0)
     return _launch_assign(dist, None, 0, backend)  # no flags: dist is only read
 
@@ -261,6 +287,11 @@ def assign(x: torch.Tensor, centroids: torch.Tensor, *, x_sq: Optional[torch.Ten
         return R.assign_reference(dist)
     if centroids.shape[0] == 0:
         raise ValueError(f"{OP}: cannot assign points to 0 clusters")
+    _check_kernel_distances(x, centroids, x_sq, c_sq, backend)
+    return _ASSIGN(x, centroids, x_sq, c_sq)
+
+
+def _assign_kernel(x, centroids, x_sq, c_sq, *, backend):
     _, labels, min_dist = _kernel_distances("assign", x, centroids, x_sq, c_sq, backend,
                                             store=False)
     return labels, min_dist
@@ -376,6 +407,12 @@ def accumulate(x: torch.Tensor, labels: torch.Tensor, k: int, *, mode: str = "au
     shape = accumulate_shape(n, k, d, x.element_size())
     V.check_fits_uint32(OP, "n * d", n * d)
     V.check_fits_uint32(OP, "blocks * k * d", shape.blocks * k * d)
+    return _ACCUMULATE(x, labels, k, mode)
+
+
+def _accumulate_kernel(x, labels, k, mode, *, backend):
+    n, d = x.shape
+    shape = accumulate_shape(n, k, d, x.element_size())
     counts = torch.empty(k, dtype=torch.int32, device=x.device)
     sums = x.new_empty(k, d)
     if k == 0 or d == 0:
@@ -434,6 +471,10 @@ def finalize(sums: torch.Tensor, counts: torch.Tensor, old_centroids: torch.Tens
         return R.finalize_reference(sums, counts, old_centroids)
     _check_kernel_inputs(backend, sums=sums, counts=counts, old_centroids=old_centroids)
     _check_int32_for_kernels("finalize", backend, counts=counts)
+    return _FINALIZE(sums, counts, old_centroids)
+
+
+def _finalize_kernel(sums, counts, old_centroids, *, backend):
     k, d = sums.shape
     out = sums.new_empty(k, d)
     if k * d == 0:
@@ -458,6 +499,10 @@ def drift_and_norms(old: torch.Tensor, new: torch.Tensor, *,
     if backend == "reference":
         return R.drift_reference(old, new), R.sq_norms_reference(new)
     _check_kernel_inputs(backend, old=old, new=new)
+    return _DRIFT_AND_NORMS(old, new)
+
+
+def _drift_and_norms_kernel(old, new, *, backend):
     k, d = old.shape
     out = old.new_empty(2)
     new_sq = old.new_empty(k)
@@ -480,9 +525,13 @@ def assign_one(point: torch.Tensor, centroids: torch.Tensor, *,
     if backend == "reference":
         return R.assign_one_reference(point, centroids)
     _check_kernel_inputs(backend, point=point, centroids=centroids)
-    k, d = centroids.shape
-    if k == 0:
+    if centroids.shape[0] == 0:
         raise ValueError(f"{OP}: cannot assign a point to 0 clusters")
+    return _ASSIGN_ONE(point, centroids)
+
+
+def _assign_one_kernel(point, centroids, *, backend):
+    k, d = centroids.shape
     label = torch.empty(1, dtype=torch.int32, device=point.device)
     dist = point.new_empty(1)
     size = _pow2_at_least(k, MAX_REDUCE_GROUP)
@@ -504,6 +553,10 @@ def pp_update(x: torch.Tensor, chosen: torch.Tensor, min_dist: torch.Tensor, *,
     if backend == "reference":
         return R.pp_update_reference(x, chosen, min_dist)
     _check_kernel_inputs(backend, x=x, chosen=chosen, min_dist=min_dist)
+    return _PP_UPDATE(x, chosen, min_dist)
+
+
+def _pp_update_kernel(x, chosen, min_dist, *, backend):
     n, d = x.shape
     out = x.new_empty(n)
     if n == 0:
@@ -532,6 +585,10 @@ def update_affected(centroids: torch.Tensor, counts: torch.Tensor, batch_sums: t
                          batch_counts=batch_counts)
     _check_int32_for_kernels("update_affected", backend, counts=counts,
                              batch_counts=batch_counts)
+    return _UPDATE_AFFECTED(centroids, counts, batch_sums, batch_counts)
+
+
+def _update_affected_kernel(centroids, counts, batch_sums, batch_counts, *, backend):
     k, d = centroids.shape
     new_centroids = centroids.new_empty(k, d)
     new_counts = torch.empty(k, dtype=torch.int32, device=centroids.device)
@@ -542,3 +599,49 @@ def update_affected(centroids: torch.Tensor, counts: torch.Tensor, batch_sums: t
                     np.uint32(k), np.uint32(d)),
                    threads=k * d, group_size=GROUP_SIZE, backend=backend)
     return new_centroids, new_counts
+
+
+# ---------------------------------------------------------------------------------------
+# The ops: the kernels above, and outputs of the right shapes for tracing.
+
+
+def _int32(like: torch.Tensor, *shape: int) -> torch.Tensor:
+    return torch.empty(shape, dtype=torch.int32, device=like.device)
+
+
+_SQ_NORMS = _custom_ops.define(
+    "kmeans_sq_norms(Tensor rows) -> Tensor", _sq_norms_kernel,
+    lambda rows: rows.new_empty(rows.shape[0]))
+_DISTANCES = _custom_ops.define(
+    "kmeans_distances(Tensor x, Tensor centroids, Tensor? x_sq, Tensor? c_sq) -> Tensor",
+    _distances_kernel,
+    lambda x, centroids, x_sq, c_sq: x.new_empty(x.shape[0], centroids.shape[0]))
+_ASSIGN = _custom_ops.define(
+    "kmeans_assign(Tensor x, Tensor centroids, Tensor? x_sq, Tensor? c_sq) -> (Tensor, Tensor)",
+    _assign_kernel,
+    lambda x, centroids, x_sq, c_sq: (_int32(x, x.shape[0]), x.new_empty(x.shape[0])))
+_ASSIGN_FROM_DISTANCES = _custom_ops.define(
+    "kmeans_assign_from_distances(Tensor dist) -> (Tensor, Tensor)",
+    _assign_from_distances_kernel,
+    lambda dist: (_int32(dist, dist.shape[0]), dist.new_empty(dist.shape[0])))
+_ACCUMULATE = _custom_ops.define(
+    "kmeans_accumulate(Tensor x, Tensor labels, SymInt k, str mode) -> (Tensor, Tensor)",
+    _accumulate_kernel,
+    lambda x, labels, k, mode: (x.new_empty(k, x.shape[1]), _int32(x, k)))
+_FINALIZE = _custom_ops.define(
+    "kmeans_finalize(Tensor sums, Tensor counts, Tensor old_centroids) -> Tensor",
+    _finalize_kernel, lambda sums, counts, old_centroids: sums.new_empty(sums.shape))
+_DRIFT_AND_NORMS = _custom_ops.define(
+    "kmeans_drift_and_norms(Tensor old, Tensor new) -> (Tensor, Tensor)",
+    _drift_and_norms_kernel, lambda old, new: (old.new_empty(2), old.new_empty(old.shape[0])))
+_ASSIGN_ONE = _custom_ops.define(
+    "kmeans_assign_one(Tensor point, Tensor centroids) -> (Tensor, Tensor)",
+    _assign_one_kernel, lambda point, centroids: (_int32(point, 1), point.new_empty(1)))
+_PP_UPDATE = _custom_ops.define(
+    "kmeans_pp_update(Tensor x, Tensor chosen, Tensor min_dist) -> Tensor",
+    _pp_update_kernel, lambda x, chosen, min_dist: x.new_empty(x.shape[0]))
+_UPDATE_AFFECTED = _custom_ops.define(
+    "kmeans_update_affected(Tensor centroids, Tensor counts, Tensor batch_sums, "
+    "Tensor batch_counts) -> (Tensor, Tensor)", _update_affected_kernel,
+    lambda centroids, counts, batch_sums, batch_counts: (
+        centroids.new_empty(centroids.shape), _int32(centroids, centroids.shape[0])))

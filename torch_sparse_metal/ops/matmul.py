@@ -28,8 +28,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
-
+from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
@@ -315,7 +314,13 @@ def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Ten
     for name, size in (("m", m), ("n", n), ("k", k)):
         V.check_fits_uint32(op, name, size)
     V.check_fits_uint32(op, "the output's last flat offset (m * n - 1)", m * n - 1)
-    return _MatmulFunction.apply(a, b, bias, alpha, beta, activation, kernel, backend, op)
+    if op == OP_MM:
+        return _MM(a, b, kernel)
+    need_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (a, b, bias))
+    out, _ = _ADDMM(bias, a, b, alpha, beta, activation, kernel,
+                    need_grad and activation == "gelu")
+    return out
 
 
 def check_simdgroup(op: str, dtype: torch.dtype, backend: str) -> None:
@@ -336,50 +341,85 @@ def resolve_kernel(kernel: Optional[str], m: int, n: int, k: int, dtype: torch.d
 # Kernel path
 
 
-class _MatmulFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b, bias, alpha, beta, activation, kernel, backend, op):
-        need_a, need_b, need_bias = ctx.needs_input_grad[:3]
-        need_any = need_a or need_b or need_bias
-        ctx.alpha, ctx.beta, ctx.activation = alpha, beta, activation
-        ctx.kernel, ctx.backend, ctx.op = kernel, backend, op  # backward runs where forward did
-        ctx.bias_shape = None if bias is None else bias.shape
-        # beta = 0: the bias is an input (its gradient is zeros) but the kernel never reads it.
-        ctx.bias_read = bias is not None and beta != 0.0
-        out, preact = launch_matmul(a, b, bias if ctx.bias_read else None, alpha=alpha,
-                                    beta=beta, activation=activation,
-                                    save_preact=need_any and activation == "gelu",
-                                    kernel=kernel, backend=backend, op=op)
-        act_saved = None
-        if need_any and activation is not None:
-            act_saved = preact if activation == "gelu" else out
-        ctx.save_for_backward(a if need_b else None, b if need_a else None, act_saved)
-        return out
+# The ops ``torch_sparse_metal::mm`` and ``torch_sparse_metal::addmm``. Their backward runs
+# the same ops on transposed views (``g @ B^T``, ``A^T @ g``: the variant flips, nothing is
+# copied), on the device, hence the backend, of the forward.
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out):
-        a, b, act_saved = ctx.saved_tensors
-        need_a, need_b, need_bias = ctx.needs_input_grad[:3]
-        g = grad_out
-        if ctx.activation is not None:
-            g = g * activation_grad_reference(act_saved, ctx.activation)
-        grad_a = grad_b = grad_bias = None
-        # d/da (alpha * a @ b) = alpha * g @ b^T, d/db = alpha * a^T @ g: the same kernels,
-        # reading the transposed views in place (the variant flips, nothing is copied).
-        if need_a:
-            grad_a, _ = launch_matmul(g, b.t(), None, alpha=ctx.alpha, beta=0.0,
-                                      kernel=ctx.kernel, backend=ctx.backend, op=ctx.op)
-        if need_b:
-            grad_b, _ = launch_matmul(a.t(), g, None, alpha=ctx.alpha, beta=0.0,
-                                      kernel=ctx.kernel, backend=ctx.backend, op=ctx.op)
-        if need_bias and not ctx.bias_read:
-            grad_bias = g.new_zeros(ctx.bias_shape)  # beta = 0: the bias was not read
-        elif need_bias:
-            grad_bias = g.sum_to_size(ctx.bias_shape)
-            if ctx.beta != 1.0:
-                grad_bias = grad_bias * ctx.beta
-        return grad_a, grad_b, grad_bias, None, None, None, None, None, None
+
+def _mm_kernel(a, b, kernel, *, backend):
+    out, _ = launch_matmul(a, b, None, alpha=1.0, beta=0.0, kernel=kernel, backend=backend,
+                           op=OP_MM)
+    return out
+
+
+def _mm_fake(a, b, kernel):
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+def _mm_setup_context(ctx, inputs, output) -> None:
+    a, b, ctx.kernel = inputs
+    need_a, need_b = ctx.needs_input_grad[:2]
+    ctx.save_for_backward(a if need_b else None, b if need_a else None)
+
+
+def _mm_backward(ctx, grad_out):
+    a, b = ctx.saved_tensors
+    need_a, need_b = ctx.needs_input_grad[:2]
+    grad_a = _MM(grad_out, b.t(), ctx.kernel) if need_a else None
+    grad_b = _MM(a.t(), grad_out, ctx.kernel) if need_b else None
+    return grad_a, grad_b, None
+
+
+def _addmm_kernel(bias, a, b, alpha, beta, activation, kernel, save_preact, *, backend):
+    # beta = 0: the bias is an input (its gradient is zeros) but the kernel never reads it.
+    out, preact = launch_matmul(a, b, bias if beta != 0.0 else None, alpha=alpha, beta=beta,
+                                activation=activation, save_preact=save_preact, kernel=kernel,
+                                backend=backend, op=OP_ADDMM)
+    return out, preact if save_preact else _custom_ops.empty_like_none(out)
+
+
+def _addmm_fake(bias, a, b, alpha, beta, activation, kernel, save_preact):
+    shape = (a.shape[0], b.shape[1])
+    return a.new_empty(shape), a.new_empty(shape if save_preact else (0,))
+
+
+def _addmm_setup_context(ctx, inputs, output) -> None:
+    bias, a, b, ctx.alpha, ctx.beta, ctx.activation, ctx.kernel, _ = inputs
+    need_bias, need_a, need_b = ctx.needs_input_grad[:3]
+    ctx.bias_shape = None if bias is None else bias.shape
+    act_saved = None
+    if ctx.activation is not None:
+        act_saved = output[1] if ctx.activation == "gelu" else output[0]
+    ctx.save_for_backward(a if need_b else None, b if need_a else None, act_saved)
+
+
+def _addmm_backward(ctx, grad_out, _grad_preact):
+    a, b, act_saved = ctx.saved_tensors
+    need_bias, need_a, need_b = ctx.needs_input_grad[:3]
+    g = grad_out
+    if ctx.activation is not None:
+        g = g * activation_grad_reference(act_saved, ctx.activation)
+    # d/da (alpha * a @ b) = alpha * g @ b^T, d/db = alpha * a^T @ g.
+    grad_a = _ADDMM(None, g, b.t(), ctx.alpha, 0.0, None, ctx.kernel, False)[0] \
+        if need_a else None
+    grad_b = _ADDMM(None, a.t(), g, ctx.alpha, 0.0, None, ctx.kernel, False)[0] \
+        if need_b else None
+    grad_bias = None
+    if need_bias and ctx.beta == 0.0:
+        grad_bias = g.new_zeros(ctx.bias_shape)  # the bias was not read
+    elif need_bias:
+        grad_bias = g.sum_to_size(ctx.bias_shape)
+        if ctx.beta != 1.0:
+            grad_bias = grad_bias * ctx.beta
+    return grad_bias, grad_a, grad_b, None, None, None, None, None
+
+
+_MM = _custom_ops.define("mm(Tensor a, Tensor b, str? kernel) -> Tensor", _mm_kernel, _mm_fake,
+                         backward=_mm_backward, setup_context=_mm_setup_context)
+_ADDMM = _custom_ops.define(
+    "addmm(Tensor? bias, Tensor a, Tensor b, float alpha, float beta, str? activation, "
+    "str? kernel, bool save_preact) -> (Tensor, Tensor)",
+    _addmm_kernel, _addmm_fake, backward=_addmm_backward, setup_context=_addmm_setup_context)
 
 
 def launch_matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], *,

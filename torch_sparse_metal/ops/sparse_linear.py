@@ -5,6 +5,23 @@
 ``shaders/sparse_linear.metal`` (one forward dispatch, one fused backward dispatch).
 
 Host code follows torch's MPS ops: validate -> allocate -> return early on empty -> launch.
+
+Ops (``torch.ops.torch_sparse_metal``, registered by :mod:`torch_sparse_metal._custom_ops`):
+
+* ``sparse_linear`` (differentiable) runs the forward kernel. Besides the data it takes the
+  pattern's index arrays, its by-source CSR (three empty tensors when no gradient will be
+  needed; a backward would then build it) and their fingerprints, so that all of them are
+  saved for backward, where torch's version counter guards them and the backward op
+  checks their contents against the fingerprints (a write through ``.data`` or
+  ``.numpy()``).
+* ``sparse_linear_backward`` runs the one fused backward kernel.
+
+Validation that reads the device back (the pattern's values, the fingerprint check) runs
+in Python before the op in eager mode. Under ``torch.compile`` a ``SparseLinear`` cannot
+validate its pattern again inside the graph, so it passes ``verify=True`` and the op
+itself compares the arrays with their fingerprints (the same one pass and read-back) and
+raises ``ValueError`` if they changed; the functional forms, which validate their index
+arrays on every call, are a graph break there.
 """
 from __future__ import annotations
 
@@ -13,13 +30,14 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
+from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
 from .._activations import ACTIVATION_CODES, check_activation
 from .._kernel_names import kernel_name, kernel_names_for
+from ..formats import is_sparse_weight, sparse_weight_parts
 from ..reference.activations import activation_grad_reference, apply_activation
 from ..reference.sparse_linear import csr_row_ids, sparse_linear_reference
 
@@ -69,9 +87,9 @@ class CSRPattern:
                                                    n_rows=out_features)
         self.in_features = in_features
         self.out_features = self.indptr.shape[0] - 1
-        self._fingerprint = _fingerprint((self.indptr, self.indices))
+        # (indptr, indices)'s fingerprint, then the by-source CSR's once it is built.
+        self._fingerprints = fingerprints(self.indptr, self.indices)
         self._by_source: Optional[BySource] = None
-        self._by_source_fingerprint: Optional[torch.Tensor] = None
         self._layout = _layout((self.indptr, self.indices))
 
     @property
@@ -89,15 +107,23 @@ class CSRPattern:
 
     def row_ids(self) -> torch.Tensor:
         """The target row of every edge (int64), in edge order."""
-        return csr_row_ids(self.indptr)
+        return csr_row_ids(self.indptr, self.nnz)
 
     def by_source(self) -> BySource:
         """The by-source CSR, built on the pattern's device from torch ops on first call."""
         if self._by_source is None:
             self._by_source = _build_by_source(self.indptr, self.indices, self.in_features)
-            self._by_source_fingerprint = _fingerprint(self._by_source)
+            self._fingerprints = fingerprints(self.indptr, self.indices, self._by_source)
             self._layout = _layout((self.indptr, self.indices, *self._by_source))
         return self._by_source
+
+    def fingerprints(self, with_source: bool) -> torch.Tensor:
+        """The fingerprints the ops check the arrays against: ``(1,)`` int64 for
+        ``(indptr, indices)``, ``(2,)`` with the by-source CSR's (``with_source``)."""
+        if with_source:
+            self.by_source()
+            return self._fingerprints
+        return self._fingerprints[:1]
 
     def changed(self) -> bool:
         """Whether any index array (``indptr``, ``indices``, the by-source CSR if built) was
@@ -106,12 +132,8 @@ class CSRPattern:
         arrays = (self.indptr, self.indices, *(self._by_source or ()))
         if _layout(arrays) != self._layout:
             return True
-        now = [_fingerprint((self.indptr, self.indices))]
-        then = [self._fingerprint]
-        if self._by_source is not None:
-            now.append(_fingerprint(self._by_source))
-            then.append(self._by_source_fingerprint)
-        return bool((torch.stack(now) != torch.stack(then)).any())
+        now = fingerprints(self.indptr, self.indices, self._by_source)
+        return bool((now != self._fingerprints).any())
 
     def to(self, device: torch.device) -> "CSRPattern":
         device = torch.device(device)
@@ -120,17 +142,62 @@ class CSRPattern:
         # The fingerprints move too: a copy of arrays written behind torch's back still
         # shows as changed.
         moved = copy.copy(self)
-        moved.indptr, moved.indices, moved._fingerprint = (
-            t.to(device) for t in (self.indptr, self.indices, self._fingerprint))
+        moved.indptr, moved.indices, moved._fingerprints = (
+            t.to(device) for t in (self.indptr, self.indices, self._fingerprints))
         if self._by_source is not None:
             moved._by_source = BySource(*(t.to(device) for t in self._by_source))
-            moved._by_source_fingerprint = self._by_source_fingerprint.to(device)
         moved._layout = _layout((moved.indptr, moved.indices, *(moved._by_source or ())))
         return moved
 
     def __repr__(self) -> str:
         return (f"CSRPattern(out_features={self.out_features}, in_features={self.in_features}, "
                 f"nnz={self.nnz}, device={self.device})")
+
+
+class IndexArrays(NamedTuple):
+    """A pattern as the ops take it: the arrays, unvalidated, and the fingerprints they
+    must match. What a ``SparseLinear`` passes from its buffers under ``torch.compile``,
+    and what the kernels of the ops see; duck-typed like :class:`CSRPattern` for them."""
+    indptr: torch.Tensor
+    indices: torch.Tensor
+    in_features: int
+    source: Optional[BySource]   # None: built when needed
+    known: torch.Tensor          # the fingerprints: (1,), or (2,) with ``source``
+
+    @property
+    def nnz(self) -> int:
+        return self.indices.shape[0]
+
+    @property
+    def out_features(self) -> int:
+        return self.indptr.shape[0] - 1
+
+    def by_source(self) -> BySource:
+        return self.source if self.source is not None else _build_by_source(
+            self.indptr, self.indices, self.in_features)
+
+    def fingerprints(self, with_source: bool) -> torch.Tensor:
+        return self.known if with_source else self.known[:1]
+
+    def changed(self, out_features: Optional[int] = None) -> bool:
+        """Whether the arrays are not what the kernels were promised: another dtype,
+        layout or device, lengths that disagree with each other (or with
+        ``out_features``), or contents that no longer match the fingerprints (one pass and
+        one read-back)."""
+        src = () if self.source is None else tuple(self.source)
+        arrays = (self.indptr, self.indices, *src)
+        device = self.indptr.device
+        if any(a.dtype != torch.int32 or a.dim() != 1 or not a.is_contiguous()
+               or a.device != device for a in arrays) \
+                or self.known.shape != (1 + bool(src),) or self.known.device != device \
+                or self.indptr.shape[0] == 0 \
+                or (out_features is not None and self.indptr.shape[0] != out_features + 1):
+            return True
+        if src and (src[0].shape[0] != self.in_features + 1
+                    or src[1].shape[0] != self.nnz or src[2].shape[0] != self.nnz):
+            return True
+        now = fingerprints(self.indptr, self.indices, self.source)
+        return bool((now != self.known).any())
 
 
 def _layout(arrays: Sequence[torch.Tensor]) -> Tuple:
@@ -152,6 +219,16 @@ def _fingerprint(arrays: Sequence[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+def fingerprints(indptr: torch.Tensor, indices: torch.Tensor,
+                 source: Optional[BySource] = None) -> torch.Tensor:
+    """``(1,)`` int64: the fingerprint of ``(indptr, indices)``; ``(2,)`` with the
+    by-source CSR's. Torch ops only, no read-back."""
+    parts = [_fingerprint((indptr, indices))]
+    if source is not None:
+        parts.append(_fingerprint(source))
+    return torch.stack(parts)
+
+
 def _build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: int) -> BySource:
     # A stable sort keeps each source's edges in target-row order, so the by-source walk
     # reads grad_output rows in increasing order (and the result is deterministic).
@@ -160,7 +237,7 @@ def _build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: i
     # which works on every device torch has and for nnz = 0.
     boundaries = torch.arange(in_features + 1, device=indices.device)
     src_indptr = torch.searchsorted(sorted_sources, boundaries)
-    rows = csr_row_ids(indptr)[perm]
+    rows = csr_row_ids(indptr, indices.shape[0])[perm]
     return BySource(src_indptr.to(torch.int32), rows.to(torch.int32), perm.to(torch.int32))
 
 
@@ -168,11 +245,17 @@ def _build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: i
 # Public entry points
 
 
-def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
-                  values: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-                  activation: Optional[str] = None,
+def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices=None,
+                  values: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                  *, activation: Optional[str] = None,
                   deterministic: Optional[bool] = None) -> torch.Tensor:
     """``act(input @ W.T + bias)`` where ``W`` is the CSR matrix ``(indptr, indices, values)``.
+
+    Two forms: ``sparse_linear(input, indptr, indices, values, bias=None)``, or
+    ``sparse_linear(input, weight, bias=None)`` as ``torch.nn.functional.linear``, with
+    ``weight`` a torch sparse CSR tensor or a sparse COO tensor (coalesced and converted to
+    CSR on each call), ``(out_features, in_features)``: the gradient of a weight that
+    requires grad is a sparse tensor with its pattern, as ``torch.sparse.mm`` gives.
 
     Args:
         input: ``(*, in_features)``, floating point.
@@ -197,6 +280,22 @@ def sparse_linear(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tens
     :func:`sparse_linear_pattern` (``SparseLinear`` does). ``indptr`` and ``indices`` are
     saved for backward: an in-place change before it raises torch's usual error.
     """
+    if is_sparse_weight(indptr):
+        if values is not None or bias is not None:
+            raise TypeError(f"{OP}: with a sparse weight the call is sparse_linear(input, "
+                            "weight, bias=None); got more arguments")
+        weight, bias = indptr, indices
+        indptr, indices, values, (_, in_features) = sparse_weight_parts(OP, weight)
+        V.check_tensor(OP, "input", input)
+        if input.dim() and input.shape[-1] != in_features:
+            raise ValueError(f"{OP}: input has {input.shape[-1]} features in its last "
+                             f"dimension but the weight is {tuple(weight.shape)} (out_features, "
+                             "in_features)")
+    elif indices is None or values is None:
+        raise TypeError(f"{OP}: expected (input, indptr, indices, values, bias=None) or "
+                        "(input, weight, bias=None) with weight a torch sparse CSR or COO "
+                        f"tensor; got indptr of type {type(indptr).__name__} and "
+                        f"{'no indices' if indices is None else 'no values'}")
     for name, t in (("input", input), ("indptr", indptr), ("indices", indices)):
         V.check_tensor(OP, name, t)
     if input.dim() == 0:
@@ -229,103 +328,177 @@ _CHANGED = ("the pattern's index arrays were written since it was validated, byp
             "torch's version counter (through .data or .numpy(), say)")
 
 
-def apply_pattern(input: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
+def apply_pattern(input: torch.Tensor, pattern: "CSRPattern | IndexArrays", values: torch.Tensor,
                   bias: Optional[torch.Tensor] = None, *, activation: Optional[str] = None,
-                  deterministic: Optional[bool] = None) -> torch.Tensor:
+                  deterministic: Optional[bool] = None, verify: bool = False,
+                  op: str = OP) -> torch.Tensor:
     """:func:`sparse_linear_pattern` for a pattern the caller knows unchanged since it was
-    validated or checked (``SparseLinear`` checks its own before each call)."""
-    check_activation(OP, activation)
+    validated or checked (``SparseLinear`` checks its own before each call), or, with
+    ``verify`` (a ``SparseLinear`` under ``torch.compile``, ``pattern`` an
+    :class:`IndexArrays` of its buffers), one the op checks against its fingerprints.
+    ``op`` starts the error messages (the public function that was called)."""
+    check_activation(op, activation)
     for name, t in (("input", input), ("values", values)):
-        V.check_tensor(OP, name, t)
-        V.check_floating(OP, name, t)
+        V.check_tensor(op, name, t)
+        V.check_floating(op, name, t)
     if bias is not None:
-        V.check_tensor(OP, "bias", bias)
-        V.check_floating(OP, "bias", bias)
+        V.check_tensor(op, "bias", bias)
+        V.check_floating(op, "bias", bias)
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     elif not isinstance(deterministic, bool):
-        raise TypeError(f"{OP}: deterministic must be True, False or None, got {deterministic!r}")
-    V.check_same_dtype(OP, {"input": input, "values": values, "bias": bias})
-    V.check_same_device(OP, {"input": input, "values": values, "bias": bias,
+        raise TypeError(f"{op}: deterministic must be True, False or None, got {deterministic!r}")
+    V.check_same_dtype(op, {"input": input, "values": values, "bias": bias})
+    V.check_same_device(op, {"input": input, "values": values, "bias": bias,
                              "indptr": pattern.indptr})
-    V.check_length(OP, "values", values, pattern.nnz, "nnz = len(indices)")
+    V.check_length(op, "values", values, pattern.nnz, "nnz = len(indices)")
     if bias is not None:
-        V.check_length(OP, "bias", bias, pattern.out_features, "out_features = len(indptr) - 1")
-    x, lead = V.flat_batch(OP, "input", input, pattern.in_features)
+        V.check_length(op, "bias", bias, pattern.out_features, "out_features = len(indptr) - 1")
+    x, lead = V.flat_batch(op, "input", input, pattern.in_features)
 
-    backend = resolve_backend(OP, (input, values, bias))
+    backend = resolve_backend(op, (input, values, bias))
     if backend == "reference":
         out = sparse_linear_reference(x, pattern.indptr, pattern.indices, values, bias,
                                       activation=activation)
     else:
-        V.check_kernel_dtype(OP, input.dtype, backend)
+        V.check_kernel_dtype(op, input.dtype, backend)
         batch = x.shape[0]
-        V.check_fits_uint32(OP, "batch * in_features", batch * pattern.in_features)
-        V.check_fits_uint32(OP, "batch * out_features", batch * pattern.out_features)
-        # contiguous(): the kernels take no strides.
-        out = _SparseLinearFunction.apply(x, values.contiguous(),
-                                          None if bias is None else bias.contiguous(),
-                                          pattern, backend, activation, deterministic)
+        V.check_fits_uint32(op, "batch * in_features", batch * pattern.in_features)
+        V.check_fits_uint32(op, "batch * out_features", batch * pattern.out_features)
+        need_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, values, bias))
+        # The by-source CSR only when a backward may come (the op saves it for that).
+        src = tuple(pattern.by_source()) if need_grad else (_no_array(x),) * 3
+        out, _ = _SPARSE_LINEAR(x, pattern.indptr, pattern.indices, values, bias, *src,
+                                pattern.fingerprints(need_grad), activation, deterministic,
+                                need_grad and activation == "gelu", verify)
     return out.reshape(*lead, pattern.out_features)
 
 
+def _no_array(like: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int32, device=like.device)
+
+
 # ---------------------------------------------------------------------------------------
-# Kernel path
+# The ops
 
 
-class _SparseLinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, values: torch.Tensor, bias: Optional[torch.Tensor],
-                pattern: CSRPattern, backend: str, activation: Optional[str],
-                deterministic: bool) -> torch.Tensor:
-        need_input, need_values, need_bias = ctx.needs_input_grad[:3]
-        ctx.pattern = pattern
-        ctx.backend = backend  # backward runs where forward did, whatever use_backend says then
-        ctx.has_bias = bias is not None
-        ctx.activation = activation
-        ctx.deterministic = deterministic
-        need_any = need_input or need_values or need_bias
-        out, preact = _forward(x, pattern, values, bias, backend, activation,
-                               save_preact=need_any and activation == "gelu")
-        # Save what backward reads: x for grad_values, values for grad_input, for the
-        # activation's derivative the output (relu, tanh) or pre-activation (gelu), and
-        # the pattern with its by-source CSR (built now, from the arrays forward just
-        # used), so that torch's version counter guards them all.
-        act_saved = None
-        if need_any and activation is not None:
-            act_saved = preact if activation == "gelu" else out
-        index_arrays = (pattern.indptr, pattern.indices, *pattern.by_source()) if need_any else ()
-        ctx.save_for_backward(x if need_values else None, values if need_input else None,
-                              act_saved, *index_arrays)
-        return out
+def _forward_kernel(input, indptr, indices, values, bias, src_indptr, src_rows, src_perm,
+                    fingerprints, activation, deterministic, save_preact, verify, *, backend):
+    arrays = _index_arrays(input.shape[1], indptr, indices, src_indptr, src_rows, src_perm,
+                           fingerprints)
+    if verify and arrays.changed():
+        raise ValueError(f"{OP}: {_CHANGED}; under torch.compile they cannot be validated "
+                         "again inside the graph: call the SparseLinear's pattern() (or run "
+                         "it once) outside the compiled code to validate them")
+    out, preact = _forward(input.contiguous(), arrays, values.contiguous(),
+                           None if bias is None else bias.contiguous(), backend, activation,
+                           save_preact=save_preact)
+    return out, preact if preact is not None else _custom_ops.empty_like_none(out)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out: torch.Tensor):
-        x, values, act_saved, *_ = ctx.saved_tensors  # raises if one was modified in place
-        if ctx.pattern.changed():
-            raise ValueError(f"{OP} backward: {_CHANGED} after the forward pass; run the "
-                             "forward pass again")
-        # `t.data = other` swaps a saved tensor for another without a version bump: the
-        # kernel must not read it with the forward's sizes.
-        batch, out_features = grad_out.shape
-        expected = {"input": (x, (batch, ctx.pattern.in_features)),
-                    "values": (values, (ctx.pattern.nnz,)),
-                    "activation's output": (act_saved, (batch, out_features))}
-        for name, (t, shape) in expected.items():
-            if t is not None and (tuple(t.shape) != shape or t.dtype != grad_out.dtype
-                                  or not t.is_contiguous()):
-                raise ValueError(f"{OP} backward: the {name} saved by the forward pass was "
-                                 f"replaced since (now shape {tuple(t.shape)}, dtype {t.dtype}; "
-                                 f"expected {shape}, {grad_out.dtype}), bypassing torch's "
-                                 "version counter (through .data); run the forward pass again")
-        need_input, need_values, need_bias = ctx.needs_input_grad[:3]
-        grads = _backward(grad_out.contiguous(), x, values, ctx.pattern, ctx.backend,
-                          need_input=need_input, need_values=need_values,
-                          need_bias=need_bias and ctx.has_bias,
-                          activation=ctx.activation, act_saved=act_saved,
-                          deterministic=ctx.deterministic)
-        return grads + (None, None, None, None)
+
+def _forward_fake(input, indptr, indices, values, bias, src_indptr, src_rows, src_perm,
+                  fingerprints, activation, deterministic, save_preact, verify):
+    out = input.new_empty(input.shape[0], indptr.shape[0] - 1)
+    return out, (input.new_empty(out.shape) if save_preact else input.new_empty(0))
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    (input, indptr, indices, values, bias, src_indptr, src_rows, src_perm, fingerprints,
+     activation, deterministic, _, _) = inputs
+    need_input, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+    ctx.in_features = input.shape[1]
+    ctx.activation = activation
+    ctx.deterministic = deterministic
+    ctx.has_bias = bias is not None
+    # Save what backward reads: x for grad_values, values for grad_input, for the
+    # activation's derivative the output (relu, tanh) or pre-activation (gelu), and the
+    # index arrays with their fingerprints, so that torch's version counter guards them
+    # all and the backward op can check what it cannot see.
+    act_saved = None
+    if activation is not None:
+        act_saved = output[1] if activation == "gelu" else output[0]
+    ctx.save_for_backward(input if need_values else None, values if need_input else None,
+                          act_saved, indptr, indices, src_indptr, src_rows, src_perm,
+                          fingerprints)
+
+
+def _backward_formula(ctx, grad_output, _grad_preact):
+    x, values, act_saved, *arrays = ctx.saved_tensors  # raises if one was modified in place
+    need_input, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
+    need_bias = ctx.needs_input_grad[4] and ctx.has_bias
+    grad_input, grad_values, grad_bias = _SPARSE_LINEAR_BACKWARD(
+        grad_output, x, values, act_saved, *arrays, ctx.in_features, ctx.activation,
+        ctx.deterministic, need_input, need_values, need_bias)
+    return ((grad_input if need_input else None), None, None,
+            (grad_values if need_values else None), (grad_bias if need_bias else None),
+            None, None, None, None, None, None, None, None)
+
+
+def _backward_kernel(grad_output, input, values, act_saved, indptr, indices, src_indptr,
+                     src_rows, src_perm, fingerprints, in_features, activation, deterministic,
+                     need_input, need_values, need_bias, *, backend):
+    batch, out_features = grad_output.shape
+    arrays = _index_arrays(in_features, indptr, indices, src_indptr, src_rows, src_perm,
+                           fingerprints)
+    if arrays.changed(out_features):
+        raise ValueError(f"{OP} backward: {_CHANGED} after the forward pass; run the "
+                         "forward pass again")
+    # `t.data = other` swaps a saved tensor for another without a version bump: the
+    # kernel must not read it with the forward's sizes.
+    expected = {"input": (input, (batch, in_features)),
+                "values": (values, (arrays.nnz,)),
+                "activation's output": (act_saved, (batch, out_features))}
+    for name, (t, shape) in expected.items():
+        if t is not None and (tuple(t.shape) != shape or t.dtype != grad_output.dtype):
+            raise ValueError(f"{OP} backward: the {name} saved by the forward pass was "
+                             f"replaced since (now shape {tuple(t.shape)}, dtype {t.dtype}; "
+                             f"expected {shape}, {grad_output.dtype}), bypassing torch's "
+                             "version counter (through .data); run the forward pass again")
+    grads = _backward(grad_output.contiguous(), _contiguous(input), _contiguous(values),
+                      arrays, backend, need_input=need_input, need_values=need_values,
+                      need_bias=need_bias, activation=activation,
+                      act_saved=_contiguous(act_saved), deterministic=deterministic)
+    return tuple(g if g is not None else _custom_ops.empty_like_none(grad_output)
+                 for g in grads)
+
+
+def _backward_fake(grad_output, input, values, act_saved, indptr, indices, src_indptr,
+                   src_rows, src_perm, fingerprints, in_features, activation, deterministic,
+                   need_input, need_values, need_bias):
+    batch, out_features = grad_output.shape
+    sizes = ((batch, in_features) if need_input else (0,),
+             (indices.shape[0],) if need_values else (0,),
+             (out_features,) if need_bias else (0,))
+    return tuple(grad_output.new_empty(size) for size in sizes)
+
+
+def _index_arrays(in_features, indptr, indices, src_indptr, src_rows, src_perm,
+                  fingerprints) -> IndexArrays:
+    source = BySource(src_indptr, src_rows, src_perm) if src_indptr.numel() else None
+    return IndexArrays(indptr, indices, in_features, source, fingerprints)
+
+
+def _contiguous(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.contiguous()
+
+
+_SPARSE_LINEAR = _custom_ops.define(
+    "sparse_linear(Tensor input, Tensor indptr, Tensor indices, Tensor values, Tensor? bias, "
+    "Tensor src_indptr, Tensor src_rows, Tensor src_perm, Tensor fingerprints, "
+    "str? activation, bool deterministic, bool save_preact, bool verify) -> (Tensor, Tensor)",
+    _forward_kernel, _forward_fake, backward=_backward_formula, setup_context=_setup_context)
+_SPARSE_LINEAR_BACKWARD = _custom_ops.define(
+    "sparse_linear_backward(Tensor grad_output, Tensor? input, Tensor? values, "
+    "Tensor? act_saved, Tensor indptr, Tensor indices, Tensor src_indptr, Tensor src_rows, "
+    "Tensor src_perm, Tensor fingerprints, SymInt in_features, str? activation, "
+    "bool deterministic, bool need_input, bool need_values, bool need_bias) "
+    "-> (Tensor, Tensor, Tensor)",
+    _backward_kernel, _backward_fake)
+
+
+# ---------------------------------------------------------------------------------------
+# Kernel launches
 
 
 def _placeholder(like: torch.Tensor) -> torch.Tensor:
@@ -333,7 +506,7 @@ def _placeholder(like: torch.Tensor) -> torch.Tensor:
     return torch.empty(1, dtype=like.dtype, device=like.device)
 
 
-def _forward(x: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
+def _forward(x: torch.Tensor, pattern: "CSRPattern | IndexArrays", values: torch.Tensor,
              bias: Optional[torch.Tensor], backend: str, activation: Optional[str] = None,
              *, save_preact: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """``(output, pre-activation if save_preact else None)``."""
@@ -359,8 +532,8 @@ def _forward(x: torch.Tensor, pattern: CSRPattern, values: torch.Tensor,
 
 
 def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optional[torch.Tensor],
-              pattern: CSRPattern, backend: str, *, need_input: bool, need_values: bool,
-              need_bias: bool, activation: Optional[str] = None,
+              pattern: "CSRPattern | IndexArrays", backend: str, *, need_input: bool,
+              need_values: bool, need_bias: bool, activation: Optional[str] = None,
               act_saved: Optional[torch.Tensor] = None,
               deterministic: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
     batch = grad_out.shape[0]

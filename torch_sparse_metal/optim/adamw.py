@@ -38,7 +38,9 @@ and the kernel binds those five plus two small tables, whatever the number of pa
   that differ between param groups (``maximize``, ``amsgrad``) are columns of that table
   too, so one dispatch serves groups with different options.
 
-Per step: one ``torch.cat``, one small table upload, one kernel dispatch.
+Per step: one ``torch.cat``, one small table upload, one kernel dispatch: the op
+``torch.ops.torch_sparse_metal.adamw_step``, which updates the flat buffers in place (see
+:mod:`torch_sparse_metal._custom_ops`).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
 from .._metal_backend import require_native_float_atomics
@@ -323,13 +326,9 @@ class AdamW(torch.optim.Optimizer):
                                                  "tsm.use_backend('reference') for the step")
             np_dtype = np.float64 if flat["param"].dtype == torch.float64 else np.float32
             table = torch.from_numpy(hyper.astype(np_dtype)).to(flat["param"].device)
-            args = (flat["param"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"],
-                    flat["max_exp_avg_sq"], self._chunk_tensor, table, self._grad_sq,
-                    np.uint32(flat["param"].numel()), np.uint32(len(params)),
-                    np.uint32(self._parity))
-            _launch.launch(SHADER, kernel_name("adamw_step", flat["param"].dtype), args,
-                           threads=flat["param"].numel(), group_size=GROUP_SIZE,
-                           backend=backend)
+            _ADAMW_STEP(flat["param"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"],
+                        flat["max_exp_avg_sq"], self._chunk_tensor, table, self._grad_sq,
+                        self._parity)
         self._last_parity = self._parity
         self._parity = 1 - self._parity
         return loss
@@ -366,3 +365,22 @@ class AdamW(torch.optim.Optimizer):
         """Per-parameter gradient L2 norms of the last step, in parameter order."""
         sq = self.grad_sq()
         return None if sq is None else sq.sqrt()
+
+
+# The op ``torch_sparse_metal::adamw_step``: one dispatch updates the flat buffers in place.
+
+
+def _step_kernel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, chunk_tensor, hyper,
+                 grad_sq, parity, *, backend) -> None:
+    if backend == "metal":
+        require_native_float_atomics(OP)
+    args = (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, chunk_tensor, hyper, grad_sq,
+            np.uint32(param.numel()), np.uint32(hyper.shape[0]), np.uint32(parity))
+    _launch.launch(SHADER, kernel_name("adamw_step", param.dtype), args,
+                   threads=param.numel(), group_size=GROUP_SIZE, backend=backend)
+
+
+_ADAMW_STEP = _custom_ops.define(
+    "adamw_step(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, "
+    "Tensor(d!) max_exp_avg_sq, Tensor chunk_tensor, Tensor hyper, Tensor(e!) grad_sq, "
+    "int parity) -> ()", _step_kernel, lambda *args: None)

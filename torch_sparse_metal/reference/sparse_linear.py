@@ -13,12 +13,17 @@ import torch
 
 from .activations import apply_activation
 
-def csr_row_ids(indptr: torch.Tensor) -> torch.Tensor:
-    """The target row of every edge (int64), e.g. ``[0, 2, 2, 3] -> [0, 0, 2]``."""
+def csr_row_ids(indptr: torch.Tensor, nnz: Optional[int] = None) -> torch.Tensor:
+    """The target row of every edge (int64), e.g. ``[0, 2, 2, 3] -> [0, 0, 2]``.
+
+    ``nnz`` (the number of edges, ``len(indices)``) makes the output's size known without
+    reading ``indptr`` back, so ``torch.compile`` traces it; an ``indptr`` that does not
+    end at ``nnz`` is then a RuntimeError."""
     indptr = indptr.long()
     n_rows = indptr.shape[0] - 1
     counts = indptr[1:] - indptr[:-1]
-    return torch.repeat_interleave(torch.arange(n_rows, device=indptr.device), counts)
+    return torch.repeat_interleave(torch.arange(n_rows, device=indptr.device), counts,
+                                   output_size=nnz)
 
 
 def sparse_linear_reference(input: torch.Tensor, indptr: torch.Tensor, indices: torch.Tensor,
@@ -32,7 +37,7 @@ def sparse_linear_reference(input: torch.Tensor, indptr: torch.Tensor, indices: 
     in_features = input.shape[-1]
     lead = input.shape[:-1]
     x = input.reshape(-1, in_features) if in_features else input.reshape(lead.numel(), 0)
-    rows = csr_row_ids(indptr)
+    rows = csr_row_ids(indptr, indices.shape[0])
     contributions = x.index_select(1, indices.long()) * values  # (batch, nnz)
     out = x.new_zeros(x.shape[0], out_features).index_add(1, rows, contributions)
     if bias is not None:

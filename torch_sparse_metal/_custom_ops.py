@@ -1,0 +1,108 @@
+"""The package's ``torch.library`` namespace, ``torch_sparse_metal``: every kernel launch is an op.
+
+Each op module (``ops/``, ``nn/functional.py``, ``optim/adamw.py``) defines its ops here with
+:func:`define`: a schema, the kernel (host code that allocates and launches), a fake
+implementation (shapes and dtypes only, for ``torch.compile``, ``torch.export`` and
+``opcheck``) and, for differentiable ops, a backward formula and its ``setup_context``,
+registered as the op's ``Autograd`` kernel (:func:`autograd_kernel`). Under
+``torch.compile`` the ops are opaque nodes of the graph; in eager mode they run through the
+dispatcher.
+
+Backends. Which implementation runs (metal / emulator / reference) stays a Python decision
+made at call time by the public functions (:func:`torch_sparse_metal._backend.resolve_backend`):
+
+* ``"reference"`` never calls an op: the public function runs plain torch ops, which
+  ``torch.compile`` traces natively;
+* the kernel backends call the op, and the dispatcher picks the kernel from the device,
+  which is exactly what ``resolve_backend`` requires of each: the kernel registered for
+  ``CPU`` runs on the emulator, the one for ``MPS`` on the Metal launcher. A backward
+  runs on the device its forward ran on, so it uses the backend the forward resolved.
+
+Registration style, chosen by the per-call cost ``python -m torch_sparse_metal.bench ops``
+measures (numbers in the README): the low-level ``Library.define`` / ``Library.impl`` with
+``register_fake``, and the autograd formula registered by ``Library.impl`` at the
+``Autograd`` key. That is the cheapest style ``torch.compile`` can trace and ``opcheck`` can
+check: ``torch.library.custom_op`` costs more per call, and so does
+``torch.library.register_autograd``, by an amount that grows with the op's number of
+arguments; a plain ``autograd.Function`` costs less but ``torch.compile`` breaks the
+graph at the launch inside it. Callers keep the ``OpOverload`` :func:`define` returns and
+call it directly (no attribute lookups per call).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, List, Optional
+
+import torch
+
+NAMESPACE = "torch_sparse_metal"
+_LIBRARY = torch.library.Library(NAMESPACE, "DEF")
+DEFINED: List[str] = []  # every op's name, in definition order (the tests opcheck each)
+
+# The dispatch key of each kernel backend's tensors.
+_BACKEND_KEYS = (("emulator", "CPU"), ("metal", "MPS"))
+
+
+def define(schema: str, kernel: Callable[..., Any], fake: Callable[..., Any], *,
+           backward: Optional[Callable[..., Any]] = None,
+           setup_context: Optional[Callable[..., Any]] = None) -> torch._ops.OpOverload:
+    """Register ``torch_sparse_metal::<schema>`` and return its ``OpOverload``.
+
+    ``kernel(*args, backend=...)`` runs the op's kernels on ``backend`` (``"emulator"`` for
+    CPU tensors, ``"metal"`` for MPS tensors); ``fake(*args)`` returns outputs of the right
+    shapes, dtypes and devices without touching data. ``backward`` / ``setup_context``: as
+    ``torch.library.register_autograd`` takes them (omitted: the op is not differentiable).
+    """
+    name = schema.split("(", 1)[0]
+    _LIBRARY.define(schema)
+    DEFINED.append(name)
+    for backend, key in _BACKEND_KEYS:
+        _LIBRARY.impl(name, functools.partial(kernel, backend=backend), key)
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
+    op = getattr(getattr(torch.ops, NAMESPACE), name).default
+    if backward is not None:
+        _LIBRARY.impl(name, autograd_kernel(op, backward, setup_context), "Autograd",
+                      with_keyset=True)
+    return op
+
+
+def autograd_kernel(op: torch._ops.OpOverload, backward: Callable[..., Any],
+                    setup_context: Callable[..., Any]) -> Callable[..., Any]:
+    """The kernel of ``op`` for the ``Autograd`` dispatch key (register it with
+    ``with_keyset=True``): when a gradient is needed, an ``autograd.Function`` whose forward
+    runs ``op`` one level down the dispatcher and then ``setup_context(ctx, inputs,
+    output)``, and whose backward is ``backward(ctx, *grads)`` (a tuple: one gradient or
+    None per input); otherwise just ``op`` one level down.
+
+    This is what ``torch.library.register_autograd`` builds, without its per-call
+    rebuilding of the arguments from the schema, which costs it about 30 us per call for
+    an op of 13 arguments such as ``sparse_linear`` (``bench ops`` measures both).
+    """
+    below_autograd = torch._C._after_autograd_keyset
+
+    def forward(ctx, *args):
+        *inputs, keyset = args  # last, so that ctx.needs_input_grad[i] is input i's
+        with torch._C._AutoDispatchBelowAutograd():
+            output = op.redispatch(keyset & below_autograd, *inputs)
+        setup_context(ctx, tuple(inputs), output)
+        return output
+
+    def backward_and_keyset(ctx, *grads):
+        return (*backward(ctx, *grads), None)
+
+    function = type(f"{op._opname}_autograd", (torch.autograd.Function,),
+                    {"forward": staticmethod(forward),
+                     "backward": staticmethod(backward_and_keyset)})
+
+    def kernel(keyset, *args):
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return function.apply(*args, keyset)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op.redispatch(keyset & below_autograd, *args)
+    return kernel
+
+
+def empty_like_none(like: torch.Tensor) -> torch.Tensor:
+    """The placeholder an op returns for an output it did not compute (ops return tensors,
+    never None): an empty tensor of ``like``'s dtype and device."""
+    return like.new_empty(0)
