@@ -238,7 +238,9 @@ class SparseLinear(nn.Module):
         so, the values are ``weight`` in order)."""
         pattern = self.pattern()
         cells = torch.stack([pattern.row_ids(), pattern.indices.long()])
-        coo = torch.sparse_coo_tensor(cells, self.weight, (self.out_features, self.in_features))
+        # The pattern was validated when it was set: torch's own check would only cost time.
+        coo = torch.sparse_coo_tensor(cells, self.weight, (self.out_features, self.in_features),
+                                      check_invariants=False)
         return coo.coalesce().to_sparse_csr()
 
     @classmethod
