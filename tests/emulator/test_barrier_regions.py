@@ -468,3 +468,16 @@ def test_a_kernel_the_translation_cannot_compile_runs_as_fibers_with_a_warning(m
     lib.uncopyable(out, threads=32, group_size=32)
     lid = np.arange(32)
     np.testing.assert_array_equal(out.numpy(), (lid + 1) % 32 + lid)
+
+
+def test_threadgroup_variables_keep_their_bounds_across_dispatches(monkeypatch):
+    """Each dispatch runs on new worker threads, whose threadgroup variables may sit where
+    another variable of an earlier dispatch was: the bounds of every access must be this
+    dispatch's (a stale table once reported a thread past the end of `b_tile`)."""
+    monkeypatch.delenv("TSM_EMU_WORKERS", raising=False)  # one worker, then two
+    lib = compile_shader((SHADERS_DIR / "bench" / "barrier_heavy.metal").read_text())
+    torch.manual_seed(0)
+    for n in (128, 256, 512, 512, 512):
+        a, b, c = torch.randn(n, n), torch.randn(n, n), torch.zeros(n, n)
+        lib.tiled_matmul(a, b, c, n, threads=(n, n), group_size=(16, 16))
+        torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-3)

@@ -76,6 +76,10 @@ std::string out_of_bounds_message(const Region* region, const char* e, size_t el
 void Regions::set_buffers(void* const* buffers, const uint64_t* bytes, const char* const* names,
                           int num_buffers) {
   buffers_.clear();
+  // A threadgroup variable lives in its worker thread's storage, and a dispatch's worker
+  // threads are new (the first is the caller's): one the last dispatch saw may be another
+  // variable's address now.
+  threadgroup_vars_.clear();
   for (int i = 0; i < num_buffers; ++i)
     buffers_.push_back(make_region(buffers[i], size_t(bytes[i]), R_BUFFER, i,
                                    names && names[i] ? names[i] : ""));
