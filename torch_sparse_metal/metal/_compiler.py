@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -114,14 +115,34 @@ def compiler() -> str:
         f"({found}); set {COMPILER_VARIABLE} to choose one")
 
 
+def _host_has_fma() -> bool:
+    """Whether this x86-64 machine has FMA instructions (every AArch64 machine has them)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        if sys.platform == "darwin":
+            features = subprocess.run(["sysctl", "-n", "machdep.cpu.features"], capture_output=True,
+                                      text=True).stdout.split()
+            return "FMA" in features
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " fma " in f" {line.split(':', 1)[-1]} " for line in f)
+    except OSError:
+        return False
+
+
 @functools.lru_cache(maxsize=None)
 def cxx_flags(command: Tuple[str, ...] = ()) -> Tuple[str, ...]:
     """The compile flags for the compiler ``command`` (default :func:`compiler`): the base
-    ones and the optional ones it accepts."""
+    ones and the optional ones it accepts. For libraries this machine runs (the default
+    compiler) on an x86-64 with FMA, -mfma: Metal's fma() is then one instruction, not a
+    call to libm, with the same result (a fused multiply-add is exactly rounded either
+    way; -ffp-contract=off still keeps the compiler from fusing a * b + c itself)."""
+    native = not command
     command = command or (compiler(),)
     accepted = tuple(flag for flag in OPTIONAL_CXX_FLAGS
                      if compiles(command, "int main() { return 0; }\n", ["-Werror", flag]))
-    return BASE_CXX_FLAGS + accepted
+    isa = ("-mfma",) if native and _host_has_fma() else ()
+    return BASE_CXX_FLAGS + accepted + isa
 
 
 def compile_flags(command: Sequence[str] = ()) -> Tuple[str, ...]:

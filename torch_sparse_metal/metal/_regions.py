@@ -313,6 +313,7 @@ class _GroupFunction:
             self.barrier_info.append((call, loops, len(pairs)))
         self.hoisted: List[object] = []
         self.hoisted_vars: Set[int] = set()
+        self.shared_vars: List[str] = []  # hoisted variables the threads write: threadgroup, static
         self.frames: List[_Frame] = []
         self.frame_of: Dict[int, _Frame] = {}   # VAR_DECL canonical hash -> frame
         self.frame_statements: Dict[int, Tuple[object, object, List[_Frame]]] = {}
@@ -320,7 +321,13 @@ class _GroupFunction:
             statement, scope = bypassed[offset]
             if scope.kind == k.COMPOUND_STMT and self.hoistable(statement):
                 self.hoisted.append(statement)
-                self.hoisted_vars.update(c.canonical.hash for c in statement.get_children() if c.kind == k.VAR_DECL)
+                variables = [c for c in statement.get_children() if c.kind == k.VAR_DECL]
+                self.hoisted_vars.update(c.canonical.hash for c in variables)
+                start, end = self.span(statement)
+                text = self.masked[start:end]
+                if re.match(r"\s*threadgroup\b", text) or (re.search(r"\bstatic\b", text) and
+                                                            not re.search(r"\bconst(?:expr)?\b", text)):
+                    self.shared_vars += [c.spelling for c in variables]
                 continue
             frames = []
             for var in statement.get_children():
@@ -333,8 +340,22 @@ class _GroupFunction:
                 self.frame_of[var.canonical.hash] = f
                 frames.append(f)
             self.frame_statements[offset] = (statement, scope, frames)
+        # Variables (and parameters) whose address the kernel takes: a pointer to one may
+        # outlive the segment that took it.
+        self.pinned: Set[int] = set()
+        lib = self.cindex.conf.lib
+        for ref, ancestors in self.refs:
+            target = ref.referenced
+            if target is None or (target.canonical.hash not in self.frame_of and target.kind != k.PARM_DECL):
+                continue
+            for node in reversed(ancestors):
+                if node.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
+                    continue
+                if node.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(node) == 5:
+                    self.pinned.add(target.canonical.hash)
+                break
         # Parameters each thread needs its own copy of: built-ins, and what the kernel may modify.
-        self.thread_params: List[Tuple[object, Optional[int]]] = []
+        self.thread_params: List[Tuple[object, Optional[int], bool]] = []  # (param, built-in, modified)
         used: Dict[int, List[List[object]]] = defaultdict(list)
         for ref, ancestors in self.refs:
             target = ref.referenced
@@ -344,10 +365,10 @@ class _GroupFunction:
             paths = used.get(param.canonical.hash)
             if not paths:
                 continue
-            if spec.kind == _rewrite.P_BUILTIN:
-                self.thread_params.append((param, spec.index))
-            elif any(self.modifies(path, param) for path in paths):
-                self.thread_params.append((param, None))
+            modified = any(self.modifies(path, param) for path in paths)
+            if spec.kind == _rewrite.P_BUILTIN or modified:
+                self.thread_params.append((param, spec.index if spec.kind == _rewrite.P_BUILTIN else None,
+                                           modified))
 
     def modifies(self, path: List[object], param) -> bool:
         """Whether the use of ``param`` at the end of ``path`` (its ancestors) may change it.
@@ -499,7 +520,7 @@ class _GroupFunction:
             args = list(call.get_arguments())
             key = f"::tsm_emu::iteration_key({', '.join(f'__tsm_it{c}' for c in loops)})"
             replace(c_start, open_paren + 1, f"{{ __tsm_g.arrive(__tsm_t, {key}{', ' if args else ''}")
-            insert(end, f" return {number}; case {number}:; }}", (-1, depth + 1))
+            insert(end, f" __tsm_save(); return {number}; case {number}:; }}", (-1, depth + 1))
             self.sites.append(self.site(call, lines_start, lines))
 
         # Returns leave the thread's loop for good.
@@ -645,30 +666,58 @@ class _GroupFunction:
         head = [f"{self.template_header()} inline void {name}__tsm_group({signature}) {{"]
         head += [self.base_text(s) for s in self.hoisted]
         bindings = []
-        for i, (param, builtin) in enumerate(self.thread_params):
+        # Threadgroup and static variables are thread_local storage of the worker: found
+        # once here, not at each use in the threads' loop (a call in a loaded library).
+        for i, name in enumerate(self.shared_vars):
+            head.append(f"auto& __tsm_h{i} = {name};")
+            bindings.append(f"auto& {name} = __tsm_h{i};")
+        # A thread's variables are copied out of their slots into locals when it resumes
+        # (registers, for the compiler) and back when it reaches a barrier; a variable whose
+        # address the kernel takes stays in its slot, where pointers to it stay valid.
+        saves = []
+
+        def per_thread(name: str, slot: str, pinned: bool = False, saved: bool = True) -> None:
+            if pinned:
+                bindings.append(f"auto& {name} = {slot}[__tsm_t];")
+                return
+            local = f"::tsm_emu::local_t<decltype({slot}[0])>"
+            if not saved:  # never written: read, never stored back
+                bindings.append(f"{local} {name} = {slot}[__tsm_t];")
+                return
+            n = len(saves)
+            bindings.append(f"auto& __tsm_r{n} = {slot}[__tsm_t]; {local} {name} = __tsm_r{n};")
+            saves.append(f"::tsm_emu::store_local(__tsm_r{n}, {name});")
+        for i, (param, builtin, modified) in enumerate(self.thread_params):
             p = param.spelling
-            value_type = f"std::remove_cv_t<decltype({p})>"
-            value = f"::tsm_emu::builtin_arg<{value_type}>({builtin}, __tsm_g.threads[__tsm_i])" \
-                if builtin is not None else p
+            head.append(f"using __tsm_pt{i} = std::remove_cv_t<decltype({p})>;")
+            pinned = param.canonical.hash in self.pinned
+            if builtin is not None and not modified and not pinned:
+                # Read where the thread runs: the scheduler keeps the running thread's place.
+                bindings.append(f"__tsm_pt{i} {p} = ::tsm_emu::builtin_arg<__tsm_pt{i}>({builtin}, "
+                                f"__tsm_g.running);")
+                continue
+            value = (f"(__tsm_g.enter(__tsm_i), ::tsm_emu::builtin_arg<__tsm_pt{i}>({builtin}, __tsm_g.running))"
+                     if builtin is not None else p)
             head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_pb{i}; "
-                        f"::tsm_emu::Slots<{value_type}> __tsm_p{i}(__tsm_pb{i}, __tsm_g.n); "
+                        f"::tsm_emu::Slots<__tsm_pt{i}> __tsm_p{i}(__tsm_pb{i}, __tsm_g.n); "
                         f"for (unsigned __tsm_i = 0; __tsm_i < __tsm_g.n; ++__tsm_i) {{ "
-                        f"{value_type} __tsm_v = {value}; ::tsm_emu::construct(__tsm_p{i}[__tsm_i], __tsm_v); }}")
-            bindings.append(f"auto& {p} = __tsm_p{i}[__tsm_t];")
+                        f"__tsm_pt{i} __tsm_v = {value}; ::tsm_emu::construct(__tsm_p{i}[__tsm_i], __tsm_v); }}")
+            per_thread(p, f"__tsm_p{i}", pinned, saved=modified)
         probes, types = self.probes(fine)
         head += probes
         for f in self.frames:
             head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_sb{f.index}; "
                         f"::tsm_emu::Slots<{types[f.index]}> __tsm_s{f.index}(__tsm_sb{f.index}, __tsm_g.n);")
-            bindings.append(f"auto& {f.name} = __tsm_s{f.index}[__tsm_t];")
+            per_thread(f.name, f"__tsm_s{f.index}", f.var.canonical.hash in self.pinned)
         for counter in range(len(self.loops)):
             head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_cb{counter}; "
                         f"::tsm_emu::Slots<unsigned> __tsm_c{counter}(__tsm_cb{counter}, __tsm_g.n);")
-            bindings.append(f"auto& __tsm_it{counter} = __tsm_c{counter}[__tsm_t];")
+            per_thread(f"__tsm_it{counter}", f"__tsm_c{counter}")
         sites = ", ".join(["0u"] + [f"{s}u" for s in self.sites])
         head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
         head.append("::tsm_emu::run_regions(__tsm_g, __tsm_sites, [&](unsigned __tsm_t, int __tsm_at) -> int {")
         head += bindings
+        head.append(f"auto __tsm_save = [&]() {{ {' '.join(saves)} }};")
         head.append("switch (__tsm_at) { case 0:")
         file, line = self.where(self.body)
         end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]

@@ -96,7 +96,8 @@ struct Worker {
   Fiber* current = nullptr;
   AccessLog plain_touches;  // sanitized plain-loop and region dispatches
   // Region dispatches (regions.h): each thread's place, where it waits, how it got there.
-  std::vector<ThreadInfo> infos;
+  std::vector<u3> local;
+  u3 local_shape{0, 0, 0};
   std::vector<int> at;
   std::vector<uint64_t> iteration;
   std::vector<unsigned> flags;
@@ -495,13 +496,29 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
 
 // A region-compiled kernel runs the whole threadgroup in one call (regions.h).
 void run_group_regions(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, uint32_t n) {
-  w->infos.resize(n);
+  ThreadInfo first = thread_info(grid, group_size, groups, group, 0);
+  const u3 actual = first.threads_per_threadgroup;
+  if (w->local.size() != n || !(w->local_shape.x == actual.x && w->local_shape.y == actual.y)) {
+    w->local.resize(n);
+    u3 l{0, 0, 0};
+    for (uint32_t i = 0; i < n; ++i) {  // x fastest, as thread_info numbers them
+      w->local[i] = l;
+      if (++l.x == actual.x) {
+        l.x = 0;
+        if (++l.y == actual.y) {
+          l.y = 0;
+          ++l.z;
+        }
+      }
+    }
+    w->local_shape = actual;
+  }
   w->at.resize(n);
   w->iteration.resize(n);
   w->flags.resize(n);
-  for (uint32_t i = 0; i < n; ++i) w->infos[i] = thread_info(grid, group_size, groups, group, i);
-  Group g{n, w->infos.data(), &t_plain_thread, t_sanitizer != nullptr, w->at.data(), w->iteration.data(),
-          w->flags.data(), nullptr};
+  Group g{n, first, w->local.data(), {group.x * group_size.x, group.y * group_size.y, group.z * group_size.z},
+          t_sanitizer != nullptr, &g_stop, w->at.data(), w->iteration.data(), w->flags.data(), nullptr};
+  t_plain_thread = &g.running;
   try {
     run_kernel_code([&] { w->kernel->group(w->args, g); });
   } catch (...) {
@@ -934,9 +951,12 @@ bool resolve_regions(Group& g) {
   RuntimeScope scope;
   if (stop_requested()) throw stop_fault();
   if (t_sanitizer) t_sanitizer->flush_bank_log();  // every thread is stopped
-  auto where_at = [&](uint32_t t) {
-    return where_info(g.threads[t]) + " at " + site_name({g.sites[g.at[t]]});
+  auto thread = [&](uint32_t t) {
+    Group h = g;
+    h.enter(t);
+    return where_info(h.running);
   };
+  auto where_at = [&](uint32_t t) { return thread(t) + " at " + site_name({g.sites[g.at[t]]}); };
   int waiting = -1, exited = -1;
   for (uint32_t t = 0; t < g.n; ++t) {
     if (g.at[t] < 0) {
@@ -955,9 +975,8 @@ bool resolve_regions(Group& g) {
   }
   if (waiting < 0) return false;
   if (exited >= 0 && !exited_threads_arrive())
-    raise("barrier_divergence", where_info(g.threads[exited]) + " returned before the threadgroup_barrier at " +
-                                    site_name({g.sites[g.at[waiting]]}) + " that " +
-                                    where_info(g.threads[waiting]) +
+    raise("barrier_divergence", thread(exited) + " returned before the threadgroup_barrier at " +
+                                    site_name({g.sites[g.at[waiting]]}) + " that " + thread(waiting) +
                                     " waits at (undefined in Metal: it hangs "
                                     "on some GPUs; set TSM_EMU_EXITED_THREADS_ARRIVE=1 to count "
                                     "exited threads as arrived)");
@@ -1067,37 +1086,6 @@ const Bounds* buffer_region(int index) {
 const Bounds* threadgroup_region(int index) {
   const Regions* r = regions();
   return r ? r->threadgroup_arg(index) : nullptr;
-}
-
-u3 builtin_value(int which, const ThreadInfo& t) {
-  auto s = [](uint32_t v) { return u3{v, 0, 0}; };
-  switch (which) {
-    case B_THREAD_POSITION_IN_GRID: return t.thread_position_in_grid;
-    case B_THREAD_POSITION_IN_THREADGROUP: return t.thread_position_in_threadgroup;
-    case B_THREADGROUP_POSITION_IN_GRID: return t.threadgroup_position_in_grid;
-    case B_THREADS_PER_THREADGROUP: return t.threads_per_threadgroup;
-    case B_DISPATCH_THREADS_PER_THREADGROUP: return t.dispatch_threads_per_threadgroup;
-    case B_THREADGROUPS_PER_GRID: return t.threadgroups_per_grid;
-    case B_THREADS_PER_GRID: return t.threads_per_grid;
-    case B_THREAD_INDEX_IN_THREADGROUP: return s(t.thread_index_in_threadgroup);
-    case B_THREAD_INDEX_IN_SIMDGROUP: return s(t.thread_index_in_simdgroup);
-    case B_SIMDGROUP_INDEX_IN_THREADGROUP: return s(t.simdgroup_index_in_threadgroup);
-    case B_THREADS_PER_SIMDGROUP:
-    case B_THREAD_EXECUTION_WIDTH: return s(kSimdWidth);
-    case B_SIMDGROUPS_PER_THREADGROUP: return s(t.simdgroups_per_threadgroup);
-    case B_DISPATCH_SIMDGROUPS_PER_THREADGROUP: return s(t.dispatch_simdgroups_per_threadgroup);
-    case B_THREAD_INDEX_IN_QUADGROUP: return s(t.thread_index_in_threadgroup % 4);
-    case B_QUADGROUP_INDEX_IN_THREADGROUP: return s(t.thread_index_in_threadgroup / 4);
-    case B_QUADGROUPS_PER_THREADGROUP: {
-      u3 a = t.threads_per_threadgroup;
-      return s((a.x * a.y * a.z + 3) / 4);
-    }
-    case B_DISPATCH_QUADGROUPS_PER_THREADGROUP: {
-      u3 a = t.dispatch_threads_per_threadgroup;
-      return s((a.x * a.y * a.z + 3) / 4);
-    }
-  }
-  raise("launch", "unknown built-in");
 }
 
 }  // namespace tsm_emu

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <atomic>
 #include <cstring>
 #include <new>
 #include <type_traits>
@@ -27,9 +28,11 @@ namespace tsm_emu {
 // One threadgroup, as the runtime hands it to a region-compiled kernel.
 struct Group {
   uint32_t n;                     // threads in this threadgroup
-  const ThreadInfo* threads;      // n of them
-  const ThreadInfo** current;     // the worker's running thread, for faults and the sanitizer
+  ThreadInfo running;             // the running thread's (the runtime's current thread)
+  const u3* local;                // per thread: its position in the threadgroup
+  u3 origin;                      // the threadgroup's first thread's position in the grid
   bool sanitized;
+  const std::atomic<int>* stop;   // nonzero: a stop was requested (Ctrl-C, a time limit)
   int* at;                        // per thread: 0 not started, k > 0 waits at barrier k, -1 returned
   uint64_t* iteration;            // per thread: loop iterations of the barrier it waits at
   unsigned* flags;                // per thread: mem_flags of that barrier
@@ -41,10 +44,20 @@ struct Group {
     iteration[t] = loop_iterations;
     flags[t] = unsigned(f);
   }
+  // Make thread t the running one: what its built-ins and the runtime's reports read.
+  void enter(uint32_t t) {
+    const u3 l = local[t];
+    running.thread_position_in_threadgroup = l;
+    running.thread_position_in_grid = {origin.x + l.x, origin.y + l.y, origin.z + l.z};
+    running.thread_index_in_threadgroup = t;
+    running.thread_index_in_simdgroup = t % 32;
+    running.simdgroup_index_in_threadgroup = t / 32;
+  }
 };
 
 // Out of line (runtime.cpp). After a round, with every thread at a barrier or returned:
-// fault on divergence, order memory for the sanitizer; false when all returned.
+// fault on divergence, order memory for the sanitizer; false when all returned. Called only
+// when the inline check below cannot tell (and always in sanitized dispatches).
 bool resolve_regions(Group& g);
 void end_region_segment();  // sanitized dispatches: the running thread stopped
 
@@ -57,6 +70,16 @@ inline uint64_t iteration_key(uint32_t a, uint32_t b, uint32_t c, R... rest) {
   return iteration_key(uint32_t(iteration_key(a, b) * 0x9E3779B97F4A7C15ull >> 32) ^ c, uint32_t(rest)...);
 }
 
+// Every thread waits at the same barrier in the same iteration, nothing to report: go on.
+inline bool all_at_one_barrier(const Group& g) {
+  const int at = g.at[0];
+  const uint64_t iteration = g.iteration[0];
+  if (at <= 0 || g.stop->load(std::memory_order_relaxed) != 0) return false;
+  for (uint32_t t = 1; t < g.n; ++t)
+    if (g.at[t] != at || g.iteration[t] != iteration) return false;
+  return true;
+}
+
 template <class Body>
 inline void run_regions(Group& g, const uint32_t* sites, Body&& body) {
   g.sites = sites;
@@ -65,12 +88,11 @@ inline void run_regions(Group& g, const uint32_t* sites, Body&& body) {
     for (uint32_t t = 0; t < g.n; ++t) {
       int& at = g.at[t];
       if (at < 0) continue;
-      *g.current = &g.threads[t];
+      g.enter(t);
       at = body(t, at);
       if (g.sanitized) end_region_segment();
     }
-    *g.current = nullptr;
-  } while (resolve_regions(g));
+  } while ((!g.sanitized && all_at_one_barrier(g)) || resolve_regions(g));
 }
 
 // Per-thread storage for one kernel variable: a slot per thread of the group, in a buffer
@@ -117,6 +139,23 @@ inline void construct(T& slot, U& value) {
   }
 }
 
+// A thread's copy of a slot while it runs (R: a reference to the slot): a local the compiler
+// can keep in registers when the type is trivially copyable, else the slot itself.
+template <class R>
+struct local_ {
+  using T = std::remove_reference_t<R>;
+  static constexpr bool copy = std::is_trivially_copyable<T>::value && !std::is_array<T>::value;
+  using type = std::conditional_t<copy, std::remove_cv_t<T>, T&>;
+};
+template <class R>
+using local_t = typename local_<R>::type;
+
+// Back into its slot at a barrier (nothing to do when the local is the slot).
+template <class T, class L>
+inline void store_local(T& slot, L& local) {
+  if (static_cast<const volatile void*>(&slot) != static_cast<const volatile void*>(&local)) construct(slot, local);
+}
+
 // What the type probes return: the declared types of the variables of one scope.
 template <class... T>
 struct type_list {};
@@ -144,7 +183,8 @@ inline V builtin_arg(int which, const ThreadInfo& t) {
 template <class... A, size_t... I>
 inline void invoke_group_with(void (*f)(Group&, A...), const ParamSpec* p, const DispatchArgs& d, Group& g,
                               std::index_sequence<I...>) {
-  f(g, make_arg<A>(p[I], d, g.threads[0])...);
+  g.enter(0);
+  f(g, make_arg<A>(p[I], d, g.running)...);
 }
 
 // Binds a region-compiled kernel's arguments (built-ins as thread 0's: the kernel reads

@@ -215,7 +215,38 @@ constexpr TypeInfo type_info() {
                   scalar_code<Bare>::value, int(std::is_const<Pointee>::value)};
 }
 
-u3 builtin_value(int which, const ThreadInfo& t);
+// Inline: a kernel's built-in arguments are each a constant `which`, so the switch folds.
+inline u3 builtin_value(int which, const ThreadInfo& t) {
+  auto s = [](uint32_t v) { return u3{v, 0, 0}; };
+  switch (which) {
+    case B_THREAD_POSITION_IN_GRID: return t.thread_position_in_grid;
+    case B_THREAD_POSITION_IN_THREADGROUP: return t.thread_position_in_threadgroup;
+    case B_THREADGROUP_POSITION_IN_GRID: return t.threadgroup_position_in_grid;
+    case B_THREADS_PER_THREADGROUP: return t.threads_per_threadgroup;
+    case B_DISPATCH_THREADS_PER_THREADGROUP: return t.dispatch_threads_per_threadgroup;
+    case B_THREADGROUPS_PER_GRID: return t.threadgroups_per_grid;
+    case B_THREADS_PER_GRID: return t.threads_per_grid;
+    case B_THREAD_INDEX_IN_THREADGROUP: return s(t.thread_index_in_threadgroup);
+    case B_THREAD_INDEX_IN_SIMDGROUP: return s(t.thread_index_in_simdgroup);
+    case B_SIMDGROUP_INDEX_IN_THREADGROUP: return s(t.simdgroup_index_in_threadgroup);
+    case B_THREADS_PER_SIMDGROUP:
+    case B_THREAD_EXECUTION_WIDTH: return s(32);  // Apple GPUs' SIMD-group width
+    case B_SIMDGROUPS_PER_THREADGROUP: return s(t.simdgroups_per_threadgroup);
+    case B_DISPATCH_SIMDGROUPS_PER_THREADGROUP: return s(t.dispatch_simdgroups_per_threadgroup);
+    case B_THREAD_INDEX_IN_QUADGROUP: return s(t.thread_index_in_threadgroup % 4);
+    case B_QUADGROUP_INDEX_IN_THREADGROUP: return s(t.thread_index_in_threadgroup / 4);
+    case B_QUADGROUPS_PER_THREADGROUP: {
+      u3 a = t.threads_per_threadgroup;
+      return s((a.x * a.y * a.z + 3) / 4);
+    }
+    case B_DISPATCH_QUADGROUPS_PER_THREADGROUP: {
+      u3 a = t.dispatch_threads_per_threadgroup;
+      return s((a.x * a.y * a.z + 3) / 4);
+    }
+  }
+  fault("launch", "unknown built-in");
+}
+
 
 template <class A>
 inline A make_arg(const ParamSpec& p, const DispatchArgs& d, const ThreadInfo& t) {
