@@ -369,7 +369,7 @@ void Sanitizer::mark_written(const Touch& t) {
   Region& r = *t.region;
   const size_t element = size_t(t.element() - r.base);
   for (size_t word = element / 4, end = (element + t.element_bytes + 3) / 4; word < end; ++word)
-    r.shadow.try_emplace(word).first->second.written |= word_mask(word, element, t.element_bytes);
+    r.shadow[word].written |= word_mask(word, element, t.element_bytes);
 }
 
 void Sanitizer::report_uninitialized_read() {
@@ -398,22 +398,26 @@ void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
 
 void Sanitizer::flush_bank_log() {
   constexpr unsigned kBanks = 32;
+  std::vector<uintptr_t>& words = bank_scratch_;
   for (auto& lanes : bank_log_) {
     size_t steps = 0;
     for (const auto& log : lanes) steps = std::max(steps, log.size());
     for (size_t k = 0; k < steps; ++k) {
       // Distinct words per bank among the lanes' k-th accesses: same word = broadcast.
-      std::vector<uintptr_t> words[kBanks];
+      words.clear();
       for (const auto& log : lanes) {
         if (k >= log.size()) continue;
-        for (uint32_t w = 0; w < log[k].second; ++w) {
-          const uintptr_t word = log[k].first + w;
-          auto& bank = words[word % kBanks];
-          if (std::find(bank.begin(), bank.end(), word) == bank.end()) bank.push_back(word);
-        }
+        for (uint32_t w = 0; w < log[k].second; ++w) words.push_back(log[k].first + w);
       }
-      size_t worst = 1;
-      for (const auto& bank : words) worst = std::max(worst, bank.size());
+      // By bank, then word: each bank's distinct words are one run.
+      std::sort(words.begin(), words.end(), [](uintptr_t a, uintptr_t b) {
+        return a % kBanks != b % kBanks ? a % kBanks < b % kBanks : a < b;
+      });
+      size_t worst = 1, distinct = 0;
+      for (size_t i = 0; i < words.size(); ++i) {
+        if (i == 0 || words[i] % kBanks != words[i - 1] % kBanks) distinct = 0;
+        if (i == 0 || words[i] != words[i - 1]) worst = std::max(worst, ++distinct);
+      }
       counters_.bank_conflicts += worst - 1;
     }
     for (auto& log : lanes) log.clear();

@@ -22,6 +22,7 @@
 // later in the same interval is a threadgroup_race, the missing barrier being the cause.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -56,6 +57,29 @@ struct Cell {  // one 4-byte word of a region
   Access reads[2];         // reads not yet ordered before later accesses, distinct threads
 };
 
+// The cells of the words of a region a dispatch touched: pages of them, allocated when
+// first touched, found by index (a hash table's lookup was the sanitizer's main cost).
+class Shadow {
+ public:
+  Cell& operator[](size_t word) {
+    const size_t page = word / kPageWords;
+    if (page >= pages_.size()) pages_.resize(page + 1);
+    if (!pages_[page]) {
+      pages_[page].reset(new Cell[kPageWords]);
+      touched_.push_back(page);
+    }
+    return pages_[page][word % kPageWords];
+  }
+  void clear() {  // keeps the pages: a threadgroup variable's shadow restarts every group
+    for (size_t page : touched_) std::fill_n(pages_[page].get(), kPageWords, Cell());
+  }
+
+ private:
+  static constexpr size_t kPageWords = 256;
+  std::vector<std::unique_ptr<Cell[]>> pages_;
+  std::vector<size_t> touched_;
+};
+
 // A buffer or threadgroup variable: its Bounds (what kernel code checks, sanitize.h), its
 // name for reports, and (sanitized) the shadow of its accesses.
 struct Region : Bounds {
@@ -64,7 +88,7 @@ struct Region : Bounds {
   RegionKind kind = R_BUFFER;
   int index = 0;
   std::string name;
-  std::unordered_map<size_t, Cell> shadow;
+  Shadow shadow;
 };
 
 // "[[buffer(0)]] `out`", "threadgroup variable `tile`", ...
@@ -227,6 +251,7 @@ class Sanitizer : public Regions {
   // Per SIMD-group, per lane: the first 4-byte word and word count of each threadgroup
   // access, in program order, since the last flush.
   std::vector<std::vector<std::vector<std::pair<uintptr_t, uint32_t>>>> bank_log_;
+  std::vector<uintptr_t> bank_scratch_;  // flush_bank_log's words of one step, reused
 };
 
 // From runtime.cpp.
