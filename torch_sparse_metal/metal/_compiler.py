@@ -54,8 +54,8 @@ BASE_CXX_FLAGS = ("-O3", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden",
 # after every operation, as the GPU's half ALUs do (clang on x86-64 otherwise keeps floats).
 OPTIONAL_CXX_FLAGS = ("-fstack-clash-protection", "-fexcess-precision=16")
 # Diagnostics must not quote files the shader names in #line directives: the compiler
-# would read and print them.
-NO_SOURCE_QUOTES = ("-fno-diagnostics-show-caret",)
+# would read and print them. g++ and clang spell it differently.
+NO_SOURCE_QUOTES_SPELLINGS = ("-fno-diagnostics-show-caret", "-fno-caret-diagnostics")
 # What Apple's compiler predefines for a macOS target; the emulator adds __METAL_EMULATOR__.
 # -undef: none of the host compiler's own (__GNUC__, __x86_64__, ...) reaches user code.
 METAL_PREDEFINED = ("-undef", "-D__METAL__=1", "-D__METAL_MACOS__=1")
@@ -133,6 +133,18 @@ def _host_has_fma() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+def no_source_quotes(command: Tuple[str, ...] = ()) -> Tuple[str, ...]:
+    """The flag that keeps the compiler ``command`` (default :func:`compiler`) from quoting
+    source lines in its diagnostics."""
+    command = command or (compiler(),)
+    for flag in NO_SOURCE_QUOTES_SPELLINGS:
+        if compiles(command, "int main() { return 0; }\n", ["-Werror", flag]):
+            return (flag,)
+    raise MetalCompileError(f"{command[0]}: accepts none of {', '.join(NO_SOURCE_QUOTES_SPELLINGS)}, which "
+                            f"keep a compiler from quoting files a shader's #line names")
+
+
+@functools.lru_cache(maxsize=None)
 def cxx_flags(command: Tuple[str, ...] = ()) -> Tuple[str, ...]:
     """The compile flags for the compiler ``command`` (default :func:`compiler`): the base
     ones and the optional ones it accepts. For libraries this machine runs (the default
@@ -188,7 +200,7 @@ def _runtime_objects() -> List[Path]:
     objects = []
     for source in runtime_sources():
         def build(out: Path, source: Path = source) -> None:
-            _run([compiler(), *compile_flags(), *NO_SOURCE_QUOTES, "-c", str(source), "-o", str(out)],
+            _run([compiler(), *compile_flags(), *no_source_quotes(), "-c", str(source), "-o", str(out)],
                  f"compiling the emulator runtime ({source.name})")
         objects.append(_cache.fetch(f"{source.stem}-{_toolchain_fingerprint()[:16]}.o", build))
     return objects
@@ -205,7 +217,7 @@ def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str, language_
     search = [Path(d).resolve() for d in (EMULATOR_INCLUDE_DIR, *include_dirs)]
     _includes.check_includes(path, search, EMULATOR_INCLUDE_DIR, origin)
     version = _frontend.language_version_number(language_version)
-    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-nostdinc", "-nostdinc++", *NO_SOURCE_QUOTES,
+    cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-nostdinc", "-nostdinc++", *no_source_quotes(),
            "-D__TSM_EMU_PARSE__=1", *METAL_PREDEFINED, f"-D__METAL_VERSION__={version}",
            *(EMULATOR_PREDEFINED if emulator else ())]
     for d in search:
@@ -313,7 +325,7 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
         with tempfile.TemporaryDirectory(prefix="tsm-emu-") as tmp:
             src = Path(tmp) / "kernel.cpp"
             src.write_text(cxx.text)
-            _run([compiler(), *cxx.flags, *NO_SOURCE_QUOTES, "-shared", str(src), *map(str, runtime),
+            _run([compiler(), *cxx.flags, *no_source_quotes(), "-shared", str(src), *map(str, runtime),
                   "-o", str(out), "-lm", "-lpthread"], f"compiling {origin}", path.read_text(), origin)
 
     def build(out: Path) -> None:
