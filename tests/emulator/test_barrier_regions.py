@@ -25,7 +25,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
+from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader, record
 
 from _hang_guard import call_with_timeout
 
@@ -224,7 +224,13 @@ def same(x: Tuple[object, ...], y: Tuple[object, ...]) -> bool:
         return False
     if x[0] == "fault" and x[1] == y[1] == "barrier_divergence":
         return re.findall(r"thread \([^)]*\)", x[2]) == re.findall(r"thread \([^)]*\)", y[2])
-    return all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(x[1:], y[1:]))
+    return all(bitwise_equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(x[1:], y[1:]))
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to the bit, NaNs (a shuffle's poison value) included."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
+                                                                     b.contiguous().view(torch.uint8))
 
 
 def both_ways(source: str, monkeypatch, sanitize: bool):
@@ -234,6 +240,8 @@ def both_ways(source: str, monkeypatch, sanitize: bool):
     monkeypatch.setenv("TSM_EMU_REGIONS", "0")
     fibers = compile_shader(source, sanitize=sanitize)
     monkeypatch.delenv("TSM_EMU_REGIONS")
+    # Two builds, not one library handed out twice (compile_shader keeps what it loaded).
+    assert regions is not fibers and regions.path != fibers.path
     return regions, fibers
 
 
@@ -323,11 +331,25 @@ kernel void in_switch(device float* out [[buffer(0)]], constant uint& m [[buffer
   }
   out[lid] = t[(lid + 1) % 32];
 }
-kernel void with_simd(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+float helper_sum(float v) { return simd_sum(v); }
+kernel void simd_in_helper(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  out[lid] = helper_sum(float(lid));
+}
+kernel void simd_conditional(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  out[lid] = lid % 2 == 0 ? simd_sum(float(lid)) : 0.0f;
+}
+kernel void simd_argument_effect(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  uint k = lid;
+  out[lid] = simd_shuffle(float(lid), k++) + float(k);
+}
+kernel void simd_read_beside(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
   threadgroup float t[32];
-  t[lid] = simd_sum(float(lid));
+  t[lid] = float(lid);
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  out[lid] = t[(lid + 1) % 32];
+  out[lid] = t[31 - lid] * simd_sum(1.0f);
+}
+kernel void simd_two_in_one(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  out[lid] = simd_sum(simd_shuffle_xor(float(lid), 1u));
 }
 kernel void reference_across(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
   threadgroup float t[32];
@@ -345,7 +367,9 @@ kernel void no_barrier(device float* out [[buffer(0)]], uint lid [[thread_positi
 def test_what_defeats_the_transformation_runs_as_fibers(tmp_path, monkeypatch):
     assert grouped(FALLBACKS, tmp_path) == set()
     regions, fibers = both_ways(FALLBACKS, monkeypatch, sanitize=False)
-    for kernel, extra in (("in_helper", []), ("in_switch", [1]), ("with_simd", []), ("no_barrier", [])):
+    for kernel, extra in (("in_helper", []), ("in_switch", [1]), ("no_barrier", []), ("simd_in_helper", []),
+                          ("simd_conditional", []), ("simd_argument_effect", []), ("simd_read_beside", []),
+                          ("simd_two_in_one", [])):
         r = outcome(regions, kernel, lambda extra=extra: [torch.zeros(32), *extra], 32, 32)
         f = outcome(fibers, kernel, lambda extra=extra: [torch.zeros(32), *extra], 32, 32)
         assert r[0] == "ran" and same(r, f), kernel
@@ -355,13 +379,17 @@ def test_what_defeats_the_transformation_runs_as_fibers(tmp_path, monkeypatch):
 
 
 def test_the_project_shaders_with_barriers_run_as_regions():
-    """The project's kernels whose only synchronisation is threadgroup barriers: a change
-    that made one fall back to fibers (much slower) fails here."""
+    """Every project kernel that synchronises (barriers, SIMD-group functions) runs as
+    regions: a change that made one fall back to fibers (much slower) fails here."""
     expected = {
         "kmeans.metal": {"kmeans_accumulate_atomic", "kmeans_accumulate_cas_float", "kmeans_accumulate_blocks",
                          "kmeans_drift", "kmeans_assign_one"},
         "matmul_tiled.metal": {"matmul_tiled"},
         "matmul_register.metal": {"matmul_register"},
+        "matmul_simdgroup.metal": {"matmul_simdgroup"},
+        "matmul_shuffle.metal": {"matmul_shuffle"},
+        "adamw.metal": {"adamw_step"},
+        "cross_entropy.metal": {"cross_entropy_forward"},
     }
     for shader, kernels in expected.items():
         assert _compiler.generated_cxx(SHADERS_DIR / shader).grouped == kernels, shader
@@ -413,29 +441,36 @@ def random_kernel(name: str, rng: random.Random) -> str:
                 lines.append(f"}} while (++{i} < {rng.randint(1, 3)}u);")
         return lines
 
-    body = block(0, ["acc"])
+    return random_kernel_text(name, block(0, ["acc"]))
+
+
+def random_kernel_text(name: str, body: List[str]) -> str:
     return (f"kernel void {name}(device float* out [[buffer(0)]], constant uint& mode [[buffer(1)]],\n"
             f"    uint lid [[thread_position_in_threadgroup]], uint gid [[thread_position_in_grid]],\n"
             f"    uint n [[threads_per_threadgroup]]) {{\n"
-            f"  threadgroup float t[64];\n  float acc = float(gid);\n  " + "\n  ".join(body) +
+            f"  threadgroup float t[64];\n  float acc = float(gid) * 0.125f;\n  " + "\n  ".join(body) +
             "\n  out[gid] = acc;\n}\n")
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.integers(0, 2 ** 32 - 1))
-def test_random_structures_agree_with_fibers(seed):
+def random_structures_agree(generator, seed: int, kernels: int, threads: int, group: int) -> None:
     rng = random.Random(seed)
-    names = [f"random_{i}" for i in range(6)]
-    source = HEADER + "\n".join(random_kernel(name, rng) for name in names)
+    names = [f"{generator.__name__}_{i}" for i in range(kernels)]
+    source = HEADER + "\n".join(generator(name, rng) for name in names)
     with tempfile.TemporaryDirectory() as tmp:
         assert grouped(source, Path(tmp)) == set(names)
     with pytest.MonkeyPatch.context() as monkeypatch:
         regions, fibers = both_ways(source, monkeypatch, sanitize=False)
     for name in names:
         for mode in (0, 1, 2, 3):
-            build = lambda mode=mode: [torch.zeros(96), mode]  # noqa: E731
-            r, f = outcome(regions, name, build, 96, 48), outcome(fibers, name, build, 96, 48)
+            build = lambda mode=mode: [torch.zeros(threads), mode]  # noqa: E731
+            r, f = outcome(regions, name, build, threads, group), outcome(fibers, name, build, threads, group)
             assert r[0] == "ran" and same(r, f), f"seed {seed}, {name}, mode {mode}"
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 2 ** 32 - 1))
+def test_random_structures_agree_with_fibers(seed):
+    random_structures_agree(random_kernel, seed, kernels=6, threads=96, group=48)
 
 
 UNCOPYABLE = HEADER + r"""
@@ -481,3 +516,271 @@ def test_threadgroup_variables_keep_their_bounds_across_dispatches(monkeypatch):
         a, b, c = torch.randn(n, n), torch.randn(n, n), torch.zeros(n, n)
         lib.tiled_matmul(a, b, c, n, threads=(n, n), group_size=(16, 16))
         torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-3)
+
+
+# ---- SIMD-group functions ------------------------------------------------------------------------
+# A statement that calls a SIMD-group function runs twice: once to hand over the lane's
+# value, then, when the SIMD-group's lanes met, for the result. Every kernel here is
+# compared with fibers as above, sanitized and not, faults and sanitizer counters included.
+SIMD = HEADER + r"""
+kernel void reduce_rows(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                        constant uint& cols [[buffer(2)]],
+                        uint lid [[thread_position_in_threadgroup]], uint tg [[threadgroup_position_in_grid]],
+                        uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {
+  threadgroup float partial[8];
+  float acc = 0.0f;
+  for (uint c = lid; c < cols; c += 64) {
+    acc += x[tg * cols + c];
+  }
+  acc = simd_sum(acc);
+  if (lane == 0) partial[sg] = acc;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (sg == 0) {
+    float v = lane < 2 ? partial[lane] : 0.0f;
+    v = simd_sum(v);
+    if (lane == 0) out[tg] = v;
+  }
+}
+
+kernel void shuffles(device float* out [[buffer(0)]], constant uint& rounds [[buffer(1)]],
+                     uint gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  float v = float(gid);
+  for (uint r = 0; r < rounds; ++r) {
+    for (uint off = 16; off > 0; off /= 2)
+      v += simd_shuffle_down(v, off);
+    v = simd_broadcast(v, (lane + r) % 32) * 0.5f;
+    if (simd_any(v > 100.0f)) v -= 1.0f;
+  }
+  float s = simd_prefix_exclusive_sum(v);
+  out[gid] = s + simd_shuffle_xor(v, 1u);
+}
+
+// Lanes in different branches meet at different functions; they meet again after.
+kernel void branches(device int* out [[buffer(0)]], constant uint& mode [[buffer(1)]],
+                     uint gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  int v = int(gid) + 1;
+  if (lane % (mode + 2) == 0) {
+    v = simd_sum(v);
+  } else if (lane % 3 == 1) {
+    v = simd_max(v);
+    v += int(uint(ulong(simd_ballot(v > 5))));
+    v ^= simd_broadcast_first(v);
+  } else {
+    do {
+      v = quad_sum(v);
+      v += simd_prefix_inclusive_sum(v);
+    } while (v % 3 == 0);
+  }
+  v += simd_prefix_inclusive_sum(v);
+  out[gid] = v;
+}
+
+// Lanes run different numbers of iterations: the same call in two iterations is two places.
+kernel void iterations(device float* out [[buffer(0)]], constant uint& mode [[buffer(1)]],
+                       uint gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  float acc = float(lane);
+  for (uint i = 0; i < lane % 4 + mode; ++i) {
+    if (i == 1) continue;
+    acc += simd_sum(acc) * 0.001f;
+    uint j = 0;
+    while (j < i) {
+      acc = simd_shuffle_rotate_down(acc, 3u) + float(j);
+      ++j;
+    }
+  }
+  out[gid] = acc + float(simd_is_first());
+}
+
+kernel void quads(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]],
+                  uint lane [[thread_index_in_simdgroup]]) {
+  const float v = float(gid) * 0.5f;
+  float a = quad_shuffle_down(v, 1u);
+  a += quad_broadcast(v, 2u);
+  a += quad_prefix_exclusive_sum(v);
+  float b = simd_shuffle_and_fill_down(v, -v, 3u, 8u);
+  b += simd_broadcast_first(v);
+  float c = float(quad_all(v > 2.0f));
+  c += float(simd_min(int(lane) - 7));
+  out[gid] = a * 3.0f + b + c;
+}
+
+// A simdgroup_barrier orders threadgroup memory between the lanes of a SIMD-group; lanes
+// that returned before it are divergence (strict mode).
+kernel void simd_barrier(device float* out [[buffer(0)]], constant uint& mode [[buffer(1)]],
+                         uint lid [[thread_position_in_threadgroup]], uint gid [[thread_position_in_grid]],
+                         uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup float t[128];
+  if (mode > 0 && lane == mode) return;
+  t[lid] = float(gid) * 2.0f;
+  simdgroup_barrier(mem_flags::mem_threadgroup);
+  out[gid] = t[lid ^ 1u];
+}
+
+// A shuffle from a lane of the other branch: inactive (a poison value; a fault sanitized).
+kernel void inactive(device int* out [[buffer(0)]], uint gid [[thread_position_in_grid]],
+                     uint lane [[thread_index_in_simdgroup]]) {
+  int v = int(gid);
+  if (lane < 16) {
+    v = simd_shuffle(v, lane + 16);
+  }
+  out[gid] = v;
+}
+
+// Operands read from memory: the sanitizer sees each read once, though the statement runs twice.
+kernel void loads(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                  uint lid [[thread_position_in_threadgroup]], uint gid [[thread_position_in_grid]]) {
+  threadgroup float t[64];
+  t[lid] = x[gid] * 2.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float s = simd_sum(x[gid]);
+  s += simd_shuffle_xor(t[(lid * 5) % 64], 1u);
+  out[gid] = s;
+}
+
+kernel void matrices(device const float* a [[buffer(0)]], device const float* b [[buffer(1)]],
+                     device float* c [[buffer(2)]], uint sg [[simdgroup_index_in_threadgroup]]) {
+  simdgroup_float8x8 ma, mb, mc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  for (uint k = 0; k < 16; k += 8) {
+    simdgroup_load(ma, a + sg * 128 + k, 16);
+    simdgroup_load(mb, b + k * 8, 8);
+    simdgroup_multiply_accumulate(mc, ma, mb, mc);
+  }
+  simdgroup_store(mc, c + sg * 64, 8);
+}
+"""
+
+SIMD_LAUNCHES = {
+    "reduce_rows": [(lambda: [torch.arange(4 * 200, dtype=torch.float32).sin(), torch.zeros(4), 200], 256, 64)],
+    "shuffles": [(lambda r=r: [torch.zeros(96), r], 96, 96) for r in (0, 3)],
+    "branches": [(lambda m=m: [torch.zeros(80, dtype=torch.int32), m], 80, 80) for m in (0, 1, 2)],
+    "iterations": [(lambda m=m: [torch.zeros(64), m], 64, 64) for m in (0, 2)],
+    "quads": [(lambda: [torch.zeros(64)], 64, 32)],
+    "simd_barrier": [(lambda m=m: [torch.zeros(128), m], 128, 128) for m in (0, 5)],
+    "inactive": [(lambda: [torch.zeros(32, dtype=torch.int32)], 32, 32)],
+    "loads": [(lambda: [torch.arange(64, dtype=torch.float32), torch.zeros(64)], 64, 64)],
+    "matrices": [(lambda: [torch.arange(2 * 128, dtype=torch.float32).cos(),
+                           torch.arange(128, dtype=torch.float32).sin(), torch.zeros(128)], 64, 64)],
+}
+
+
+def test_simd_group_kernels_run_as_regions(tmp_path):
+    assert grouped(SIMD, tmp_path) == set(SIMD_LAUNCHES)
+
+
+@pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
+def test_simd_group_functions_agree_with_fibers(monkeypatch, sanitize):
+    regions, fibers = both_ways(SIMD, monkeypatch, sanitize)
+    faults = []
+    for kernel, launches in SIMD_LAUNCHES.items():
+        for build, threads, group in launches:
+            with record() as r_launches:
+                r = outcome(regions, kernel, build, threads, group)
+            with record() as f_launches:
+                f = outcome(fibers, kernel, build, threads, group)
+            assert same(r, f), f"{kernel}: regions {r[:3]} != fibers {f[:3]}"
+            # What the sanitizer counted (bytes, bank conflicts, FMAs, barriers) is the same.
+            assert [x.counters for x in r_launches] == [x.counters for x in f_launches], kernel
+            if r[0] == "fault":
+                faults.append((kernel, r[1]))
+    # Sanitized, a shuffle from an inactive lane is a fault (`inactive`; `iterations`, whose
+    # lanes run different numbers of iterations, in both its launches).
+    inactive = [("inactive", "inactive_lane")] + [("iterations", "inactive_lane")] * 2
+    expected = [("simd_barrier", "barrier_divergence")] + (inactive if sanitize else [])
+    assert sorted(faults) == sorted(expected)
+
+
+def test_simd_group_results_are_right(monkeypatch):
+    """Against NumPy, not only against fibers."""
+    regions, _ = both_ways(SIMD, monkeypatch, sanitize=False)
+    x = torch.arange(4 * 200, dtype=torch.float32).sin()
+    out = torch.zeros(4)
+    regions.reduce_rows(x, out, 200, threads=256, group_size=64)
+    torch.testing.assert_close(out, x.view(4, 200).sum(1))
+    a, b, c = torch.arange(2 * 128, dtype=torch.float32).cos(), torch.arange(128, dtype=torch.float32).sin(), \
+        torch.zeros(128)
+    regions.matrices(a, b, c, threads=64, group_size=64)
+    expected = np.stack([a.view(2, 8, 16)[i].numpy() @ b.view(16, 8).numpy() for i in range(2)])
+    np.testing.assert_allclose(c.view(2, 8, 8).numpy(), expected, rtol=1e-5, atol=1e-5)
+    out = torch.zeros(64)
+    regions.quads(out, threads=64, group_size=32)
+    v = np.arange(64, dtype=np.float32) * 0.5
+    lane = np.arange(64) % 32
+    quad = v.reshape(-1, 4)
+    down = np.where(lane % 4 < 3, np.roll(v, -1), v)
+    broadcast = np.repeat(quad[:, 2], 4)
+    prefix = np.concatenate([np.concatenate([[0], np.cumsum(q)[:-1]]) for q in quad])
+    window = (lane // 8) * 8 + (lane % 8 + 3) % 8
+    base = (np.arange(64) // 32) * 32
+    fill = np.where(lane % 8 + 3 < 8, v[base + window], -v[base + window])
+    first = v[base]
+    expected = (down + broadcast + prefix) * 3 + fill + first + (v > 2).reshape(-1, 4).all(1).repeat(4) + (-7)
+    np.testing.assert_allclose(out.numpy(), expected.astype(np.float32), rtol=1e-6)
+
+
+def random_simd_kernel(name: str, rng: random.Random) -> str:
+    """Uniform loops around barriers, as random_kernel, and SIMD-group functions in
+    branches and loops that depend on the lane (divergent), so lanes meet at different
+    calls and iterations."""
+    counter = [0]
+
+    def fresh() -> str:
+        counter[0] += 1
+        return f"v{counter[0]}"
+
+    # Shuffles read a given lane: only where every lane is active (no poison values).
+    shuffles = ["simd_shuffle_xor({}, {k}u)", "simd_shuffle_rotate_down({}, {k}u)"]
+    reductions = ["simd_sum({})", "simd_max({})", "simd_prefix_inclusive_sum({})", "quad_sum({})",
+                  "simd_broadcast_first({})"]
+
+    def block(depth: int, live: List[str], uniform: bool) -> List[str]:
+        lines = []
+        for _ in range(rng.randint(1, 3)):
+            choice = rng.random()
+            if choice < 0.3 or depth >= 3:
+                var = fresh()
+                call = rng.choice(reductions + shuffles if uniform else reductions).format(
+                    rng.choice(live), k=rng.randint(1, 7))
+                lines.append(f"float {var} = {call} * 0.25f + float(lid % {rng.randint(2, 5)});")
+                lines.append(f"{rng.choice(live)} += {var};")
+                live = live + [var]
+            elif choice < 0.45 and uniform:
+                lines.append(f"t[lid] = {rng.choice(live)};")
+                lines.append("threadgroup_barrier(mem_flags::mem_threadgroup);")
+                lines.append(f"{rng.choice(live)} += t[(lid + {rng.randint(1, 40)}) % n];")
+                lines.append("threadgroup_barrier(mem_flags::mem_threadgroup);")
+            elif choice < 0.7:
+                i = fresh()
+                bound = f"lid % {rng.randint(2, 4)}u" if rng.random() < 0.5 else f"{rng.randint(0, 3)}u"
+                lines.append(f"for (uint {i} = 0; {i} < {bound}; ++{i}) {{")
+                lines += block(depth + 1, live, uniform and not bound.startswith("lid"))
+                lines.append("}")
+            else:
+                cond = f"lid % {rng.randint(2, 5)}u == 0u" if rng.random() < 0.6 else f"mode % {rng.randint(2, 4)}u == 0u"
+                inner = uniform and cond.startswith("mode")
+                lines.append(f"if ({cond}) {{")
+                lines += block(depth + 1, live, inner)
+                lines.append("} else {")
+                lines += block(depth + 1, live, inner)
+                lines.append("}")
+        return lines
+
+    return random_kernel_text(name, block(0, ["acc"], True))
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(0, 2 ** 32 - 1))
+def test_random_simd_structures_agree_with_fibers(seed):
+    random_structures_agree(random_simd_kernel, seed, kernels=5, threads=64, group=64)
+
+
+def test_a_fault_at_a_simdgroup_barrier_leaves_nothing_for_the_next_dispatch(monkeypatch):
+    """Fibers are reused from dispatch to dispatch: one that faulted while its lanes waited
+    at a simdgroup_barrier once made the next kernel's shuffle look like that barrier."""
+    for regions in ("0", "1"):
+        monkeypatch.setenv("TSM_EMU_REGIONS", regions)
+        lib = compile_shader(SIMD)
+        with pytest.raises(KernelFault, match="simdgroup_barrier"):
+            call_with_timeout(lib.simd_barrier, torch.zeros(128), 5, threads=128, group_size=128)
+        out = torch.zeros(32, dtype=torch.int32)
+        call_with_timeout(lib.inactive, out, threads=32, group_size=32)
+        assert out[16:].tolist() == list(range(16, 32)), regions

@@ -17,11 +17,13 @@ kernel void read_through_null(device int* x [[buffer(0)]], device int* device co
                               uint i [[thread_position_in_grid]]) {
   x[i] = i == 3 ? *pointers[0] : 0;  // the host stores a null pointer there
 }
+// A helper that synchronises: a kernel that calls it runs as fibers, each thread on its own stack.
+void on_a_fiber() { simdgroup_barrier(mem_flags::mem_none); }
 kernel void overflow_fiber_stack(device int* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
   volatile int big[1 << 20];  // 4 MB on a fiber stack of 256 KB
   big[i] = 1;
   x[i] = big[i];
-  simdgroup_barrier(mem_flags::mem_none);  // a SIMD-group function: this kernel runs as fibers
+  on_a_fiber();
 }
 kernel void trap(device int* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
   if (i == 9) __builtin_trap();  // emulator-only: ud2 (SIGILL) on x86-64, brk (SIGTRAP) on AArch64

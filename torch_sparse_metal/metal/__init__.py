@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _cache, _record
+from . import _cache, _compiler, _record
 from ._compiler import compile_file, compile_source
 from ._errors import KernelFault, LaunchError, MetalCompileError, UnknownKernelError
 from ._frontend import DEFAULT_LANGUAGE_VERSION, LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS
@@ -99,8 +99,11 @@ def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: b
     if not isinstance(source, str):
         raise TypeError(f"compile_shader expects the shader source as a str, got {type(source).__name__}")
     constants = dict(function_constants or {})
+    # Everything the build depends on: TSM_EMU_REGIONS too, or a library built one way
+    # would be handed out for the other.
     key = (source, tuple(str(d) for d in include_dirs), bool(sanitize), language_version,
-           tuple(sorted(((type(k).__name__, k), type(v).__name__, repr(v)) for k, v in constants.items())))
+           tuple(sorted(((type(k).__name__, k), type(v).__name__, repr(v)) for k, v in constants.items())),
+           _compiler.regions_enabled())
     with _lock:
         if key not in _libraries:
             _libraries[key] = Library(compile_source(source, include_dirs=[Path(d) for d in include_dirs],

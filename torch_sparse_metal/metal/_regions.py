@@ -1,14 +1,15 @@
-"""Threadgroups as loops between barriers: the emulator's translation of kernels whose only
-synchronisation is ``threadgroup_barrier`` (the runtime side is
-csrc/emulator/include/tsm_emu/regions.h).
+"""Threadgroups as loops between stops: the emulator's translation of kernels whose
+synchronisation (barriers, SIMD-group and quad-group functions, simdgroup_matrix products)
+is all in their own body (the runtime side is csrc/emulator/include/tsm_emu/regions.h).
 
 Fibers give every Metal thread a stack and switch between them at each barrier; PoCL-style
 emulators instead run the code between two barriers as a loop over the threads. This module
 does the latter at the source level, from clang's AST of the emulator's view. A kernel
-qualifies when every ``threadgroup_barrier`` is a statement of its own body (at any depth
-of blocks, ``if``s and loops; not in a ``switch``, a range-``for``, or a statement whose
-condition declares a variable) and nothing it calls synchronises. Its translation keeps the
-kernel and adds, right after it::
+qualifies when every barrier is a statement of its own body, and every SIMD-group function
+is evaluated unconditionally by a statement of its own body (at any depth of blocks,
+``if``s and loops; not in a ``switch``, a range-``for``, a loop's header or a statement
+whose condition declares a variable), and nothing it calls synchronises. Its translation
+keeps the kernel and adds, right after it::
 
     inline void <kernel>__tsm_group(tsm_emu::Group& g, <the kernel's parameters>)
 
@@ -30,8 +31,17 @@ lambda ``(thread, where) -> where next`` that the scheduler calls for each threa
   there move to the group function, where they are one per threadgroup.
 * Built-in arguments, and arguments the kernel may modify, get per-thread slots too; the
   others are shared by the threadgroup's threads, which only read them.
-* Each loop around a barrier counts its iterations per thread, so the same barrier reached
-  in two different iterations is divergence, as it is under fibers.
+* A ``simdgroup_barrier`` becomes ``{ g.wait(t, <flags>, <path>); return k; case k:; }``.
+  A statement that calls a SIMD-group function gets, before it,
+  ``{ <posting> (void)(<the call>); g.wait(t, mem_none, <path>); return k; case k:; <replaying> }``:
+  the call runs once to hand over the lane's value, and once the SIMD-group's lanes met,
+  the statement runs, the call computing its result from the values handed over (so its
+  arguments must have no effects, and the statement may not read memory beside it: the
+  sanitizer sees the arguments' reads only in the first run). ``<path>`` is the site and
+  iteration of each loop around the call, then its site: the fiber scheduler's call path.
+* Each loop around a stop counts its iterations per thread, so the same barrier reached
+  in two different iterations is divergence, and the same SIMD-group function two
+  places, as under fibers.
 
 Whatever does not qualify runs as fibers, as before; so does every kernel when
 ``TSM_EMU_REGIONS=0``.
@@ -115,7 +125,7 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
             continue
         if own or helpers:
             out.synchronising.add(name)
-        if not enabled or helpers or own != {"threadgroup_barrier"} or len(definitions) != 1:
+        if not enabled or helpers or not own or len(definitions) != 1:
             continue
         if definitions[0].kind == k.FUNCTION_TEMPLATE and any("<" not in e.cxx for e in entries):
             continue  # instantiated by deduction: no template arguments to name the copy with
@@ -147,6 +157,23 @@ class _Frame:
     scope: object       # the COMPOUND_STMT, or the FOR_STMT whose initialisation declares it
     index: int          # among the slots
     name: str           # the unique name its uses are renamed to
+
+
+@dataclass
+class _Point:
+    """A place where a thread stops: a barrier, or a statement with a SIMD-group function."""
+    kind: int           # W_BARRIER, W_COLLECTIVE or W_SIMDGROUP_BARRIER (regions.h)
+    call: object        # the barrier's or the SIMD-group function's CALL_EXPR
+    statement: object   # the statement it stops before (the barrier call's own)
+    ancestors: list     # the statements around that statement, outermost first
+    pairs: list = field(default_factory=list)  # see chain()
+    loops: list = field(default_factory=list)  # counters of the loops around it, outermost first
+
+
+W_BARRIER, W_COLLECTIVE, W_SIMDGROUP_BARRIER = 0, 1, 2  # regions.h's WaitKind
+_MAX_WAIT_PATH = 16  # regions.h's kMaxWaitPath
+_LOGICAL = {20, 21}  # CXBinaryOperatorKind: && ||
+_INC_DEC = {1, 2, 3, 4}  # CXUnaryOperatorKind: x++ x-- ++x --x
 
 
 class _GroupFunction:
@@ -194,7 +221,8 @@ class _GroupFunction:
     # ---- the walk ----------------------------------------------------------------------------
     def walk(self) -> None:
         k = self.k
-        self.barriers: List[Tuple[object, List[object]]] = []
+        collectives = set(_rewrite.collective_names())
+        calls: List[Tuple[object, List[object]]] = []
         self.returns: List[object] = []
         self.refs: List[Tuple[object, List[object]]] = []
         stop = {k.STRUCT_DECL, k.CLASS_DECL, k.UNION_DECL, k.CLASS_TEMPLATE}
@@ -206,8 +234,8 @@ class _GroupFunction:
                     raise _Unsupported("lambda")
                 if kind in stop:
                     continue
-                if kind == k.CALL_EXPR and child.spelling == "threadgroup_barrier":
-                    self.barriers.append((child, ancestors + [node]))
+                if kind == k.CALL_EXPR and _callee_name(child) in collectives:
+                    calls.append((child, ancestors + [node]))
                 elif kind == k.RETURN_STMT:
                     self.returns.append(child)
                 elif kind == k.DECL_REF_EXPR:
@@ -215,10 +243,130 @@ class _GroupFunction:
                 visit(child, ancestors + [node])
 
         visit(self.body, [])
-        if not self.barriers:
-            raise _Unsupported("no barrier statement")
+        if not calls:
+            raise _Unsupported("no barrier or SIMD-group function")
         if re.search(r"\bdecltype\b", self.masked[self.body_start:self.body_end]):
             raise _Unsupported("decltype")  # of a variable turned into a reference
+        self.points: List[_Point] = []
+        for call, ancestors in calls:
+            if _callee_name(call) == "threadgroup_barrier":
+                self.points.append(_Point(W_BARRIER, call, call, ancestors))
+            elif _callee_name(call) == "simdgroup_barrier":
+                self.points.append(_Point(W_SIMDGROUP_BARRIER, call, call, ancestors))
+            else:
+                statement, around = self.statement_of(call, ancestors)
+                if not self.pure(call):
+                    raise _Unsupported("a SIMD-group function's arguments may have effects")
+                if self.reads_beside(call, statement):
+                    raise _Unsupported("a statement that reads memory beside its SIMD-group function")
+                self.points.append(_Point(W_COLLECTIVE, call, statement, around))
+        statements = [self.span(p.statement)[0] for p in self.points]
+        if len(set(statements)) != len(statements):
+            raise _Unsupported("two stops in one statement")
+
+    def statement_of(self, call, ancestors) -> Tuple[object, List[object]]:
+        """The statement that evaluates a SIMD-group function unconditionally (its
+        ``if``'s condition included), and the statements around it."""
+        k = self.k
+        lib = self.cindex.conf.lib
+        child = call
+        for i in range(len(ancestors) - 1, -1, -1):
+            node = ancestors[i]
+            kids = list(node.get_children())
+            if node.kind == k.COMPOUND_STMT:
+                return child, ancestors[:i + 1]
+            if node.kind == k.IF_STMT:
+                if any(c.kind in (k.VAR_DECL, k.DECL_STMT) for c in kids):
+                    raise _Unsupported("if with a declaration")
+                return (node, ancestors[:i]) if kids[0] == child else (child, ancestors[:i + 1])
+            if node.kind in (k.FOR_STMT, k.WHILE_STMT, k.DO_STMT):
+                body = kids[0] if node.kind == k.DO_STMT else kids[-1]
+                if body != child:
+                    raise _Unsupported("a SIMD-group function in a loop's header")
+                return child, ancestors[:i + 1]
+            if node.kind == k.CONDITIONAL_OPERATOR or (
+                    node.kind == k.BINARY_OPERATOR and lib.clang_getCursorBinaryOperatorKind(node) in _LOGICAL):
+                raise _Unsupported("a SIMD-group function evaluated conditionally")
+            if node.kind.is_statement() and node.kind not in (k.DECL_STMT, k.RETURN_STMT):
+                raise _Unsupported(node.kind.name)
+            child = node
+        raise _Unsupported("no statement")
+
+    def pure(self, call) -> bool:
+        """Whether evaluating the call's arguments twice does what evaluating them once does."""
+        k = self.k
+        lib = self.cindex.conf.lib
+        for arg in call.get_arguments():
+            for c in arg.walk_preorder():
+                if c.kind == k.COMPOUND_ASSIGNMENT_OPERATOR or c.kind == k.LAMBDA_EXPR:
+                    return False
+                if c.kind == k.BINARY_OPERATOR and lib.clang_getCursorBinaryOperatorKind(c) in _ASSIGNMENTS:
+                    return False
+                if c.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(c) in _INC_DEC:
+                    return False
+                if c.kind == k.CALL_EXPR:
+                    target = c.referenced
+                    operator = _dependent_operator(c)
+                    if operator is not None and not re.fullmatch(r"operator(?:[-+*/%^&|<>]|<<|>>)?=|"
+                                                                 r"operator(?:\+\+|--)", operator[0]):
+                        continue
+                    if target is None:
+                        return False
+                    if target.kind in (k.CONSTRUCTOR, k.CONVERSION_FUNCTION):
+                        continue
+                    if target.kind == k.CXX_METHOD and target.is_const_method():
+                        continue
+                    if not (_in_metal(target) and not target.spelling.startswith("atomic")):
+                        return False
+        return True
+
+    def reads_beside(self, call, statement) -> bool:
+        """Whether the statement may read memory before its SIMD-group function, in the
+        order the compiler picks: the sanitizer must see such a read once, when the
+        statement first runs, but the statement runs again after the stop."""
+        k = self.k
+        lib = self.cindex.conf.lib
+        region = next(iter(statement.get_children())) if statement.kind == k.IF_STMT else statement
+
+        def reads(node) -> bool:
+            if node == call:
+                return False
+            kids = list(node.get_children())
+            if node.kind == k.ARRAY_SUBSCRIPT_EXPR:
+                return True
+            if node.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(node) == 6:  # *p
+                return True
+            if node.kind == k.MEMBER_REF_EXPR and kids:
+                if "->" in self.masked[self.span(kids[0])[1]:self.span(node)[1]]:
+                    return True
+            operator = _dependent_operator(node) if node.kind == k.CALL_EXPR else None
+            if operator is not None:
+                if operator[0] in ("operator[]", "operator->", "operator()") or operator == ("operator*", 1):
+                    return True
+            elif node.kind == k.CALL_EXPR and node.referenced is not None:
+                target = node.referenced
+                if not (target.kind in (k.CONSTRUCTOR, k.CONVERSION_FUNCTION) or
+                        (_in_metal(target) and not target.spelling.startswith("atomic"))):
+                    return True
+            elif node.kind == k.CALL_EXPR:
+                return True
+            if node.kind == k.DECL_REF_EXPR and node.referenced is not None:
+                target = node.referenced
+                if _frontend._type_kind(target.type).endswith("Reference"):
+                    return True
+                if target.kind == k.VAR_DECL and re.match(r"\s*threadgroup\b", self.masked[self.span(target)[0]:]):
+                    return True
+            if node.kind in (k.BINARY_OPERATOR, k.COMPOUND_ASSIGNMENT_OPERATOR) and len(kids) == 2 and \
+                    lib.clang_getCursorBinaryOperatorKind(node) in _ASSIGNMENTS and self.holds(kids[1], call):
+                return reads(kids[1])  # C++17: the right operand before the left
+            return any(reads(c) for c in kids)
+
+        return reads(region)
+
+    def holds(self, node, inner) -> bool:
+        a, b = self.span(node)
+        c, d = self.span(inner)
+        return a <= c and d <= b
 
     def chain(self, barrier, ancestors) -> List[Tuple[object, object]]:
         """(enclosing statement, its child towards the barrier), outermost first; raises
@@ -257,7 +405,16 @@ class _GroupFunction:
             return True
         start, end = self.span(statement)
         text = self.masked[start:end]
-        if re.match(r"\s*(?:threadgroup|constant)\b", text) or re.search(r"\b(?:static|constexpr)\b", text):
+        if re.search(r"\b(?:static|constexpr)\b", text):
+            return True
+        # A threadgroup (or constant) variable is one per threadgroup; a pointer to one, or
+        # a reference, is each thread's own.
+        # (The emulator's view declares threadgroup variables as references: the
+        # declarator's own `*` or `&` tells.)
+        if re.match(r"\s*(?:threadgroup|constant)\b", text) and not any(
+                _frontend._type_kind(c.type) == "Pointer" or
+                "&" in self.masked[start:self.source.original(c.location.offset)]
+                for c in children if c.kind == k.VAR_DECL):
             return True
         return all(c.kind == k.VAR_DECL and self.constant(c) for c in children)
 
@@ -288,12 +445,10 @@ class _GroupFunction:
         k = self.k
         self.walk()
         self.loops: Dict[int, Tuple[object, int]] = {}  # loop offset -> (loop, counter)
-        self.barrier_info = []  # (call, chain loops)
         bypassed: Dict[int, Tuple[object, object]] = {}  # statement offset -> (DECL_STMT, scope)
-        for call, ancestors in self.barriers:
-            pairs = self.chain(call, ancestors)
-            loops = []
-            for node, child in pairs:
+        for point in self.points:
+            point.pairs = self.chain(point.statement, point.ancestors)
+            for node, child in point.pairs:
                 child_start = self.span(child)[0]
                 if node.kind == k.COMPOUND_STMT:
                     for s in node.get_children():
@@ -309,8 +464,10 @@ class _GroupFunction:
                     at = self.span(node)[0]
                     if at not in self.loops:
                         self.loops[at] = (node, len(self.loops))
-                    loops.append(self.loops[at][1])
-            self.barrier_info.append((call, loops, len(pairs)))
+                    point.loops.append(self.loops[at][1])
+            if point.kind != W_BARRIER and 2 * len(point.loops) + 1 > _MAX_WAIT_PATH:
+                raise _Unsupported("loops nested too deep")
+        self.loop_of = {counter: loop for loop, counter in self.loops.values()}
         self.hoisted: List[object] = []
         self.hoisted_vars: Set[int] = set()
         self.shared_vars: List[str] = []  # hoisted variables the threads write: threadgroup, static
@@ -508,20 +665,49 @@ class _GroupFunction:
                 insert(b_start, f"{{ ++__tsm_it{counter}; ", (1, depth))
                 insert(self.statement_end(body), " }", (-1, depth))
 
-        # Barriers: wait, return, resume here.
+        # Stops: wait, return, resume here.
         self.sites = []
         lines_start, lines = _rewrite._source_lines(self.original)
-        for number, (call, loops, depth) in enumerate(self.barrier_info, start=1):
+        for number, point in enumerate(self.points, start=1):
+            call = point.call
             c_start, c_end = self.span(call)
             open_paren = self.masked.find("(", self.span(next(iter(call.get_children())))[1])
             if open_paren < 0 or open_paren >= c_end:
-                raise _Unsupported("barrier call")
-            end = self.statement_end(call)
+                raise _Unsupported("call")
             args = list(call.get_arguments())
-            key = f"::tsm_emu::iteration_key({', '.join(f'__tsm_it{c}' for c in loops)})"
-            replace(c_start, open_paren + 1, f"{{ __tsm_g.arrive(__tsm_t, {key}{', ' if args else ''}")
-            insert(end, f" __tsm_save(); return {number}; case {number}:; }}", (-1, depth + 1))
-            self.sites.append(self.site(call, lines_start, lines))
+            resume = f" __tsm_save(); return {number}; case {number}:;"
+            depth = len(point.pairs)
+            where = "".join(f", {self.loop_site(self.loop_of[c], lines_start, lines)}u, __tsm_it{c}"
+                            for c in point.loops)
+            site = self.site(call, lines_start, lines)
+            if point.kind == W_BARRIER:
+                key = f"::tsm_emu::iteration_key({', '.join(f'__tsm_it{c}' for c in point.loops)})"
+                replace(c_start, open_paren + 1, f"{{ __tsm_g.arrive(__tsm_t, {key}{', ' if args else ''}")
+                insert(self.statement_end(call), resume + " }", (-1, depth + 1))
+            elif point.kind == W_SIMDGROUP_BARRIER:
+                flags = "" if args else "::metal::mem_flags::mem_none"
+                replace(c_start, open_paren + 1, f"{{ __tsm_g.wait(__tsm_t, {flags}")
+                replace(c_end - 1, c_end, f"{where}, {site}u)")
+                insert(self.statement_end(call), resume + " }", (-1, depth + 1))
+            else:
+                # The call once to hand over its value; then, when the lanes met, the
+                # statement again (the call now reads the values handed over).
+                inner = [e for e in fine if c_start <= e[0] and e[1] <= c_end
+                         and not (e[0] == e[1] and e[0] in (c_start, c_end))]
+                text = self.apply(inner, [], c_start, c_end).replace("\n", " ")
+                parent = point.ancestors[-1]
+                wrap = parent.kind != k.COMPOUND_STMT
+                opener = (("{ " if wrap else "") +
+                          f"{{ __tsm_g.mode = ::tsm_emu::kPosting; (void)({text}); "
+                          f"__tsm_g.mode = ::tsm_emu::kOrdinary; "
+                          f"__tsm_g.wait(__tsm_t, ::metal::mem_flags::mem_none{where}, {site}u);"
+                          f"{resume} __tsm_g.mode = ::tsm_emu::kReplaying; }} ")
+                s_start = self.span(point.statement)[0]
+                insert(s_start, opener, (1, depth - 0.5))
+                if wrap:
+                    insert(self.statement_end(point.statement), " }", (-1, depth - 0.5))
+            self.sites.append(site)
+        self.kinds = [p.kind for p in self.points]
 
         # Returns leave the thread's loop for good.
         for ret in self.returns:
@@ -538,12 +724,26 @@ class _GroupFunction:
         return [(self.end_of_kernel(), self.end_of_kernel(), self.group_text(fine, body))]
 
     def depth(self, node) -> int:
-        """How many statements enclose ``node`` on the way to a barrier."""
-        for call, ancestors in self.barriers:
-            for i, a in enumerate(ancestors):
+        """How many statements enclose ``node`` on the way to a stop."""
+        for point in self.points:
+            for i, a in enumerate(point.ancestors):
                 if a == node:
                     return i
         return 0
+
+    def loop_site(self, loop, starts: List[int], lines: List[int]) -> int:
+        """A loop's Site as the rewriter numbers the fiber kernel's LoopFrames: line << 12 | k,
+        after the collective calls on its line (the k of two loops on one line, and of a
+        line the group function's own calls share, may differ from the fiber kernel's:
+        only the order and equality of paths within a dispatch matter)."""
+        import bisect
+        start = self.span(loop)[0]
+        row = bisect.bisect_right(starts, start) - 1
+        row_end = starts[row + 1] if row + 1 < len(starts) else len(self.masked)
+        pattern = _rewrite._call_pattern(_rewrite.collective_names())
+        calls = sum(1 for _ in pattern.finditer(self.masked, starts[row], row_end))
+        before = sum(1 for node, _ in self.loops.values() if starts[row] <= self.span(node)[0] <= start)
+        return (lines[row] << 12) | max(1, min(calls + before, 0xFFF))
 
     def site(self, call, starts: List[int], lines: List[int]) -> int:
         """The barrier's Site as the rewriter numbers the fiber kernel's: line << 12 | k, the
@@ -631,8 +831,8 @@ class _GroupFunction:
             scopes.setdefault(at, (f.scope, []))[1].append(f)
         # The path of enclosing blocks (and for-initialisations) down to each scope.
         paths: Dict[int, List[Tuple[object, object]]] = {}
-        for call, ancestors in self.barriers:
-            pairs = self.chain(call, ancestors)
+        for point in self.points:
+            pairs = point.pairs
             for i, (node, _) in enumerate(pairs):
                 paths.setdefault(self.span(node)[0], pairs[:i + 1])
         statements_in: Dict[int, List[Tuple[object, List[_Frame]]]] = defaultdict(list)
@@ -714,8 +914,11 @@ class _GroupFunction:
                         f"::tsm_emu::Slots<unsigned> __tsm_c{counter}(__tsm_cb{counter}, __tsm_g.n);")
             per_thread(f"__tsm_it{counter}", f"__tsm_c{counter}")
         sites = ", ".join(["0u"] + [f"{s}u" for s in self.sites])
+        kinds = ", ".join(["0"] + [str(kind) for kind in self.kinds])
         head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
-        head.append("::tsm_emu::run_regions(__tsm_g, __tsm_sites, [&](unsigned __tsm_t, int __tsm_at) -> int {")
+        head.append(f"static const unsigned char __tsm_kinds[] = {{{kinds}}};")
+        head.append("::tsm_emu::run_regions(__tsm_g, __tsm_sites, __tsm_kinds, "
+                    "[&](unsigned __tsm_t, int __tsm_at) -> int {")
         head += bindings
         head.append(f"auto __tsm_save = [&]() {{ {' '.join(saves)} }};")
         head.append("switch (__tsm_at) { case 0:")
@@ -723,6 +926,41 @@ class _GroupFunction:
         end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]
         return (f"\n{_line_marker(line, file)}\n" + " ".join(head) + " " + body +
                 f" }} return -1; }}); }}\n{_line_marker(end_line, end_file)}\n")
+
+
+def _callee_name(call) -> str:
+    """The called function's name; in a template, also of a call its arguments leave
+    unresolved (clang names those only through the callee's reference)."""
+    if call.spelling:
+        return call.spelling
+    for c in call.walk_preorder():
+        if c.kind.name in ("OVERLOADED_DECL_REF", "DECL_REF_EXPR", "MEMBER_REF_EXPR") and c.spelling:
+            return c.spelling
+    return ""
+
+
+def _dependent_operator(call) -> Optional[Tuple[str, int]]:
+    """An operator a template's dependent types leave unresolved: its name and operand
+    count (``operator*`` of one operand is a dereference, of two a product)."""
+    if call.referenced is not None or call.spelling:
+        return None
+    kids = list(call.get_children())
+    for c in kids:
+        names = [d.spelling for d in c.walk_preorder() if d.kind.name == "OVERLOADED_DECL_REF"]
+        if c.kind.name in ("DECL_REF_EXPR", "UNEXPOSED_EXPR") and names and names[0].startswith("operator"):
+            return names[0], len(kids) - 1
+    return None
+
+
+def _in_metal(cursor) -> bool:
+    """Declared in Metal's library (namespace metal): its functions have no effects but
+    their results, atomics aside."""
+    parent = cursor.semantic_parent
+    while parent is not None and parent.kind.name != "TRANSLATION_UNIT":
+        if parent.kind.name == "NAMESPACE" and parent.spelling == "metal":
+            return True
+        parent = parent.semantic_parent
+    return False
 
 
 def _line_marker(line: int, file: str) -> str:

@@ -678,7 +678,8 @@ def _add_collective_sites(src: str) -> str:
     """
     masked = _mask_strings_and_directives(src)
     defs = _function_definitions(masked)
-    helpers = [d for d in defs if not d.is_kernel]
+    # A group function (_regions) is a kernel's second translation, not a helper it calls.
+    helpers = [d for d in defs if not d.is_kernel and not d.name.endswith("__tsm_group")]
     reaching = set()
     while True:  # helpers that reach a collective, directly or through other helpers
         pattern = _call_pattern(set(collective_names()) | reaching)
@@ -716,7 +717,9 @@ def _add_collective_sites(src: str) -> str:
         site = (line << 12) | min(per_line[line], 0xFFF)
         empty = not masked[open_paren + 1:close].strip()
         inserts.append((close, close, f"{'' if empty else ', '}::tsm_emu::Site{{{site}u}}"))
-    inserts += _loop_frames(masked, bodies, _call_pattern(set(collective_names()) | reaching),
+    # Group functions (_regions) keep their own loop iterations, in slots.
+    fibered = [(d.body_open, d.body_close) for d in defs if not d.name.endswith("__tsm_group")]
+    inserts += _loop_frames(masked, fibered, _call_pattern(set(collective_names()) | reaching),
                             lines, starts, per_line)
     def add_parameter(open_paren: int, close_paren: int, param: str) -> None:
         params = masked[open_paren + 1:close_paren]

@@ -10,6 +10,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cinttypes>
 #include <chrono>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -98,6 +100,11 @@ struct Worker {
   // Region dispatches (regions.h): each thread's place, where it waits, how it got there.
   std::vector<u3> local;
   u3 local_shape{0, 0, 0};
+  std::vector<uint8_t> runnable, path_len;
+  std::vector<std::array<uint32_t, kMaxWaitPath>> path;
+  std::vector<std::array<unsigned char, kSimdValueBytes>> slots;
+  std::vector<Exchange> region_exchange;  // per SIMD-group: the released collective's values
+  std::vector<std::array<uint32_t, 2>> operands;  // per thread: its collective's own_operand()s
   std::vector<int> at;
   std::vector<uint64_t> iteration;
   std::vector<unsigned> flags;
@@ -113,6 +120,7 @@ struct Worker {
 
 thread_local Worker* t_worker = nullptr;
 thread_local const ThreadInfo* t_plain_thread = nullptr;  // plain-loop mode
+thread_local Group* t_group = nullptr;                     // barrier-region mode
 thread_local Sanitizer* t_sanitizer = nullptr;            // sanitized dispatches only
 
 // The regions of the running dispatch as this worker sees them: the sanitizer's, or the
@@ -193,6 +201,9 @@ ThreadId thread_id(const ThreadInfo& t) {
 
 // The running Metal thread and its access log, for the sanitizer.
 bool current_accesses(const ThreadInfo** info, AccessLog** touches) {
+  // A statement that calls a SIMD-group function runs twice in barrier regions (regions.h):
+  // the first run's evaluation of the arguments is the kernel's, the second's is not.
+  if (t_group && t_group->mode == kReplaying) return false;
   Worker* w = t_worker;
   if (w && w->current) {
     *info = &w->current->info;
@@ -465,6 +476,7 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
     Fiber& f = w->fibers[i];
     f.state = State::Runnable;
     f.exchange = nullptr;
+    f.at_simdgroup_barrier = false;  // a fault may have left a fiber of an earlier dispatch there
     f.site.clear();
     f.calls.clear();
     f.touches.clear();
@@ -514,19 +526,30 @@ void run_group_regions(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, u
     w->local_shape = actual;
   }
   w->at.resize(n);
+  w->runnable.resize(n);
   w->iteration.resize(n);
   w->flags.resize(n);
+  w->path.resize(n);
+  w->path_len.resize(n);
+  w->slots.resize(n);
+  w->region_exchange.resize((n + kSimdWidth - 1) / kSimdWidth);
+  w->operands.resize(n);
   Group g{n, first, w->local.data(), {group.x * group_size.x, group.y * group_size.y, group.z * group_size.z},
-          t_sanitizer != nullptr, &g_stop, w->at.data(), w->iteration.data(), w->flags.data(), nullptr};
+          t_sanitizer != nullptr, &g_stop, w->at.data(), w->runnable.data(), w->iteration.data(),
+          w->flags.data(), reinterpret_cast<uint32_t(*)[kMaxWaitPath]>(w->path.data()), w->path_len.data(),
+          reinterpret_cast<unsigned char(*)[kSimdValueBytes]>(w->slots.data()), nullptr, nullptr};
   t_plain_thread = &g.running;
+  t_group = &g;
   try {
     run_kernel_code([&] { w->kernel->group(w->args, g); });
   } catch (...) {
     t_plain_thread = nullptr;
+    t_group = nullptr;
     t_runtime_depth = 1;
     throw;
   }
   t_plain_thread = nullptr;
+  t_group = nullptr;
 }
 
 void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group) {
@@ -899,6 +922,28 @@ static Worker* fiber_worker(const char* what) {
 
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
   RuntimeScope scope;
+  if (Group* g = t_group) {  // barrier regions: hand over, or read what the lanes met with
+    const uint32_t t = g->running.thread_index_in_threadgroup, sg = t / kSimdWidth, lane = t % kSimdWidth;
+    if (size > kSimdValueBytes) raise("launch", "SIMD-group function on a value wider than 64 bytes");
+    SimdExchange out;
+    out.lane = lane;
+    out.operands = t_worker->operands[t].data();
+    if (g->mode == kPosting) {
+      std::memcpy(g->slots[t], value, size);
+      out.active = uint64_t(1) << lane;
+      out.values = g->slots + size_t(sg) * kSimdWidth;
+      out.pending = true;
+    } else if (g->mode == kReplaying) {
+      const Exchange& ex = t_worker->region_exchange[sg];
+      out.active = ex.active;
+      out.values = ex.values;
+      g->mode = kOrdinary;
+    } else {
+      raise("launch", "a SIMD-group function ran outside a stop of its kernel's barrier-region "
+                      "translation (emulator bug; TSM_EMU_REGIONS=0 runs the kernel as fibers)");
+    }
+    return out;
+  }
   Worker* w = fiber_worker("a SIMD-group function");
   Fiber* f = w->current;
   if (size > sizeof f->slot) raise("launch", "SIMD-group function on a value wider than 64 bytes");
@@ -945,17 +990,71 @@ void end_region_segment() {
   end_segment();
 }
 
+// The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
+// the lanes waiting at the SIMD-group stop whose path comes first (loops' sites and
+// iterations, then the stop's site, as fibers' call paths compare) meet; the others keep
+// waiting. True if any SIMD-group met.
+bool release_simd_groups(Group& g, const std::function<std::string(uint32_t)>& thread) {
+  Worker* w = t_worker;
+  auto waits_at_simd = [&](uint32_t t) { return g.at[t] > 0 && g.kinds[g.at[t]] != W_BARRIER; };
+  auto before = [&](uint32_t a, uint32_t b) {
+    return std::lexicographical_compare(g.path[a], g.path[a] + g.path_len[a], g.path[b], g.path[b] + g.path_len[b]);
+  };
+  auto same_place = [&](uint32_t a, uint32_t b) {
+    return g.path_len[a] == g.path_len[b] && std::equal(g.path[a], g.path[a] + g.path_len[a], g.path[b]);
+  };
+  auto where = [&](uint32_t t) { return std::vector<uint32_t>(g.path[t], g.path[t] + g.path_len[t]); };
+  bool released = false;
+  for (uint32_t first = 0, sg = 0; first < g.n; first += kSimdWidth, ++sg) {
+    const uint32_t lanes = std::min(g.n - first, kSimdWidth);
+    int leader = -1;
+    for (uint32_t t = first; t < first + lanes; ++t)
+      if (waits_at_simd(t) && (leader < 0 || before(t, uint32_t(leader)))) leader = int(t);
+    if (leader < 0) continue;
+    const uint32_t lead = uint32_t(leader);
+    if (g.kinds[g.at[lead]] == W_SIMDGROUP_BARRIER) {  // every lane of the SIMD-group, as fibers require
+      uint32_t named = lead;  // the report names the last lane there, as the fiber scheduler's
+      for (uint32_t t = first; t < first + lanes; ++t)
+        if (waits_at_simd(t) && same_place(t, lead)) named = t;
+      for (uint32_t t = first; t < first + lanes; ++t) {
+        if (waits_at_simd(t) && same_place(t, lead)) continue;
+        if (g.at[t] < 0 && exited_threads_arrive()) continue;
+        raise("barrier_divergence",
+              thread(named) + " waits at the simdgroup_barrier at " + site_name(where(lead)) + " but " + thread(t) +
+                  (g.at[t] < 0 ? " of its SIMD-group returned before it"
+                               : " of its SIMD-group waits at " +
+                                     (waits_at_simd(t) ? site_name(where(t)) : site_name({g.sites[g.at[t]]})) +
+                                     " instead (a simdgroup_barrier needs every lane)"));
+      }
+    }
+    Exchange& ex = w->region_exchange[sg];
+    ex.active = 0;
+    unsigned flags = 0;
+    for (uint32_t t = first; t < first + lanes; ++t) {
+      if (!waits_at_simd(t) || !same_place(t, lead)) continue;
+      ex.active |= uint64_t(1) << (t - first);
+      std::memcpy(ex.values[t - first], g.slots[t], kSimdValueBytes);
+      if (g.kinds[g.at[t]] == W_SIMDGROUP_BARRIER) flags |= g.flags[t];
+      g.runnable[t] = 1;
+    }
+    if (t_sanitizer && flags) t_sanitizer->simdgroup_barrier(sg, flags);
+    released = true;
+  }
+  return released;
+}
+
 // The fiber scheduler's resolve_threadgroup_barrier, for threads that ran as a loop: the
 // same checks, in the same order, with the same words.
 bool resolve_regions(Group& g) {
   RuntimeScope scope;
   if (stop_requested()) throw stop_fault();
   if (t_sanitizer) t_sanitizer->flush_bank_log();  // every thread is stopped
-  auto thread = [&](uint32_t t) {
+  std::function<std::string(uint32_t)> thread = [&](uint32_t t) {
     Group h = g;
     h.enter(t);
     return where_info(h.running);
   };
+  if (release_simd_groups(g, thread)) return true;
   auto where_at = [&](uint32_t t) { return thread(t) + " at " + site_name({g.sites[g.at[t]]}); };
   int waiting = -1, exited = -1;
   for (uint32_t t = 0; t < g.n; ++t) {
@@ -982,7 +1081,10 @@ bool resolve_regions(Group& g) {
                                     "exited threads as arrived)");
   unsigned flags = 0;
   for (uint32_t t = 0; t < g.n; ++t)
-    if (g.at[t] > 0) flags |= g.flags[t];
+    if (g.at[t] > 0) {
+      flags |= g.flags[t];
+      g.runnable[t] = 1;
+    }
   if (t_sanitizer) t_sanitizer->threadgroup_barrier(flags);
   return true;
 }
@@ -1068,7 +1170,7 @@ void leave_call() {
 }
 
 void count_fmas(unsigned n) {
-  if (t_sanitizer) t_sanitizer->count_fmas(n);
+  if (t_sanitizer && !(t_group && t_group->mode == kReplaying)) t_sanitizer->count_fmas(n);
 }
 
 bool inject_spurious_cas_failure() {

@@ -49,6 +49,9 @@ kernel void atomics(device atomic_int* count [[buffer(0)]], device atomic_float*
   }
 }
 
+// A helper that synchronises: a kernel that calls it runs as fibers, each thread on its own stack.
+void on_a_fiber() { simdgroup_barrier(mem_flags::mem_none); }
+
 // Values in callee-saved registers across many fiber switches (see canary.h). Its doubles
 // make it emulator-only: Metal has no double.
 #ifdef __METAL_EMULATOR__
@@ -58,7 +61,7 @@ kernel void canary(device uint* u [[buffer(0)]], device float* f [[buffer(1)]], 
   for (uint step = 0; step < CANARY_STEPS; ++step) {
     threadgroup_barrier(mem_flags::mem_none);
     CANARY_STEP(step);
-    simdgroup_barrier(mem_flags::mem_none);
+    on_a_fiber();
   }
   CANARY_STORE(u, f, d, gid);
 }
@@ -85,7 +88,7 @@ kernel void overflow_fiber_stack(device int* x [[buffer(0)]], uint i [[thread_po
   volatile int big[1 << 20];  // 4 MB on a fiber stack of 256 KB
   big[i] = 1;
   x[i] = big[i];
-  simdgroup_barrier(mem_flags::mem_none);  // a SIMD-group function: this kernel runs as fibers
+  on_a_fiber();
 }
 kernel void trap(device int* x [[buffer(0)]], uint i [[thread_position_in_grid]]) {
   if (i == 9) __builtin_trap();  // brk on AArch64: SIGTRAP (ud2 on x86-64: SIGILL)

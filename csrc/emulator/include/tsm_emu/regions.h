@@ -1,13 +1,14 @@
 // Barrier regions: a threadgroup's threads as a loop between barriers, without fibers.
 //
-// For a kernel whose only synchronisation is threadgroup_barrier statements in its own body
+// For a kernel whose synchronisation (barriers, SIMD-group functions) is all in its own body
 // (torch_sparse_metal/metal/_regions.py decides), the translation adds a second definition
-// that runs a whole threadgroup. Its body is the kernel's, resumable: each barrier becomes
+// that runs a whole threadgroup. Its body is the kernel's, resumable: each stop becomes
 // "record where this thread waits, return", followed by a `case` label to come back to, and
 // the kernel's variables that a resumption jumps over live in per-thread slots. The
-// scheduler below runs every thread from where it waits to its next barrier (or its end),
-// in thread order, then checks that all of them wait at the same barrier, as the fiber
-// scheduler does: the same order of execution, the same faults, without a context switch.
+// scheduler below runs every thread from where it waits to its next stop (or its end), in
+// thread order, then releases what the fiber scheduler would (a SIMD-group's lanes at one
+// SIMD-group function, else the threadgroup barrier): the same order of execution, the same
+// faults, without a context switch.
 #pragma once
 
 #include <cstddef>
@@ -25,6 +26,18 @@
 
 namespace tsm_emu {
 
+// What a thread stops at, per stop k of a kernel (a static table of the translation).
+// A SIMD-group function stops its thread twice over: the statement that calls it first
+// runs the call only to hand over the lane's value (Group::mode == kPosting), the thread
+// returns to the scheduler, and once its SIMD-group's lanes met there the statement runs
+// again (kReplaying), the call now computing its result from the values handed over.
+enum WaitKind : uint8_t { W_BARRIER = 0, W_COLLECTIVE = 1, W_SIMDGROUP_BARRIER = 2 };
+enum CollectiveMode : uint8_t { kOrdinary = 0, kPosting = 1, kReplaying = 2 };
+// Where a thread waits at a SIMD-group function or simdgroup_barrier, as the fiber
+// scheduler's call paths say it: the site and iteration of each loop around it, then its
+// site. Lanes meet where their paths are equal; the first path in the source goes first.
+constexpr unsigned kMaxWaitPath = 16;
+
 // One threadgroup, as the runtime hands it to a region-compiled kernel.
 struct Group {
   uint32_t n;                     // threads in this threadgroup
@@ -33,15 +46,30 @@ struct Group {
   u3 origin;                      // the threadgroup's first thread's position in the grid
   bool sanitized;
   const std::atomic<int>* stop;   // nonzero: a stop was requested (Ctrl-C, a time limit)
-  int* at;                        // per thread: 0 not started, k > 0 waits at barrier k, -1 returned
-  uint64_t* iteration;            // per thread: loop iterations of the barrier it waits at
-  unsigned* flags;                // per thread: mem_flags of that barrier
-  const uint32_t* sites;          // per barrier k: its Site (line << 12 | call on the line)
+  int* at;                        // per thread: 0 not started, k > 0 waits at stop k, -1 returned
+  uint8_t* runnable;              // per thread: runs in the next round
+  uint64_t* iteration;            // per thread at a barrier: loop iterations of that barrier
+  unsigned* flags;                // per thread: mem_flags of its barrier
+  uint32_t (*path)[kMaxWaitPath]; // per thread at a SIMD-group stop: where (see above)
+  uint8_t* path_len;
+  unsigned char (*slots)[kSimdValueBytes];  // per thread: the value it hands to a SIMD-group function
+  const uint32_t* sites;          // per stop k: its Site (line << 12 | call on the line)
+  const uint8_t* kinds;           // per stop k: its WaitKind
+  uint8_t mode = kOrdinary;       // the running thread's SIMD-group function: see WaitKind
 
   // At a barrier: how thread t got there (its mem_flags; the iterations of the loops around
   // it, so the same barrier in two different iterations is two places).
   void arrive(uint32_t t, uint64_t loop_iterations, metal::mem_flags f = metal::mem_flags::mem_none) {
     iteration[t] = loop_iterations;
+    flags[t] = unsigned(f);
+  }
+  // At a SIMD-group stop: where (loop sites and iterations, then the stop's site).
+  template <class... W>
+  void wait(uint32_t t, metal::mem_flags f, W... where) {
+    static_assert(sizeof...(W) <= kMaxWaitPath, "loops nested too deep around a SIMD-group function");
+    const uint32_t p[] = {uint32_t(where)...};
+    for (unsigned i = 0; i < sizeof...(W); ++i) path[t][i] = p[i];
+    path_len[t] = uint8_t(sizeof...(W));
     flags[t] = unsigned(f);
   }
   // Make thread t the running one: what its built-ins and the runtime's reports read.
@@ -55,9 +83,10 @@ struct Group {
   }
 };
 
-// Out of line (runtime.cpp). After a round, with every thread at a barrier or returned:
-// fault on divergence, order memory for the sanitizer; false when all returned. Called only
-// when the inline check below cannot tell (and always in sanitized dispatches).
+// Out of line (runtime.cpp). After a round, with every thread stopped: release the
+// SIMD-group functions that can complete, else the threadgroup barrier (faulting on
+// divergence); false when all threads returned. Called only when the inline check below
+// cannot tell (and always in sanitized dispatches).
 bool resolve_regions(Group& g);
 void end_region_segment();  // sanitized dispatches: the running thread stopped
 
@@ -70,26 +99,32 @@ inline uint64_t iteration_key(uint32_t a, uint32_t b, uint32_t c, R... rest) {
   return iteration_key(uint32_t(iteration_key(a, b) * 0x9E3779B97F4A7C15ull >> 32) ^ c, uint32_t(rest)...);
 }
 
-// Every thread waits at the same barrier in the same iteration, nothing to report: go on.
-inline bool all_at_one_barrier(const Group& g) {
+// Every thread waits at the same threadgroup barrier in the same iteration, nothing to
+// report: all run on.
+inline bool all_at_one_barrier(Group& g) {
   const int at = g.at[0];
   const uint64_t iteration = g.iteration[0];
-  if (at <= 0 || g.stop->load(std::memory_order_relaxed) != 0) return false;
+  if (at <= 0 || g.kinds[at] != W_BARRIER || g.stop->load(std::memory_order_relaxed) != 0) return false;
   for (uint32_t t = 1; t < g.n; ++t)
     if (g.at[t] != at || g.iteration[t] != iteration) return false;
+  for (uint32_t t = 0; t < g.n; ++t) g.runnable[t] = 1;
   return true;
 }
 
 template <class Body>
-inline void run_regions(Group& g, const uint32_t* sites, Body&& body) {
+inline void run_regions(Group& g, const uint32_t* sites, const uint8_t* kinds, Body&& body) {
   g.sites = sites;
-  for (uint32_t t = 0; t < g.n; ++t) g.at[t] = 0;
+  g.kinds = kinds;
+  for (uint32_t t = 0; t < g.n; ++t) {
+    g.at[t] = 0;
+    g.runnable[t] = 1;
+  }
   do {
     for (uint32_t t = 0; t < g.n; ++t) {
-      int& at = g.at[t];
-      if (at < 0) continue;
+      if (!g.runnable[t]) continue;
+      g.runnable[t] = 0;
       g.enter(t);
-      at = body(t, at);
+      g.at[t] = body(t, g.at[t]);
       if (g.sanitized) end_region_segment();
     }
   } while ((!g.sanitized && all_at_one_barrier(g)) || resolve_regions(g));
@@ -133,7 +168,7 @@ inline void construct(T& slot, U& value) {
   void* p = const_cast<void*>(static_cast<const volatile void*>(&slot));
   if constexpr (std::is_array<V>::value) {
     static_assert(std::is_trivially_copyable<V>::value, "array of a class type across a barrier");
-    std::memcpy(p, static_cast<const void*>(&value), sizeof(V));
+    std::memcpy(p, const_cast<const void*>(static_cast<const volatile void*>(&value)), sizeof(V));
   } else {
     ::new (p) V(value);
   }

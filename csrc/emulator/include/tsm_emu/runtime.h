@@ -114,7 +114,20 @@ struct SimdExchange {
   uint64_t active;                       // bit i: lane i took part
   const unsigned char (*values)[kSimdValueBytes];  // values[lane], valid for active lanes
   uint32_t lane;                         // the calling lane
+  // Barrier regions (regions.h) call a collective twice: first only to hand over the
+  // lane's value (pending: the exchange holds just the caller, its result is discarded,
+  // and the function must have no other effect), then, once the lanes met, for the result.
+  // The caller's own operands (its value: values[lane]; a shuffle's lane or delta:
+  // own_operand) are the first call's, as a fiber's are those it suspended with.
+  bool pending = false;
+  uint32_t* operands = nullptr;          // barrier regions: the caller's scalar operands
 };
+// A collective's scalar operand k (0 or 1) of the calling lane, as it handed it over.
+inline uint32_t own_operand(const SimdExchange& x, uint32_t v, unsigned k) {
+  if (!x.operands) return v;
+  if (x.pending) x.operands[k] = v;
+  return x.operands[k];
+}
 // A collective's or barrier's call site in the kernel source: line << 12 | k, where k is
 // the call's position among the collectives on that line (from the rewriter; 0 when a call
 // was not rewritten). Lanes waiting at one site form one collective; threads waiting at

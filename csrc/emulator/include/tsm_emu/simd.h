@@ -38,7 +38,7 @@ inline T poison() {
 template <class T>
 inline T read(const tsm_emu::SimdExchange& x, unsigned lane) {
   if (active(x, lane)) return lane_value<T>(x, lane);
-  tsm_emu::inactive_lane_read(lane);  // a fault in sanitized dispatches
+  if (!x.pending) tsm_emu::inactive_lane_read(lane);  // a fault in sanitized dispatches
   return poison<T>();
 }
 
@@ -75,7 +75,7 @@ inline T prefix(const T& v, uint32_t site, bool inclusive, T identity, Op op) {
   T acc = identity;
   for (unsigned l = 0; l < x.lane; ++l)
     if (active(x, l)) acc = op(acc, lane_value<T>(x, l));
-  return inclusive ? op(acc, v) : acc;
+  return inclusive ? op(acc, lane_value<T>(x, x.lane)) : acc;
 }
 
 }  // namespace simd_detail
@@ -125,9 +125,10 @@ inline T simd_prefix_exclusive_product(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE
   template <class T, class I>                                                    \
   inline T name(T v, I arg, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                        \
     auto x = simd_detail::exchange(v, site_.value);         \
-    const unsigned lane = x.lane, base = lane & ~(width - 1u), d = unsigned(arg); \
+    const unsigned lane = x.lane, base = lane & ~(width - 1u);                  \
+    const unsigned d = tsm_emu::own_operand(x, unsigned(arg), 0);                \
     (void)base;                                                                  \
-    if (keep_expr) return v;                                                     \
+    if (keep_expr) return simd_detail::lane_value<T>(x, lane);                   \
     return simd_detail::read<T>(x, src_expr);                                    \
   }
 TSM_SHUFFLE(simd_shuffle, 32u, d, false)
@@ -217,7 +218,7 @@ inline T quad_prefix(const T& v, uint32_t site, bool inclusive, T identity, Op o
   T acc = identity;
   for (unsigned l = x.lane & ~3u; l < x.lane; ++l)
     if (active(x, l)) acc = op(acc, lane_value<T>(x, l));
-  return inclusive ? op(acc, v) : acc;
+  return inclusive ? op(acc, lane_value<T>(x, x.lane)) : acc;
 }
 }  // namespace simd_detail
 
@@ -276,12 +277,14 @@ inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bo
                           unsigned group = 32u) {
   static_assert(2 * sizeof(T) <= tsm_emu::kSimdValueBytes, "shuffle_and_fill takes values of at most 32 bytes");
   auto x = exchange(DataAndFill<T>{data, filling}, site);
+  delta = tsm_emu::own_operand(x, delta, 0);
+  modulo = tsm_emu::own_operand(x, modulo, 1);
   const unsigned w = modulo ? modulo : group, first = x.lane & ~(group - 1u), in_group = x.lane - first;
   const unsigned base = first + in_group - in_group % w, i = in_group % w;
   const bool inside = up ? i >= delta : i + delta < w;
   const unsigned src = base + (up ? (i + w - delta) % w : (i + delta) % w);
   if (!active(x, src)) {
-    tsm_emu::inactive_lane_read(src);
+    if (!x.pending) tsm_emu::inactive_lane_read(src);
     return poison<T>();
   }
   const auto pair = lane_value<DataAndFill<T>>(x, src);

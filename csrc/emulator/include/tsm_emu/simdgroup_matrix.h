@@ -106,12 +106,14 @@ inline vec<W, 2> widen(const vec<T, 2>& v) {
 
 // d = a * b + c for the calling lane's two elements of d, gathering a, b and c from the
 // whole SIMD-group. Products accumulate in float (double for double matrices).
+// False when the exchange is only pending (see SimdExchange): d is then not written.
 template <class T>
-inline vec<T, 2> multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const vec<T, 2>& c,
-                                     uint32_t site) {
+inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const vec<T, 2>& c, uint32_t site,
+                                vec<T, 2>& d) {
   static_assert(sizeof(Operands<T>) <= tsm_emu::kSimdValueBytes, "simdgroup matrix element type too wide");
   const Operands<T> mine{a, b, c};
   const auto x = tsm_emu::simd_exchange(&mine, sizeof mine, site);
+  if (x.pending) return false;
   if (x.active != 0xFFFFFFFFull)
     tsm_emu::fault("inactive_lane", "a simdgroup_matrix multiply needs all 32 lanes of the SIMD-group "
                                     "active (uniform control flow, threadgroup size a multiple of 32)");
@@ -128,7 +130,6 @@ inline vec<T, 2> multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, con
   }
   using Acc = std::conditional_t<std::is_same<T, double>::value, double, float>;
   const Place p = place(x.lane);
-  vec<T, 2> d;
   for (unsigned i = 0; i < 2; ++i) {
     Acc acc = Acc(Cm[p.row][p.col + i]);
     for (unsigned k = 0; k < 8; ++k)
@@ -136,7 +137,7 @@ inline vec<T, 2> multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, con
     d[i] = T(acc);
   }
   tsm_emu::count_fmas(16);  // this lane's share of the 512 of an 8x8x8 product
-  return d;
+  return true;
 }
 }  // namespace simdgroup_detail
 
@@ -148,10 +149,11 @@ inline void simdgroup_multiply_accumulate(simdgroup_matrix<Td, C, R>& d, const s
                                           const simdgroup_matrix<Tc, C, R>& c,
                                           ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
   using W = simdgroup_detail::wide_t<Td, Ta, Tb, Tc>;
-  const vec<W, 2> r = simdgroup_detail::multiply_accumulate(
-      simdgroup_detail::widen<W>(a.elements_), simdgroup_detail::widen<W>(b.elements_),
-      simdgroup_detail::widen<W>(c.elements_), site_.value);
-  d.elements_ = vec<Td, 2>(Td(r[0]), Td(r[1]));
+  vec<W, 2> r;
+  if (simdgroup_detail::multiply_accumulate(simdgroup_detail::widen<W>(a.elements_),
+                                            simdgroup_detail::widen<W>(b.elements_),
+                                            simdgroup_detail::widen<W>(c.elements_), site_.value, r))
+    d.elements_ = vec<Td, 2>(Td(r[0]), Td(r[1]));
 }
 
 template <class Td, class Ta, class Tb, int C, int R>
