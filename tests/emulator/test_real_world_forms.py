@@ -157,3 +157,23 @@ kernel void k(device float* y [[buffer(0)]]) {
     y = torch.zeros(1)
     lib.k(y, threads=1)
     assert y.item() == 28
+
+
+def test_explicit_specialisations_of_a_function_template_are_called_by_template_argument():
+    # ggml's `template <uint32_t t> bool tri(int, int);` and its `template <> bool tri<3>(...)`.
+    lib = compile_shader(HEAD + """
+template <uint32_t kind> bool keep(const int i, const int r);
+template <> bool keep<3>(const int i, const int r) { return i < r; }
+template <> bool keep<2>(const int i, const int r) { return i <= r; }
+template <uint32_t kind>
+kernel void tri(device float* y [[buffer(0)]], uint2 p [[thread_position_in_grid]]) {
+  y[p.y * 3 + p.x] = keep<kind>(p.x, p.y) ? 1.0f : 0.0f;
+}
+typedef decltype(tri<3>) tri_t;
+template [[host_name("lower")]] kernel tri_t tri<3>;
+template [[host_name("lower_diag")]] kernel tri_t tri<2>;
+""")
+    for name, expected in (("lower", np.tril(np.ones((3, 3)), -1)), ("lower_diag", np.tril(np.ones((3, 3))))):
+        y = torch.zeros(9)
+        getattr(lib, name)(y, threads=(3, 3))
+        np.testing.assert_array_equal(y.numpy().reshape(3, 3), expected)

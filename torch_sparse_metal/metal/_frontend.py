@@ -340,7 +340,7 @@ def _special_members(src: str) -> List[Tuple[int, int, str]]:
         top = "".join(top)
         n = re.escape(name)
         has_ctor = re.search(r"(?<![~\w])" + n + r"\s*\(", top)
-        has_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?(?:thread\s+)?" + n +
+        has_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?(?:(?:thread|__generic)\s+)?" + n +
                              r"\s*(?:<[^>]*>)?\s*&(?!&)", top)
         has_constant_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?constant\b", top)
         has_assign = re.search(r"\boperator\s*=\s*\(", top)
@@ -1039,8 +1039,12 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
         if constructor or name.startswith("operator"):
             edits += _keep_one_definition(name, overloads, source, preprocessed)
             continue
+        tags_of = {canonical: "_".join(_AS_TAGS[m.group(1)] for m in _AS_PATTERN.finditer(
+            redeclarations[0].type.spelling)) for canonical, redeclarations in overloads.items()}
+        if len(set(tags_of.values())) < 2:
+            continue  # not overloads on address space: a template and its explicit specialisations
         for canonical, redeclarations in overloads.items():
-            tags = "_".join(_AS_TAGS[m.group(1)] for m in _AS_PATTERN.finditer(redeclarations[0].type.spelling))
+            tags = tags_of[canonical]
             new_name = f"{name}__tsm_as_{tags}"
             renamed[canonical] = new_name
             for d in redeclarations:
