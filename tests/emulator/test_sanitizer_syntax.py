@@ -17,7 +17,7 @@ from torch_sparse_metal.metal._rewrite import _checked_pointers
     ("device atomic<T>* p", "::tsm_emu::ptr<atomic<T>> p"),
     ("device vec<float, 4>* p", "::tsm_emu::ptr<vec<float, 4>> p"),
     ("threadgroup unsigned int* p", "::tsm_emu::ptr<unsigned int> p"),
-    ("constant metal::float2* p", "::tsm_emu::ptr<metal::float2> p"),
+    ("constant metal::float2* p", "::tsm_emu::ptr<const metal::float2> p"),
     ("(device uint*)(x)", "(::tsm_emu::ptr<uint>)(x)"),
     ("reinterpret_cast<device const uint*>(x)", "::tsm_emu::ptr_cast<const uint>(x)"),
     ("constant Params& p", "constant Params& p"),  # references stay: checked when bound

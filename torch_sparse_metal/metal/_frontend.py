@@ -49,7 +49,7 @@ LAUNCHER_LANGUAGE_VERSIONS = ("3.1", "3.2", "4.0")
 
 # C++ for OpenCL with the generic address space, no fp64 (Metal has no double), no
 # program-scope variables outside `constant`. The x86-64 target gives __bf16 (bfloat).
-_CL_EXTENSIONS = ("+__opencl_c_generic_address_space,-__opencl_c_pipes,-__opencl_c_device_enqueue,"
+_CL_EXTENSIONS = ("+__opencl_c_generic_address_space,+__cl_clang_function_pointers,-__opencl_c_pipes,-__opencl_c_device_enqueue,"
                   "-__opencl_c_program_scope_global_variables,-cl_khr_fp64,-__opencl_c_fp64")
 _CLANG_ARGS = ("-x", "clcpp", "-cl-std=clc++2021", "-cl-no-stdinc", "-nostdinc", "-nostdinc++",
                "-target", "x86_64-unknown-linux-gnu", "-Xclang", "-cl-ext=" + _CL_EXTENSIONS,
@@ -117,10 +117,12 @@ def presumed_location(location) -> Tuple[str, int, int]:
 _VECTOR_BASES = r"(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float|bfloat)"
 _VECTOR_CALL = re.compile(r"(?<![\w.:>])((?:metal::)?(?:packed_)?" + _VECTOR_BASES + r"[234])\s*\(")
 _VEC_TEMPLATE_CALL = re.compile(r"(?<![\w.>])((?:metal::)?vec\s*<[^<>;{}()]*>)\s*\(")
-_REF_THREAD = re.compile(r"\bconst\s+thread\b|\bthread\s+const\b")
 # `thread` qualifying a member function (`T f() const thread {`, `S() thread : x(0) {}`).
 _THREAD_METHOD = re.compile(r"\)\s*(?:const\s+)?(thread)\b(?=\s*(?:const\b|volatile\b|noexcept\b|->|[{;:=&]))")
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
+# An unsuffixed floating literal, which is a float in Metal (there is no double); clang's
+# OpenCL mode makes it one too, but not in template instantiations.
+_DOUBLE_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?![\w.])")
 _BFLOAT_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)(?:bf|BF)\b")
 
 
@@ -274,6 +276,43 @@ def _braced_arguments(src: str) -> List[Tuple[int, int, str]]:
     return edits
 
 
+_FUNCTION_POINTER_DECLARATOR = re.compile(r"\(\s*\*(\s*\w+\s*)\)(?=\s*\()")
+
+
+def _template_function_pointers(src: str) -> List[Tuple[int, int, str]]:
+    """``template <void (*f)(...)>`` -> ``template <void (&f)(...)>``: Metal takes function
+    pointers as template arguments (ggml's dequantisers), but clang's OpenCL mode gives
+    such a parameter a ``__generic`` pointee that no function's address converts to. A
+    reference to a function binds the same arguments and is called the same way."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"\btemplate\s*<", masked):
+        depth, i = 1, m.end()
+        while i < len(masked) and depth:
+            depth += {"<": 1, ">": -1}.get(masked[i], 0)
+            i += 1
+        for p in _FUNCTION_POINTER_DECLARATOR.finditer(masked, m.end(), i - 1):
+            edits.append((p.start(), p.end(), f"(&{p.group(1)})"))
+    return edits
+
+
+def _constant_pointees_const(src: str) -> List[Tuple[int, int, str]]:
+    """``constant T *p`` -> ``constant const T *p``: what a pointer or reference into the
+    constant address space designates is read-only in Metal whether or not it says const,
+    so such a pointer takes a ``constexpr constant`` table (ggml's ``kvalues_iq4nl_f``)."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"\bconstant\b(?!\s*\()", masked):
+        after = re.search(r"[*&;,(){}=\[\]<>]", masked[m.end():])
+        if after is None or after.group() not in "*&":
+            continue
+        start = max(masked.rfind(c, 0, m.start()) for c in ";,(){}<>")
+        if re.search(r"\bconst\b", masked[start + 1:m.end() + after.start()]):
+            continue
+        edits.append((m.end(), m.end(), " const"))
+    return edits
+
+
 _RECORD = re.compile(r"\b(struct|class)\s+(\w+)\s*(?:<[^{};]*>\s*)?(?:final\s*)?(?::[^{};]*)?\{")
 
 
@@ -301,7 +340,7 @@ def _special_members(src: str) -> List[Tuple[int, int, str]]:
         top = "".join(top)
         n = re.escape(name)
         has_ctor = re.search(r"(?<![~\w])" + n + r"\s*\(", top)
-        has_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?(?:thread\s+)?" + n +
+        has_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?(?:(?:thread|__generic)\s+)?" + n +
                              r"\s*(?:<[^>]*>)?\s*&(?!&)", top)
         has_constant_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?constant\b", top)
         has_assign = re.search(r"\boperator\s*=\s*\(", top)
@@ -322,6 +361,34 @@ def _special_members(src: str) -> List[Tuple[int, int, str]]:
     return edits
 
 
+def _generic_thread(masked: str) -> List[Tuple[int, int, str]]:
+    """Edits that make Metal's ``thread`` clang's generic address space where it qualifies
+    a member function or what a pointer or reference designates.
+
+    A member function qualified ``thread`` also serves temporaries (``return {a, b};`` of a
+    class whose constructors are all ``thread``, as MLX's complex_t), which clang puts in
+    its generic address space. So ``thread`` pointers and references are generic too (what
+    ``this`` of such a function designates converts to them: MLX's ``thread T& frag_at()
+    thread``), and ``const thread T&`` binds temporaries as in Metal. Generic is what the
+    AST walk checks conversions into; objects declared ``thread`` stay __private."""
+    methods = [(m.start(1), m.end(1)) for m in _THREAD_METHOD.finditer(masked)]
+    edits = [(a, b, "__generic") for a, b in methods]
+    for m in re.finditer(r"\bthread\b", masked):
+        tail = re.search(r"[*&;,(){}=\[\]<>]", masked[m.end():])
+        if tail and tail.group() in "*&" and (m.start(), m.end()) not in methods:
+            edits.append((m.start(), m.end(), "__generic"))
+    return edits
+
+
+@functools.lru_cache(maxsize=None)
+def _library() -> Tuple[str, str]:
+    """(path, text) of the check's metal_stdlib, with ``thread`` as in user code."""
+    path = FRONTEND_INCLUDE_DIR / "metal_stdlib"
+    text = _Text(path.read_text())
+    text.apply(_generic_thread(_rewrite._mask_strings_and_directives(text.text)))
+    return str(path), text.text
+
+
 def _prepare(preprocessed: str) -> _Prepared:
     """The preprocessed MSL, rewritten (line for line) into C++ for OpenCL that clang parses."""
     lints: List[Tuple[int, str]] = []
@@ -339,27 +406,26 @@ def _prepare(preprocessed: str) -> _Prepared:
             lints.append((m.start(), f"Metal does not support {what}"))
     source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
     source.apply(_braced_arguments(source.text))
+    source.apply(_template_function_pointers(source.text))
+    source.apply(_constant_pointees_const(source.text))
     masked = _rewrite._mask_strings_and_directives(source.text)
     bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked) if d.is_kernel]
     source.apply(_threadgroup_declarations(source.text, bodies))
     masked = _rewrite._mask_strings_and_directives(source.text)
     edits = [(m.start(), m.end(), f"((_Float16){m.group(1)}f)") for m in _HALF_LITERAL.finditer(masked)]
     edits += [(m.start(), m.end(), f"((__bf16){m.group(1)}f)") for m in _BFLOAT_LITERAL.finditer(masked)]
+    edits += [(m.end(), m.end(), "f") for m in _DOUBLE_LITERAL.finditer(masked)]
     attributes = [(m.start(), m.end()) for m in _rewrite._ATTRIBUTE.finditer(masked)]
     edits += [(a, b, _rewrite.blank(masked[a:b])) for a, b in attributes]
     edits += [(m.start(), m.end(), " " * len(m.group()))
               for m in re.finditer(r"\b(?:kernel|vertex|fragment)\b", masked)
               if not any(a <= m.start() < b for a, b in attributes)]
-    # `const thread T&` binds temporaries in Metal; clang's __private references do not, so
-    # such references are left generic here and their initialisers checked in the AST.
-    for m in _REF_THREAD.finditer(masked):
-        tail = re.search(r"[*&;,(){}]", masked[m.end():])
-        if tail and tail.group() == "&":
-            edits.append((m.start(), m.end(), "const" + " " * (len(m.group()) - 5)))
-    # A member function qualified `thread` also serves temporaries (`return {a, b};` of a
-    # class whose constructors are all `thread`, as MLX's complex_t): clang puts those in
-    # its generic address space, which here is what Metal calls thread.
-    edits += [(m.start(1), m.end(1), "__generic") for m in _THREAD_METHOD.finditer(masked)]
+    edits += _generic_thread(masked)
+    # The C preprocessor that made `preprocessed` leaves pragmas' arguments unexpanded;
+    # Apple's expands a loop count's macros (ggml's `#pragma unroll (MIN(a, b))`). A count
+    # that calls one is left out here (it is only a hint).
+    edits += [(m.start(1), m.end(1), " " * len(m.group(1))) for m in re.finditer(
+        r"^[ \t]*#[ \t]*pragma[ \t]+unroll[ \t]*(\(.*\w[ \t]*\(.*\))[ \t]*$", source.text, re.M)]
     source.apply(edits)
     source.apply(_special_members(source.text))
     # libclang does not show explicit instantiations: a call of each instantiated kernel
@@ -397,11 +463,59 @@ _NOT_METAL_RULES = (
     re.compile(r"too few elements in vector initialization"),  # Metal zero-fills the rest
     re.compile(r"double precision constant requires"),         # a warning; Metal's literals are float
     re.compile(r"cannot (increment|decrement) value of type .*vec<"),  # ++ and -- work on vectors
+    # A float scalar with a half vector (ggml's `slope*pmask4[i]`).
+    re.compile(r"scalar operand type has greater rank than the type of the vector element\. "
+               r"\(('float' and .*_Float16.*|.*_Float16.* and 'float')\)$"),
     # clang has no conversion between _Float16 and __bf16; Metal converts half and bfloat
     # explicitly (MLX's fp8.h: static_cast<bfloat16_t>(half)).
     re.compile(r"(static_cast|C-style cast|functional-style cast) from .*\b(_Float16|__bf16)\b.* to "
                r".*\b(_Float16|__bf16)\b.* is not allowed"),
 )
+
+
+_VECTOR_COUNT = re.compile(r"vector of (\d+) |vec<[^<>]*, (\d+)>|ext_vector_type\((\d+)\)|'[a-z]+([234])'")
+
+
+def _same_length_vector_cast(message: str) -> bool:
+    """clang's casts between vectors of different element types are bit casts, rejected
+    when the sizes differ; Metal's convert each component (ggml's ``(float4) h4``), which
+    needs only the same number of them."""
+    m = re.search(r"from vector (.*) to vector (.*) of different size", message)
+    if not m:
+        return False
+    counts = []
+    for side in m.groups():
+        found = _VECTOR_COUNT.search(side)
+        counts.append(next(g for g in found.groups() if g) if found else None)
+    return counts[0] is not None and counts[0] == counts[1]
+
+
+def _thread_spaces_only(message: str) -> bool:
+    """An address-space error between ``__private`` and ``__generic``, which are both
+    Metal's thread here (``this`` of a member function qualified ``thread`` is generic: see
+    _THREAD_METHOD); MLX's ``thread frag_type& frag_at() thread { return val_frags[i]; }``."""
+    if not re.search(r"changes address space|^reinterpret_cast from .* is not allowed", message):
+        return False
+    spaces = set(re.findall(r"\b__(global|local|constant|private|generic)\b", message))
+    return spaces == {"private", "generic"}
+
+
+def _same_class_in_two_spaces(message: str) -> bool:
+    """``c ? a : b`` with ``a`` and ``b`` of one class in different address spaces: clang
+    finds conversions both ways; Metal copies the operands (MLX's
+    ``lid.x < n ? shared_vals[lid.x] : op.init`` of threadgroup and constant complex_t)."""
+    m = re.match(r"conditional expression is ambiguous; '(.*)' and '(.*)' can be converted|"
+                 r"incompatible operand types \('(.*)' and '(.*)'\)$", message)
+    if not m:
+        return False
+    bare = [" ".join(w for w in side.split() if w not in _QUALIFIERS) for side in m.groups() if side]
+    return bare[0] == bare[1]
+
+
+def _not_metal(message: str) -> bool:
+    """Whether clang's error ``message`` is a rule of C++ for OpenCL that Metal does not have."""
+    return (any(rule.search(message) for rule in _NOT_METAL_RULES) or _same_length_vector_cast(message)
+            or _thread_spaces_only(message) or _same_class_in_two_spaces(message))
 
 
 def _in_metal_words(message: str) -> str:
@@ -502,6 +616,7 @@ class _Walker:
         self.call = k.CALL_EXPR.value
         self.functions = {k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR, k.CONVERSION_FUNCTION,
                           k.FUNCTION_TEMPLATE}
+        self.variables = {k.VAR_DECL.value, k.PARM_DECL.value, k.FIELD_DECL.value}
 
     def user(self, cursor) -> bool:
         f = cursor.location.file
@@ -527,6 +642,8 @@ class _Walker:
                 self.lambdas.append(child)
             elif kind in self.allocation:
                 self.new_delete.append(child)
+            elif kind in self.variables:
+                self.check_variable(child, via)
             elif kind in self.references:
                 target = child.referenced
                 if target is not None and target.kind in self.functions and self.user(target):
@@ -536,6 +653,14 @@ class _Walker:
                         where = presumed_location(child.location)
                         self.walk_function(target, via + f", instantiated from line {where[1]}")
             self._walk(child, fn, via)
+
+    def check_variable(self, variable, via: str = "") -> None:
+        """Function pointers are template arguments only in Metal (clang's extension that
+        parses them has no such limit)."""
+        if _holds_function_address(variable.type):
+            self.found.append((variable, f"Metal has no function pointers (`{variable.spelling}`): a function "
+                                         f"is passed only as a template argument, or as a [[visible]] "
+                                         f"function through a function table{via}"))
 
     def _check_explicit_cast(self, cast, via: str) -> None:
         """Metal converts between address spaces with no cast at all."""
@@ -579,6 +704,18 @@ class _Walker:
                                  f"a pointer, reference or `this` without one is `thread`): "
                                  f"{_in_metal_words(from_type.spelling)} -> "
                                  f"{_in_metal_words(to_spelling)}{via}"))
+
+
+def _holds_function_address(type_) -> bool:
+    """A pointer or reference to a function, or an array of them."""
+    if "(" not in type_.spelling:  # fast path: a function type is spelled with its parameters
+        return False
+    type_ = type_.get_canonical()
+    while _type_kind(type_) in ("ConstantArray", "IncompleteArray"):
+        type_ = type_.element_type.get_canonical()
+    if _type_kind(type_) not in ("Pointer", "LValueReference", "RValueReference"):
+        return False
+    return _type_kind(type_.get_pointee().get_canonical()) in ("FunctionProto", "FunctionNoProto")
 
 
 def _scalar_name(type_) -> str:
@@ -640,7 +777,7 @@ def _parse(preprocessed: str, version: int, main_file: str, *, emulator: bool = 
             "-D__METAL__=1"]
     if emulator:
         args += ["-Xclang", "-cl-ext=+cl_khr_fp64,+__opencl_c_fp64", "-D__METAL_EMULATOR__=1"]
-    tu = _index().parse(path, args=args, unsaved_files=[(path, prepared.text)])
+    tu = _index().parse(path, args=args, unsaved_files=[(path, prepared.text), _library()])
     return prepared, tu, path
 
 
@@ -659,10 +796,19 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
         out.append(Diagnostic(file, line, column, message,
                               lines[physical - 1] if 0 < physical <= len(lines) else ""))
 
-    for d in tu.diagnostics:
-        if d.severity < cindex.Diagnostic.Error:
+    errors = [d for d in tu.diagnostics if d.severity >= cindex.Diagnostic.Error]
+    not_metal = [_not_metal(d.spelling) for d in errors]
+    # clang's error, though not Metal's, still makes the template specialisation it is in
+    # invalid; calls of that specialisation then fail for no reason of Metal's.
+    forgiven = {m.group(1) for d, skip in zip(errors, not_metal) if skip for n in d.children
+                for m in [re.match(r"in instantiation of function template specialization '([\w:]+)<", n.spelling)]
+                if m}
+    for d, skip in zip(errors, not_metal):
+        if skip:
             continue
-        if any(rule.search(d.spelling) for rule in _NOT_METAL_RULES):
+        called = re.match(r"no matching function for call to '([\w:]+)'", d.spelling)
+        if called and called.group(1).split("::")[-1] in {f.split("::")[-1] for f in forgiven} and \
+                d.children and all("substitution failure" in n.spelling for n in d.children):
             continue
         location = d.location
         if location.file is None or location.file.name != path:
@@ -678,8 +824,17 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
 
     walker = _Walker(cindex, path)
     kernels = []
-    functions = list(_user_functions(tu, path))
-    for cursor in functions:
+    functions = []
+    for cursor in _user_declarations(tu, path):
+        if cursor.kind in (cindex.CursorKind.VAR_DECL, cindex.CursorKind.FIELD_DECL):
+            walker.check_variable(cursor)
+            continue
+        if cursor.kind in (cindex.CursorKind.CXX_METHOD, cindex.CursorKind.DESTRUCTOR) and cursor.is_virtual_method():
+            # (clang's function-pointer extension, on for template arguments, allows them)
+            add(cursor.location, f"Metal has no virtual functions (`{cursor.spelling}`)")
+        if not cursor.is_definition():
+            continue
+        functions.append(cursor)
         walker.walk_function(cursor)
         if cursor.spelling in prepared.kernel_names:
             kernels.append(cursor)
@@ -707,9 +862,10 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
     return unique
 
 
-def _user_functions(tu, path: str):
-    """Function definitions written in the user's file: a walk of its own declarations, into
-    namespaces and classes, that never enters Metal's library (most of a small shader's AST)."""
+def _user_declarations(tu, path: str):
+    """Function definitions, variables outside functions and fields written in the user's
+    file: a walk of its own declarations, into namespaces and classes, that never enters
+    Metal's library (most of a small shader's AST)."""
     k = _cindex().CursorKind
     functions = (k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR, k.FUNCTION_TEMPLATE,
                  k.CONVERSION_FUNCTION, k.DESTRUCTOR)
@@ -720,11 +876,20 @@ def _user_functions(tu, path: str):
     while stack:
         cursor = stack.pop()
         if cursor.kind in functions:
-            if cursor.is_definition():
+            if cursor.is_definition() or (cursor.kind in (k.CXX_METHOD, k.DESTRUCTOR) and cursor.is_virtual_method()):
                 yield cursor
+        elif cursor.kind in (k.VAR_DECL, k.FIELD_DECL):
+            yield cursor
         elif cursor.kind in scopes:
             stack.extend(c for c in reversed(list(cursor.get_children()))
                          if c.location.file is not None and c.location.file.name == path)
+
+
+def _user_functions(tu, path: str):
+    """The function definitions of :func:`_user_declarations`."""
+    k = _cindex().CursorKind
+    return (c for c in _user_declarations(tu, path)
+            if c.kind not in (k.VAR_DECL, k.FIELD_DECL) and c.is_definition())
 
 
 def _presumed_line(text: str, offset: int) -> Tuple[str, int]:
@@ -789,6 +954,7 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     kind_of = cindex.conf.lib.clang_getCursorBinaryOperatorKind
     binary = (cindex.CursorKind.BINARY_OPERATOR, cindex.CursorKind.COMPOUND_ASSIGNMENT_OPERATOR)
     openers: Dict[int, List[Tuple[int, str]]] = {}
+    seen: Set[Tuple[int, int]] = set()  # a typedef'd anonymous struct is visited twice: itself, its typedef
     for top in tu.cursor.get_children():
         if top.location.file is None or top.location.file.name != path:
             continue
@@ -796,8 +962,10 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
             if cursor.kind not in binary:
                 continue
             name = _DIVISIONS.get(kind_of(cursor))
-            if name is None or not _integer_or_dependent(cursor.type):
+            span = (cursor.extent.start.offset, cursor.extent.end.offset)
+            if name is None or not _integer_or_dependent(cursor.type) or span in seen:
                 continue
+            seen.add(span)
             operands = list(cursor.get_children())
             if len(operands) != 2:
                 continue
@@ -871,8 +1039,12 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
         if constructor or name.startswith("operator"):
             edits += _keep_one_definition(name, overloads, source, preprocessed)
             continue
+        tags_of = {canonical: "_".join(_AS_TAGS[m.group(1)] for m in _AS_PATTERN.finditer(
+            redeclarations[0].type.spelling)) for canonical, redeclarations in overloads.items()}
+        if len(set(tags_of.values())) < 2:
+            continue  # not overloads on address space: a template and its explicit specialisations
         for canonical, redeclarations in overloads.items():
-            tags = "_".join(_AS_TAGS[m.group(1)] for m in _AS_PATTERN.finditer(redeclarations[0].type.spelling))
+            tags = tags_of[canonical]
             new_name = f"{name}__tsm_as_{tags}"
             renamed[canonical] = new_name
             for d in redeclarations:

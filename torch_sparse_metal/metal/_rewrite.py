@@ -277,6 +277,11 @@ def _checked_pointers(src: str) -> str:
     out, last = [], 0
     for m in _ADDRESS_SPACE_POINTER.finditer(masked):
         quals = _cv(m.group(1), m.group(2), m.group(4))
+        # What a constant pointer designates is read-only whether it says const or not (a
+        # `constexpr constant` table is passed for `constant T*`).
+        if "const" not in quals.split() and re.search(r"\bconstant\b", masked[m.start():m.start(3)]) \
+                and src[m.start(3):m.end(3)] != "void":
+            quals = _cv("const", quals)
         pointee = " ".join(src[m.start(3):m.end(3)].split())
         checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}>"
         start, end = m.start(), m.end()

@@ -61,3 +61,7 @@
 // the memory model, not a type difference the check needs.
 #define coherent(scope)
 #endif
+
+// Function pointers parse (Metal takes them as template arguments, ggml's
+// `template <void (*deq)(...)>`); the check reports every run-time one itself.
+#pragma OPENCL EXTENSION __cl_clang_function_pointers : enable

@@ -668,9 +668,11 @@ inline R insert_bits(const X& base, const Y& insert, uint offset, uint bits) {
 }
 
 // ---- relational -----------------------------------------------------------------------
-// select(a, b, c): c ? b : a, per component; c is bool or a bool vector of the same size.
+// select(a, b, c): c ? b : a, per component; c is bool or a bool vector of the same size
+// (for scalars, anything that converts to bool: ggml's select(1, -1, bits & mask)).
 template <class A, class B, class C, class R = tsm_detail::cmn_t<A, B>,
           std::enable_if_t<std::is_same<tsm_detail::bare<C>, bool>::value ||
+                               (!tsm_detail::vinfo<R>::vec_like && tsm_detail::is_scalar<C>::value) ||
                                std::is_same<typename tsm_detail::vi<C>::vec_type,
                                             tsm_detail::rebind_t<R, bool>>::value,
                            int> = 0>

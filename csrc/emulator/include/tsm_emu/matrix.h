@@ -20,6 +20,10 @@ struct matrix {
     for (int c = 0; c < C; ++c)
       for (int r = 0; r < R; ++r) columns[c][r] = c == r ? diagonal : T(0);
   }
+  template <class U, std::enable_if_t<!std::is_same<U, T>::value, int> = 0>
+  explicit matrix(const matrix<U, C, R>& other) {
+    for (int c = 0; c < C; ++c) columns[c] = vec<T, R>(other.columns[c]);
+  }
   template <class... V, std::enable_if_t<sizeof...(V) == C && C != 1 &&
                                              (std::is_convertible<V, vec<T, R>>::value && ...), int> = 0>
   matrix(const V&... cols) : columns{vec<T, R>(cols)...} {}

@@ -26,6 +26,7 @@
 // using-directive, and MLX's fence.metal uses uint so.
 #define TSM_GLOBAL(name) typedef metal::name name;
 TSM_GLOBAL(size_t) TSM_GLOBAL(ptrdiff_t)  // ggml-metal-impl.h uses size_t so
+TSM_GLOBAL(half) TSM_GLOBAL(bfloat)  // ggml-common.h: `typedef half ggml_half;`
 TSM_GLOBAL(uchar) TSM_GLOBAL(ushort) TSM_GLOBAL(uint) TSM_GLOBAL(ulong) TSM_GLOBAL(int8_t) TSM_GLOBAL(uint8_t) TSM_GLOBAL(int16_t) TSM_GLOBAL(uint16_t)
 TSM_GLOBAL(int32_t) TSM_GLOBAL(uint32_t) TSM_GLOBAL(int64_t) TSM_GLOBAL(uint64_t) TSM_GLOBAL(char2) TSM_GLOBAL(packed_char2) TSM_GLOBAL(char3) TSM_GLOBAL(packed_char3)
 TSM_GLOBAL(char4) TSM_GLOBAL(packed_char4) TSM_GLOBAL(uchar2) TSM_GLOBAL(packed_uchar2) TSM_GLOBAL(uchar3) TSM_GLOBAL(packed_uchar3) TSM_GLOBAL(uchar4) TSM_GLOBAL(packed_uchar4)

@@ -67,7 +67,7 @@ using simdgroup_float8x8 = simdgroup_matrix<float, 8, 8>;
 using simdgroup_half8x8 = simdgroup_matrix<half, 8, 8>;
 using simdgroup_bfloat8x8 = simdgroup_matrix<bfloat, 8, 8>;
 
-template <class T, int C, int R>
+template <class T, int C, int R = C>
 inline simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T value) {
   simdgroup_matrix<T, C, R> m;
   m.elements_ = vec<T, 2>(value);

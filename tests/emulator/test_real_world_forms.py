@@ -1,0 +1,179 @@
+"""Forms of public Metal code (ggml's dequantisers, MLX's steel tiles) that the check once
+rejected or the emulator could not build, in this project's own kernels: each is accepted
+and computes what NumPy does, and the rule each relaxation sits next to still holds."""
+import numpy as np
+import pytest
+import torch
+
+from torch_sparse_metal.metal import MetalCompileError, compile_shader
+
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+
+
+def test_functions_as_template_arguments_select_the_dequantiser():
+    # ggml: `template <void (*deq)(device const block *, short, thread float4 &)>`, with
+    # a function template and a plain function as arguments, and a typedef'd kernel type.
+    lib = compile_shader(HEAD + """
+struct block { half scale; uchar q[4]; };
+void deq_plain(device const block * b, short il, thread float4 & out) {
+  out = float4(b->q[0], b->q[1], b->q[2], b->q[3]) * (float) b->scale + (float) il;
+}
+template <typename T4>
+void deq_centred(device const block * b, short il, thread T4 & out) {
+  out = (T4) ((float4(b->q[0], b->q[1], b->q[2], b->q[3]) - 8.0) * (float) b->scale);
+}
+template <void (*deq)(device const block *, short, thread float4 &)>
+kernel void dequantise(device const block * blocks [[buffer(0)]], device float4 * out [[buffer(1)]],
+                       uint i [[thread_position_in_grid]]) {
+  float4 v;
+  deq(blocks + i, 0, v);
+  out[i] = v;
+}
+typedef decltype(dequantise<deq_plain>) dequantise_t;
+template [[host_name("plain")]] kernel dequantise_t dequantise<deq_plain>;
+template [[host_name("centred")]] kernel dequantise_t dequantise<deq_centred>;
+""")
+    rng = np.random.default_rng(1)
+    n = 6
+    raw = np.zeros((n, 6), np.uint8)  # half scale, then four bytes
+    scales = rng.uniform(0.1, 2.0, n).astype(np.float16)
+    raw[:, :2] = scales.view(np.uint8).reshape(n, 2)
+    raw[:, 2:] = rng.integers(0, 16, (n, 4))
+    blocks = torch.from_numpy(raw.reshape(-1).copy())
+    for name, expected in (("plain", raw[:, 2:] * scales[:, None].astype(np.float32)),
+                           ("centred", (raw[:, 2:] - 8.0) * scales[:, None].astype(np.float32))):
+        out = torch.zeros(n, 4)
+        getattr(lib, name)(blocks, out, threads=n)
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("body, says", [
+    ("float (*f)(float) = twice;\n  y[0] = f(y[0]);", "Metal has no function pointers (`f`)"),
+    ("auto f = &twice;\n  y[0] = f(y[0]);", "Metal has no function pointers (`f`)"),
+    ("y[0] = apply(twice, y[0]);", "Metal has no function pointers (`f`)"),
+])
+def test_function_pointers_outside_template_arguments_are_rejected(body, says):
+    with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):
+        compile_shader(HEAD + """float twice(float x) { return 2.0f * x; }
+float apply(float (*f)(float), float x) { return f(x); }
+kernel void k(device float* y [[buffer(0)]]) {
+  """ + body + "\n}")
+
+
+def test_vector_and_matrix_casts_convert_and_literals_are_float():
+    # ggml: `(float4) h4`, `(half4x4) m`, `s2_t(h2)` with s2_t a template parameter,
+    # `0.5*x` of a float4 in a template, a float scalar times a half vector.
+    lib = compile_shader(HEAD + """
+template <typename T4, typename F2>
+kernel void casts(device const half4 * h [[buffer(0)]], device float4 * out [[buffer(1)]],
+                uint i [[thread_position_in_grid]]) {
+  T4 x = (T4) h[i];
+  float4x4 m(x, 2.0 * x, x + 1, x - 1);
+  half4x4 mh = (half4x4) m;
+  F2 pair = F2(h[i].xy);
+  float slope = 0.5f;
+  half4 scaled = slope * h[i];
+  out[4 * i + 0] = 0.5*x;
+  out[4 * i + 1] = float4(mh[1]);
+  out[4 * i + 2] = float4(pair, (float2) scaled.zw);
+  out[4 * i + 3] = float4(i % 4 == 0 ? 1.0 : 1e1 * i);
+}
+typedef decltype(casts<float4, float2>) casts_t;
+template [[host_name("casts")]] kernel casts_t casts<float4, float2>;
+""")
+    h = np.array([[1, 2, 3, 4], [-0.5, 0.25, 8, -16], [3.5, 0, 1, 2]], np.float16)
+    out = torch.zeros(12, 4)
+    lib.casts(torch.from_numpy(h.view(np.int16).copy()), out, threads=3)
+    x = h.astype(np.float32)
+    got = out.numpy().reshape(3, 4, 4)
+    np.testing.assert_array_equal(got[:, 0], 0.5 * x)
+    np.testing.assert_array_equal(got[:, 1], (2 * x).astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(got[:, 2, :2], x[:, :2])
+    np.testing.assert_array_equal(got[:, 2, 2:], (np.float16(0.5) * h[:, 2:]).astype(np.float32))
+    np.testing.assert_array_equal(got[:, 3], np.array([1, 10, 20])[:, None] * np.ones(4))
+
+
+def test_a_vector_of_another_length_is_still_no_cast():
+    with pytest.raises(MetalCompileError, match="different size"):
+        compile_shader(HEAD + """
+kernel void k(device const half4* h [[buffer(0)]], device float3* y [[buffer(1)]]) {
+  y[0] = (float3) h[0];
+}""")
+
+
+def test_thread_member_functions_return_references_to_members():
+    # MLX's steel tiles: `thread T& frag_at(short i) thread { return frags[i]; }`, a const
+    # overload, `c ? threadgroup value : constant value` of one class, and an array bound
+    # that divides in a typedef'd anonymous struct.
+    lib = compile_shader(HEAD + """
+struct pair_t {
+  float a, b;
+  constexpr pair_t(float a, float b) thread : a(a), b(b) {}
+  constexpr pair_t() threadgroup : a(0), b(0) {}
+  template <typename U> constexpr pair_t(U x) thread : a(x), b(0) {}
+  template <typename U> constexpr pair_t(U x) threadgroup : a(x), b(0) {}
+  template <typename U> constexpr pair_t(U x) constant : a(x), b(0) {}
+};
+constant pair_t fallback = pair_t(7.0f, 8.0f);
+typedef struct { float v[16 / 8 / 2]; } one_t;
+template <short N>
+struct tile {
+  float4 frags[N];
+  thread float4& frag_at(short i) thread { return frags[i]; }
+  const thread float4& frag_at(short i) const thread { return frags[i]; }
+};
+kernel void k(device float4* y [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+  threadgroup pair_t shared[2];
+  tile<2> t;
+  t.frag_at(0) = float4(1.0f);
+  t.frag_at(1) = t.frag_at(0) * 3.0f;
+  t.frag_at(1)[2] = sizeof(one_t);
+  shared[i] = pair_t(float(i), 0.0f);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  pair_t p = i == 0 ? shared[i] : fallback;
+  y[i] = t.frag_at(1) + p.a;
+}""")
+    y = torch.zeros(2, 4)
+    lib.k(y, threads=2, group_size=2)
+    np.testing.assert_array_equal(y.numpy(), [[3, 3, 4, 3], [10, 10, 11, 10]])
+
+
+def test_a_device_pointer_still_does_not_become_a_thread_pointer_in_a_member_function():
+    with pytest.raises(MetalCompileError, match="cannot convert a device pointer to the thread address space"):
+        compile_shader(HEAD + """
+struct acc { float s; void add(thread const float* p) thread { s += *p; } };
+kernel void k(device float* y [[buffer(0)]]) { acc a{0.0f}; a.add(y); y[0] = a.s; }""")
+
+
+def test_a_macro_in_a_loop_count_pragma_is_a_hint_the_check_does_not_need():
+    lib = compile_shader(HEAD + """
+#define MIN(x, y) ((x) < (y) ? (x) : (y))
+kernel void k(device float* y [[buffer(0)]]) {
+  float s = 0.0f;
+  #pragma unroll (MIN(4, 8))
+  for (int j = 0; j < 8; ++j) s += j;
+  y[0] = s;
+}""")
+    y = torch.zeros(1)
+    lib.k(y, threads=1)
+    assert y.item() == 28
+
+
+def test_explicit_specialisations_of_a_function_template_are_called_by_template_argument():
+    # ggml's `template <uint32_t t> bool tri(int, int);` and its `template <> bool tri<3>(...)`.
+    lib = compile_shader(HEAD + """
+template <uint32_t kind> bool keep(const int i, const int r);
+template <> bool keep<3>(const int i, const int r) { return i < r; }
+template <> bool keep<2>(const int i, const int r) { return i <= r; }
+template <uint32_t kind>
+kernel void tri(device float* y [[buffer(0)]], uint2 p [[thread_position_in_grid]]) {
+  y[p.y * 3 + p.x] = keep<kind>(p.x, p.y) ? 1.0f : 0.0f;
+}
+typedef decltype(tri<3>) tri_t;
+template [[host_name("lower")]] kernel tri_t tri<3>;
+template [[host_name("lower_diag")]] kernel tri_t tri<2>;
+""")
+    for name, expected in (("lower", np.tril(np.ones((3, 3)), -1)), ("lower_diag", np.tril(np.ones((3, 3))))):
+        y = torch.zeros(9)
+        getattr(lib, name)(y, threads=(3, 3))
+        np.testing.assert_array_equal(y.numpy().reshape(3, 3), expected)
