@@ -3,15 +3,12 @@
 block, feature) with the lanes of each atomic instruction on distinct addresses."""
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
 import torch_sparse_metal as tsm
 from torch_sparse_metal.metal import coalescing_efficiency, instrumented, record
-import torch_sparse_metal.ops.kmeans  # noqa: F401 -- the module, not a function
-K = sys.modules["torch_sparse_metal.ops.kmeans"]
+from torch_sparse_metal.ops import kmeans as K
 
 
 def _counted(fn, *args, **kwargs):

@@ -3,15 +3,16 @@ activations in the (features, batch) layout) or a lane per row, chosen by batch 
 the emulator's transaction counters."""
 from __future__ import annotations
 
-import sys
+import importlib
 
 import pytest
 import torch
 
 import torch_sparse_metal as tsm
 from torch_sparse_metal.metal import coalescing_efficiency, instrumented, record
-import torch_sparse_metal.ops.sparse_linear  # noqa: F401 -- the module, not the function
-ops = sys.modules["torch_sparse_metal.ops.sparse_linear"]
+
+# The module: torch_sparse_metal.ops.sparse_linear, the attribute, is the function.
+ops = importlib.import_module("torch_sparse_metal.ops.sparse_linear")
 
 
 def _step(in_features, out_features, batch, density=0.05, seed=0):

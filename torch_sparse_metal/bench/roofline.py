@@ -8,7 +8,7 @@ instruction issue and the atomics' serialisation, none of which it counts.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Sequence
 
 from ..metal import coalescing_efficiency, lane_efficiency
 from ..metal._library import DEFAULT_SEGMENT_BYTES
@@ -43,15 +43,6 @@ def bound(counters: Mapping[str, int], chip: Chip,
             "compute_us": compute_us, "memory_us": memory_us,
             "bound_us": max(compute_us, memory_us),
             "limited_by": "compute" if compute_us > memory_us else "memory"}
-
-
-def summed(counters: Iterable[Mapping[str, int]]) -> Dict[str, int]:
-    """Counters of several launches added up."""
-    total: Dict[str, int] = {}
-    for c in counters:
-        for k, v in c.items():
-            total[k] = total.get(k, 0) + v
-    return total
 
 
 def coalescing_columns(counters: Mapping[str, int]) -> Dict[str, object]:
