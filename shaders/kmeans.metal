@@ -61,14 +61,28 @@ constant constexpr uint KMEANS_ASSIGN_ADD_X_SQ = 1u;  // dist holds D': add x_sq
 constant constexpr uint KMEANS_ASSIGN_STORE = 2u;     // write the finished row back to dist
 
 // labels[i] = argmin_j D[i, j] (the lowest j on ties, as torch.argmin and scikit-learn),
-// min_dist[i] = that minimum. One thread per point: k is small next to n, and a row of D
-// is contiguous. With KMEANS_ASSIGN_ADD_X_SQ the row read is the GEMM's D' and each entry
-// becomes max(x_sq[i] + D'[i, j], 0) before the comparison: the clamp because cancellation
-// can make the exact 0 of a point sitting on its centroid come out slightly negative. With
-// KMEANS_ASSIGN_STORE the finished entries are written back in place (the host's
-// `distances`, which returns D). Without flags, dist is a finished D, only read, and x_sq
-// is not read. Starting from column 0 rather than +inf means a row of NaNs (which the host
-// never sends: it rejects non-finite input) still yields a label in range.
+// min_dist[i] = that minimum. With KMEANS_ASSIGN_ADD_X_SQ the row read is the GEMM's D'
+// and each entry becomes max(x_sq[i] + D'[i, j], 0) before the comparison: the clamp
+// because cancellation can make the exact 0 of a point sitting on its centroid come out
+// slightly negative. With KMEANS_ASSIGN_STORE the finished entries are written back in
+// place (the host's `distances`, which returns D). Without flags, dist is a finished D,
+// only read, and x_sq is not read. Starting from column 0 rather than +inf means a row of
+// NaNs (which the host never sends: it rejects non-finite input) still yields a label in
+// range.
+//
+// One thread per point, lane l of a SIMD-group owning point p0 + l. Each lane reading its
+// own row would put the 32 lanes of every load 4k bytes apart (k separate 128-byte
+// segments per instruction when k >= 32: the emulator's counters gave 7% of the minimum
+// transactions at k = 16). Instead the SIMD-group stages its 32 rows through threadgroup
+// memory, up to 32 columns at a time: consecutive lanes load consecutive elements of the
+// block (one contiguous run when k <= 32), then each lane scans its row of the tile, whose
+// pitch is odd so that the 32 lanes' reads fall on 32 banks. Finished entries go back the
+// same way. The host rounds the grid up to whole threadgroups of KMEANS_ASSIGN_GROUP
+// threads, so every lane exists and reaches the barriers.
+constant constexpr uint KMEANS_ASSIGN_GROUP = 64;      // 2 SIMD-groups
+constant constexpr uint KMEANS_ASSIGN_TILE = 32 * 33;  // 32 rows, pitch up to 33
+constant constexpr uint KMEANS_ASSIGN_TILES = 2 * KMEANS_ASSIGN_TILE;
+
 template <typename T>
 [[kernel]] void kmeans_assign(
     device T* dist            [[buffer(0)]],  // (n, k)
@@ -78,31 +92,54 @@ template <typename T>
     constant uint& n          [[buffer(4)]],
     constant uint& k          [[buffer(5)]],
     constant uint& flags      [[buffer(6)]],
-    uint gid                  [[thread_position_in_grid]]) {
-  if (gid >= n) {
-    return;
-  }
-  device T* r = dist + gid * k;
+    uint gid                  [[thread_position_in_grid]],
+    uint lane                 [[thread_index_in_simdgroup]],
+    uint simd                 [[simdgroup_index_in_threadgroup]]) {
+  threadgroup T tile[KMEANS_ASSIGN_TILES];
+  const uint base = simd * KMEANS_ASSIGN_TILE;  // this SIMD-group's tile
+  const uint p0 = gid - lane;  // the SIMD-group's first point
+  const uint rows = p0 < n ? min(32u, n - p0) : 0u;
   const bool add = (flags & KMEANS_ASSIGN_ADD_X_SQ) != 0;
   const bool store = add && (flags & KMEANS_ASSIGN_STORE) != 0;
-  const T xs = add ? x_sq[gid] : T(0);
+  const T xs = add && gid < n ? x_sq[gid] : T(0);
   T best = T(0);
   uint best_j = 0;
-  for (uint j = 0; j < k; ++j) {
-    T v = r[j];
-    if (add) {
-      v = max(xs + v, T(0));
-      if (store) {
-        r[j] = v;
+  for (uint j0 = 0; j0 < k; j0 += 32) {
+    const uint cols = min(32u, k - j0);
+    const uint pitch = cols | 1u;
+    for (uint e = lane; e < rows * cols; e += 32) {
+      const uint r = e / cols, c = e % cols;
+      tile[base + r * pitch + c] = dist[(p0 + r) * k + j0 + c];
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (gid < n) {
+      for (uint c = 0; c < cols; ++c) {
+        T v = tile[base + lane * pitch + c];
+        if (add) {
+          v = max(xs + v, T(0));
+          if (store) {
+            tile[base + lane * pitch + c] = v;
+          }
+        }
+        if ((j0 == 0 && c == 0) || v < best) {
+          best = v;
+          best_j = j0 + c;
+        }
       }
     }
-    if (j == 0 || v < best) {
-      best = v;
-      best_j = j;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (store) {
+      for (uint e = lane; e < rows * cols; e += 32) {
+        const uint r = e / cols, c = e % cols;
+        dist[(p0 + r) * k + j0 + c] = tile[base + r * pitch + c];
+      }
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // before the next block overwrites it
     }
   }
-  labels[gid] = int(best_j);
-  min_dist[gid] = best;
+  if (gid < n) {
+    labels[gid] = int(best_j);
+    min_dist[gid] = best;
+  }
 }
 
 // ---------------------------------------------------------------------------------------

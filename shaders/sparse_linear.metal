@@ -278,6 +278,175 @@ template <typename T>
   }
 }
 
+// Lanes along the batch. The kernels above give each lane of a SIMD-group its own target
+// row (or source neuron): the lanes' loads of indices, values and x then touch up to 32
+// separate 128-byte segments per instruction (the emulator's counters: under 5% of the
+// minimum transactions at 4096 x 4096, 1%, batch 64). The two below give a SIMD-group one
+// row (one source neuron) and its lanes 32 consecutive batch elements, with the
+// activations in the (features, batch) layout: one instruction then reads an edge's index
+// and value once for every lane (a broadcast), and x[:, col] or grad_output[:, row] as 128
+// contiguous bytes. The host converts the activations once (a layer's output is already in
+// that layout, as the transposed view of what the kernel wrote) and picks these kernels by
+// batch size (sparse_linear.py, lanes_along_batch).
+
+// Batch elements one lane handles per pass over a row's edges: the edge's index and value
+// are loaded once per pass.
+constant constexpr uint TSM_BATCH_PASS = 4;
+
+// out_t[row, b] = act(bias[row] + sum over the row's edges e of values[e] * x_t[indices[e], b]).
+// One SIMD-group per target row: gid = row * 32 + lane.
+template <typename T>
+[[kernel]] void sparse_linear_forward_batch_lanes(
+    device const T* input_t        [[buffer(0)]],  // (in_features, batch)
+    device const int* indptr       [[buffer(1)]],  // (out_features + 1)
+    device const int* indices      [[buffer(2)]],  // (nnz)
+    device const T* values         [[buffer(3)]],  // (nnz)
+    device const T* bias           [[buffer(4)]],  // (out_features), read only if has_bias
+    device T* output_t             [[buffer(5)]],  // (out_features, batch)
+    constant uint& batch           [[buffer(6)]],
+    constant uint& in_features     [[buffer(7)]],
+    constant uint& out_features    [[buffer(8)]],
+    constant uint& has_bias        [[buffer(9)]],
+    device T* preact_t             [[buffer(10)]],  // (out_features, batch), if save_preact
+    constant uint& activation      [[buffer(11)]],
+    constant uint& save_preact     [[buffer(12)]],
+    constant uint& nnz             [[buffer(13)]],
+    uint gid                       [[thread_position_in_grid]]) {
+  const uint row = gid / 32, lane = gid % 32;
+  if (row >= out_features) {
+    return;
+  }
+  const int begin = indptr[row], end = indptr[row + 1];
+  const T start = has_bias != 0 ? bias[row] : T(0);
+  for (uint b0 = 0; b0 < batch; b0 += 32 * TSM_BATCH_PASS) {
+    T acc[TSM_BATCH_PASS];
+    for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
+      acc[k] = start;
+    }
+    bool bad = !tsm_edge_range_ok(begin, end, nnz);
+    for (int e = begin; !bad && e < end; ++e) {
+      const int col = indices[e];
+      if (uint(col) >= in_features) {
+        bad = true;
+        break;
+      }
+      const T v = values[e];
+      device const T* x = input_t + uint(col) * batch;
+      for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
+        const uint b = b0 + 32 * k + lane;
+        if (b < batch) {
+          acc[k] = fma(v, x[b], acc[k]);
+        }
+      }
+    }
+    for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
+      const uint b = b0 + 32 * k + lane;
+      if (b < batch) {
+        const T z = bad ? numeric_limits<T>::quiet_NaN() : acc[k];
+        if (save_preact != 0) {
+          preact_t[row * batch + b] = z;
+        }
+        output_t[row * batch + b] = tsm_activate(z, activation);
+      }
+    }
+  }
+}
+
+// The fused backward with a SIMD-group per neuron slot i (gid = i * 32 + lane, slots as
+// in sparse_linear_backward) and lanes along the batch, activations in the (features,
+// batch) layout. The SIMD-group owns grad_input[:, i], and also grad_values[edge] for
+// every edge leaving source i and grad_bias[i]: their sums over the batch are a simd_sum
+// of the lanes' parts, which lane 0 adds to the zero-filled gradient, once per pass of
+// 32 * TSM_BATCH_PASS batch elements. One atomic per edge and pass instead of one per edge
+// and batch element, on one lane; atomic only so that a corrupted by-source CSR (ranges
+// that overlap, see tsm_edge_range_ok) cannot make two SIMD-groups race on an edge. With
+// a valid one each edge has one writer, so the sum's order is the same every run.
+template <typename T>
+[[kernel]] void sparse_linear_backward_batch_lanes(
+    device const T* grad_output_t    [[buffer(0)]],   // (out_features, batch)
+    device const T* input_t          [[buffer(1)]],   // (in_features, batch), if need_grad_values
+    device const T* values           [[buffer(2)]],   // (nnz), if need_grad_input
+    device const int* src_indptr     [[buffer(3)]],   // (in_features + 1)
+    device const int* src_rows       [[buffer(4)]],   // (nnz)
+    device const int* src_perm       [[buffer(5)]],   // (nnz)
+    device T* grad_input_t           [[buffer(6)]],   // (in_features, batch)
+    device atomic<T>* grad_values    [[buffer(7)]],   // (nnz), zero-filled
+    device atomic<T>* grad_bias      [[buffer(8)]],   // (out_features), zero-filled
+    constant uint& batch             [[buffer(9)]],
+    constant uint& in_features       [[buffer(10)]],
+    constant uint& out_features      [[buffer(11)]],
+    constant uint& neurons           [[buffer(12)]],
+    constant uint& need_grad_input   [[buffer(13)]],
+    constant uint& need_grad_values  [[buffer(14)]],
+    constant uint& need_grad_bias    [[buffer(15)]],
+    device const T* act_saved_t      [[buffer(16)]],  // (out_features, batch), if activation
+    constant uint& activation        [[buffer(17)]],
+    constant uint& nnz               [[buffer(18)]],
+    uint gid                         [[thread_position_in_grid]]) {
+  const uint i = gid / 32, lane = gid % 32;
+  if (i >= neurons) {
+    return;  // whole SIMD-groups: the grid is neurons * 32
+  }
+  const T nan = numeric_limits<T>::quiet_NaN();
+
+  if (i < in_features && (need_grad_input != 0 || need_grad_values != 0)) {
+    const int begin = src_indptr[i], end = src_indptr[i + 1];
+    for (uint b0 = 0; b0 < batch; b0 += 32 * TSM_BATCH_PASS) {
+      T x[TSM_BATCH_PASS], acc[TSM_BATCH_PASS];
+      for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
+        const uint b = b0 + 32 * k + lane;
+        x[k] = need_grad_values != 0 && b < batch ? input_t[i * batch + b] : T(0);
+        acc[k] = T(0);
+      }
+      bool bad = !tsm_edge_range_ok(begin, end, nnz);
+      for (int p = begin; !bad && p < end; ++p) {
+        int row, edge;
+        if (!tsm_source_edge(src_rows, src_perm, p, out_features, nnz, row, edge)) {
+          bad = true;
+          break;
+        }
+        const T v = need_grad_input != 0 ? values[edge] : T(0);
+        device const T* g = grad_output_t + uint(row) * batch;
+        device const T* saved = act_saved_t + uint(row) * batch;
+        T part = T(0);  // this lane's share of grad_values[edge]
+        for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
+          const uint b = b0 + 32 * k + lane;
+          if (b < batch) {
+            const T dz = tsm_grad_preact(g, saved, int(b), activation);
+            acc[k] = fma(dz, v, acc[k]);
+            part = fma(dz, x[k], part);
+          }
+        }
+        if (need_grad_values != 0) {
+          const T total = simd_sum(part);  // the row's edges are the same for every lane
+          if (lane == 0) {
+            atomic_fetch_add_explicit(&grad_values[edge], total, memory_order_relaxed);
+          }
+        }
+      }
+      if (need_grad_input != 0) {
+        for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
+          const uint b = b0 + 32 * k + lane;
+          if (b < batch) {
+            grad_input_t[i * batch + b] = bad ? nan : acc[k];
+          }
+        }
+      }
+    }
+  }
+
+  if (need_grad_bias != 0 && i < out_features) {
+    T part = T(0);
+    for (uint b = lane; b < batch; b += 32) {
+      part += tsm_grad_preact(grad_output_t + i * batch, act_saved_t + i * batch, int(b), activation);
+    }
+    const T total = simd_sum(part);
+    if (lane == 0) {
+      atomic_fetch_add_explicit(&grad_bias[i], total, memory_order_relaxed);
+    }
+  }
+}
+
 TSM_INSTANTIATE_KERNEL("sparse_linear_forward_float", sparse_linear_forward, float)
 TSM_INSTANTIATE_KERNEL("sparse_linear_backward_float", sparse_linear_backward, float)
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_double", sparse_linear_forward, double))
@@ -285,3 +454,9 @@ TSM_INSTANTIATE_KERNEL("sparse_linear_backward_deterministic_float", sparse_line
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_double", sparse_linear_backward, double))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_deterministic_double",
                                          sparse_linear_backward_deterministic, double))
+TSM_INSTANTIATE_KERNEL("sparse_linear_forward_batch_lanes_float", sparse_linear_forward_batch_lanes, float)
+TSM_INSTANTIATE_KERNEL("sparse_linear_backward_batch_lanes_float", sparse_linear_backward_batch_lanes, float)
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_batch_lanes_double",
+                                         sparse_linear_forward_batch_lanes, double))
+TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_batch_lanes_double",
+                                         sparse_linear_backward_batch_lanes, double))

@@ -70,8 +70,8 @@ def test_project_shaders_run_unsanitized_and_sanitized():
     # Both builds ran: unsanitized launches carry no counters, sanitized ones do.
     assert any(l.counters is None for l in launches)
     assert any(l.counters is not None for l in launches)
-    assert {l.kernel for l in launches} >= {"sparse_linear_forward_float",
-                                            "sparse_linear_backward_float"}
+    assert {l.kernel for l in launches} >= {"sparse_linear_forward_batch_lanes_float",
+                                            "sparse_linear_backward_batch_lanes_float"}
 
 
 def test_a_wrong_answer_fails_the_row_and_gives_no_number():

@@ -91,8 +91,8 @@ def assert_compiled_matches_eager(make_model, backend, dtype=torch.float64):
 
 def test_sparse_mlp_compiles_fullgraph_with_inductor():
     kernels = assert_compiled_matches_eager(sparse_mlp, "inductor")
-    assert kernels == sorted(["sparse_linear_forward_double"] * 3 + ["cross_entropy_forward_double"]
-                             + ["sparse_linear_backward_double"] * 3)
+    assert kernels == sorted(["sparse_linear_forward_batch_lanes_double"] * 3 + ["cross_entropy_forward_double"]
+                             + ["sparse_linear_backward_batch_lanes_double"] * 3)
 
 
 def test_linear_model_compiles_fullgraph_with_inductor():
@@ -137,8 +137,8 @@ def test_compiled_training_step_takes_at_most_2L_plus_2_dispatches(widths):
                     module(x, labels).backward()
                     optimizer.step()
                 assert [l.kernel for l in launches] == (
-                    ["sparse_linear_forward_float"] * L + ["cross_entropy_forward_float"]
-                    + ["sparse_linear_backward_float"] * L + ["adamw_step_float"])
+                    ["sparse_linear_forward_batch_lanes_float"] * L + ["cross_entropy_forward_float"]
+                    + ["sparse_linear_backward_batch_lanes_float"] * L + ["adamw_step_float"])
     for p, q in zip(model.parameters(), eager_model.parameters()):
         torch.testing.assert_close(p, q)  # atomics: last bits may differ
 

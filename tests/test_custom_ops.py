@@ -41,10 +41,13 @@ def sparse_linear_cases():
             for with_source in (False, True):
                 indptr, indices, src, fp = pattern(with_source)
                 yield (leaf(3, 5), indptr, indices, leaf(7, seed=1), leaf(4, seed=2), *src, fp,
-                       activation, deterministic, activation == "gelu", with_source)
+                       activation, deterministic, activation == "gelu", with_source, False)
+                if not deterministic:  # the batch-lanes kernels: output (out_features, batch)
+                    yield (leaf(3, 5), indptr, indices, leaf(7, seed=1), leaf(4, seed=2), *src,
+                           fp, activation, False, activation == "gelu", with_source, True)
     indptr, indices, src, fp = pattern(True)  # no bias, only some inputs need a gradient
     yield (leaf(3, 5, grad=False), indptr, indices, leaf(7, seed=1), None, *src, fp, None,
-           True, False, False)
+           True, False, False, False)
 
 
 def sparse_linear_backward_cases():
@@ -53,7 +56,12 @@ def sparse_linear_backward_cases():
             indptr, indices, src, fp = pattern(deterministic)
             act = leaf(3, 4, grad=False, seed=3).relu()
             yield (leaf(3, 4, grad=False), leaf(3, 5, grad=False), leaf(7, grad=False, seed=1),
-                   act, indptr, indices, *src, fp, 5, "relu", deterministic, *map(bool, need))
+                   act, indptr, indices, *src, fp, 5, "relu", deterministic, *map(bool, need),
+                   False)
+            if not deterministic:  # the batch-lanes kernel: (features, batch) activations
+                yield (leaf(4, 3, grad=False), leaf(3, 5, grad=False),
+                       leaf(7, grad=False, seed=1), act.t().contiguous(), indptr, indices, *src,
+                       fp, 5, "relu", False, *map(bool, need), True)
 
 
 def matmul_cases():

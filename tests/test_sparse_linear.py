@@ -174,8 +174,8 @@ def test_only_needed_gradients(emulator, needs):
     with tsm.metal.record() as launches:
         y = tsm.sparse_linear(inputs[0], indptr, indices, inputs[1], inputs[2])
         y.backward(grad)
-    assert [l.kernel for l in launches] == ["sparse_linear_forward_double",
-                                            "sparse_linear_backward_double"]
+    assert [l.kernel for l in launches] == ["sparse_linear_forward_batch_lanes_double",
+                                            "sparse_linear_backward_batch_lanes_double"]
     ref_inputs = leaves(x, values, bias)
     sparse_linear_reference(ref_inputs[0], indptr, indices, ref_inputs[1],
                             ref_inputs[2]).backward(grad)
@@ -216,11 +216,12 @@ def test_one_dispatch_forward_and_backward(emulator):
         y = tsm.sparse_linear(x, indptr, indices, values, bias)
     with tsm.metal.record() as backward:
         y.backward(grad)
+    # A batch of 7 runs the batch-lanes kernels: a SIMD-group of 32 per row (per slot).
     assert [(l.kernel, l.threads, l.group_size, l.backend) for l in forward] == [
-        ("sparse_linear_forward_float", (7 * 6, 1, 1), (256, 1, 1), "emulator")]
-    # grad_bias needs a slot per target neuron: the grid is batch * max(in, out).
+        ("sparse_linear_forward_batch_lanes_float", (6 * 32, 1, 1), (256, 1, 1), "emulator")]
+    # grad_bias needs a slot per target neuron: the grid is max(in, out) SIMD-groups.
     assert [(l.kernel, l.threads, l.group_size, l.backend) for l in backward] == [
-        ("sparse_linear_backward_float", (7 * 6, 1, 1), (256, 1, 1), "emulator")]
+        ("sparse_linear_backward_batch_lanes_float", (6 * 32, 1, 1), (256, 1, 1), "emulator")]
 
 
 def test_backward_without_bias_grid_covers_sources(emulator):
@@ -230,7 +231,7 @@ def test_backward_without_bias_grid_covers_sources(emulator):
     y = tsm.sparse_linear(x, indptr, indices, values)
     with tsm.metal.record() as backward:
         y.backward(grad)
-    assert [l.threads for l in backward] == [(3 * 5, 1, 1)]
+    assert [l.threads for l in backward] == [(5 * 32, 1, 1)]  # a SIMD-group per source
 
 
 @pytest.mark.parametrize("rows,in_f,batch", [
@@ -389,7 +390,7 @@ def test_good_call_passes_validation(emulator):
     args = _good()
     with tsm.metal.record() as launches:
         y = tsm.sparse_linear(**args)
-    assert [l.kernel for l in launches] == ["sparse_linear_forward_float"]
+    assert [l.kernel for l in launches] == ["sparse_linear_forward_batch_lanes_float"]
     v = args["values"]
     dense = torch.zeros(3, 3)
     dense[0, 0], dense[0, 2], dense[2, 1] = v[0], v[1], v[2]   # rows [[0, 2], [], [1]]
@@ -434,7 +435,7 @@ def test_every_kernel_name_exists_in_the_library():
     names = set(library.kernel_names)
     assert set(sl_module.kernel_names("emulator")) <= names
     assert set(sl_module.kernel_names("metal")) <= names
-    assert "sparse_linear_forward_double" in names  # the emulator's float64 instantiations
+    assert "sparse_linear_forward_batch_lanes_double" in names  # the emulator's float64 instantiations
 
 
 @pytest.mark.mac

@@ -90,8 +90,8 @@ def test_one_dispatch_each_way(emulator, activation):
     with tsm.metal.record() as launches:
         y = tsm.sparse_linear(*leaves[:1], indptr, indices, *leaves[1:], activation=activation)
         y.backward(grad)
-    assert [l.kernel for l in launches] == ["sparse_linear_forward_float",
-                                            "sparse_linear_backward_float"]
+    assert [l.kernel for l in launches] == ["sparse_linear_forward_batch_lanes_float",
+                                            "sparse_linear_backward_batch_lanes_float"]
 
 
 @pytest.mark.parametrize("activation", ["relu", "gelu", "tanh"])

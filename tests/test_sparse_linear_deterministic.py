@@ -103,6 +103,7 @@ def test_one_dispatch_each_way_and_no_zero_fills_needed():
                               deterministic=True)
     with tsm.metal.record() as backward:
         y.backward(upstream)
+    # The deterministic backward keeps a lane per element, and so the forward's layout.
     assert [l.kernel for l in forward] == ["sparse_linear_forward_float"]
     assert [l.kernel for l in backward] == [DET_KERNEL + "_float"]
     # grid: batch * in_features for grad_input, nnz for grad_values, out_features for grad_bias
@@ -119,12 +120,12 @@ def test_torch_deterministic_mode_selects_it_and_the_argument_overrides():
                               **kwargs).backward(upstream)
         return launches[-1].kernel
 
-    assert backward_kernel() == "sparse_linear_backward_float"
+    assert backward_kernel() == "sparse_linear_backward_batch_lanes_float"
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
         assert backward_kernel() == DET_KERNEL + "_float"
-        assert backward_kernel(deterministic=False) == "sparse_linear_backward_float"
+        assert backward_kernel(deterministic=False) == "sparse_linear_backward_batch_lanes_float"
     finally:
         torch.use_deterministic_algorithms(previous)
     assert backward_kernel(deterministic=True) == DET_KERNEL + "_float"

@@ -154,9 +154,9 @@ def test_dispatches_per_layer(emulator):
     with tsm.metal.record() as launches:
         net(x).sum().backward()
     kernels = [l.kernel for l in launches]
-    assert kernels.count("sparse_linear_forward_float") == 2
+    assert kernels.count("sparse_linear_forward_batch_lanes_float") == 2
     # The first layer's input needs no gradient, but its weight does: one dispatch each.
-    assert kernels.count("sparse_linear_backward_float") == 2
+    assert kernels.count("sparse_linear_backward_batch_lanes_float") == 2
     assert len(kernels) == 4
 
 

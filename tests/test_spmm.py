@@ -37,7 +37,8 @@ def test_matches_scipy(emulator, m, k, n, density):
         out = tsm.spmm(tensor, dense)
     assert out.shape == (m, n) and out.is_contiguous()
     np.testing.assert_allclose(out.numpy(), matrix @ dense.numpy(), rtol=1e-12, atol=1e-12)
-    assert [l.kernel for l in launches] == (["sparse_linear_forward_double"] if matrix.nnz else [])
+    kernel = "sparse_linear_forward_batch_lanes_double" if n >= 3 else "sparse_linear_forward_double"
+    assert [l.kernel for l in launches] == ([kernel] if matrix.nnz else [])
 
 
 def test_gradients_on_both_sides_match_torch_sparse_mm(emulator):
@@ -49,8 +50,8 @@ def test_gradients_on_both_sides_match_torch_sparse_mm(emulator):
     grad = torch.randn(8, 5, dtype=torch.float64)
     with tsm.metal.record() as launches:
         tsm.spmm(a, b).backward(grad)
-    assert [l.kernel for l in launches] == ["sparse_linear_forward_double",
-                                            "sparse_linear_backward_double"]
+    assert [l.kernel for l in launches] == ["sparse_linear_forward_batch_lanes_double",
+                                            "sparse_linear_backward_batch_lanes_double"]
     torch.sparse.mm(ref_a, ref_b).backward(grad)
     assert a.grad.layout == torch.sparse_csr
     assert torch.equal(a.grad.crow_indices(), ref_a.grad.crow_indices())

@@ -61,8 +61,8 @@ def test_training_step_takes_at_most_2L_plus_2_dispatches(emulator, widths):
             opt.step()
         kernels = [l.kernel for l in launches]
         assert len(kernels) <= 2 * L + 2
-        assert kernels == (["sparse_linear_forward_float"] * L + ["cross_entropy_forward_float"]
-                           + ["sparse_linear_backward_float"] * L + ["adamw_step_float"])
+        assert kernels == (["sparse_linear_forward_batch_lanes_float"] * L + ["cross_entropy_forward_float"]
+                           + ["sparse_linear_backward_batch_lanes_float"] * L + ["adamw_step_float"])
 
 
 def test_training_step_matches_torch(emulator):

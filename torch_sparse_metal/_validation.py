@@ -185,9 +185,10 @@ def validate_csr(op: str, indptr: torch.Tensor, indices: torch.Tensor, *, n_cols
     return (indptr.to(torch.int32).contiguous(), indices.to(torch.int32).contiguous())
 
 
-def flat_batch(op: str, name: str, t: torch.Tensor,
-               features: int) -> Tuple[torch.Tensor, Sequence[int]]:
-    """``(*, features)`` -> ``((batch, features) contiguous, leading shape)``."""
+def flat_batch(op: str, name: str, t: torch.Tensor, features: int,
+               contiguous: bool = True) -> Tuple[torch.Tensor, Sequence[int]]:
+    """``(*, features)`` -> ``((batch, features), leading shape)``; contiguous unless
+    ``contiguous`` is False (then a 2-D ``t`` keeps its layout)."""
     if t.dim() == 0:
         raise ValueError(f"{op}: {name} must have at least 1 dimension (*, {features}), "
                          "got a 0-D tensor")
@@ -196,4 +197,5 @@ def flat_batch(op: str, name: str, t: torch.Tensor,
                          f"but in_features is {features}")
     lead = tuple(t.shape[:-1])
     # math.prod, not -1: reshape(-1, 0) is ambiguous when in_features is 0.
-    return t.reshape(math.prod(lead), features).contiguous(), lead
+    flat = t.reshape(math.prod(lead), features)
+    return (flat.contiguous() if contiguous else flat), lead

@@ -180,6 +180,20 @@ kernel void divergent(device float* out [[buffer(0)]], constant uint& mode [[buf
   out[gid] = t[(lid + 1) % 32];
 }
 
+// Threadgroup scalars, one of them atomic (the rewriter wraps each use of a scalar).
+kernel void tg_scalars(device uint* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup atomic_uint count;
+  threadgroup float total;
+  if (lid == 0) {
+    atomic_store_explicit(&count, 0u, memory_order_relaxed);
+    total = 1.5f;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  atomic_fetch_add_explicit(&count, lid, memory_order_relaxed);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[lid] = atomic_load_explicit(&count, memory_order_relaxed) + uint(total);
+}
+
 // A data race the sanitizer reports: the barrier after the reads is missing.
 kernel void racy(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]],
                  uint gid [[thread_position_in_grid]]) {
@@ -203,6 +217,7 @@ LAUNCHES = {
     "templated_float": [(lambda: [torch.zeros(64)], 64, 32)],
     "templated_int": [(lambda: [torch.zeros(64, dtype=torch.int32)], 64, 32)],
     "divergent": [(lambda m=m: [torch.zeros(64), m], 64, 32) for m in (0, 1, 2, 3, 4)],
+    "tg_scalars": [(lambda: [torch.zeros(64, dtype=torch.int32)], 64, 64)],
     "racy": [(lambda: [torch.zeros(64)], 64, 32)],
 }
 
@@ -258,7 +273,7 @@ def _strict_barriers(monkeypatch):
 
 def test_every_structure_here_runs_as_regions(tmp_path):
     assert grouped(STRUCTURES, tmp_path) == {"nested_loops", "if_else_loops", "break_continue",
-                                             "declarations", "templated", "divergent", "racy"}
+                                             "declarations", "templated", "divergent", "tg_scalars", "racy"}
 
 
 @pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
@@ -383,13 +398,14 @@ def test_the_project_shaders_with_barriers_run_as_regions():
     regions: a change that made one fall back to fibers (much slower) fails here."""
     expected = {
         "kmeans.metal": {"kmeans_accumulate_atomic", "kmeans_accumulate_cas_float", "kmeans_accumulate_blocks",
-                         "kmeans_drift", "kmeans_assign_one"},
+                         "kmeans_drift", "kmeans_assign_one", "kmeans_assign"},
         "matmul_tiled.metal": {"matmul_tiled"},
         "matmul_register.metal": {"matmul_register"},
         "matmul_simdgroup.metal": {"matmul_simdgroup"},
         "matmul_shuffle.metal": {"matmul_shuffle"},
         "adamw.metal": {"adamw_step"},
         "cross_entropy.metal": {"cross_entropy_forward"},
+        "sparse_linear.metal": {"sparse_linear_backward_batch_lanes"},
     }
     for shader, kernels in expected.items():
         assert _compiler.generated_cxx(SHADERS_DIR / shader).grouped == kernels, shader

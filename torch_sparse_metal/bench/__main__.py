@@ -50,6 +50,35 @@ def _density(text: str) -> float:
 
 
 @_checked
+def _chip(text: str):
+    from .roofline import chip
+    return chip(text)
+
+
+@_checked
+def _size(text: str):
+    """``IxO`` (in_features x out_features) or ``S`` for ``S x S``."""
+    try:
+        dims = [int(x) for x in text.lower().split("x")]
+    except ValueError:
+        dims = []
+    if len(dims) == 1:
+        dims = dims * 2
+    if len(dims) != 2:
+        raise ValueError(f"size {text!r}: expected S or IxO")
+    if min(dims) < 1:
+        raise ValueError(f"size {text!r}: every dimension must be at least 1")
+    return tuple(dims)
+
+
+def _add_chip(parser, default=None):
+    parser.add_argument("--chip", type=_chip, nargs="+", default=default,
+                        metavar="{m1,m1-max,m2-max,m3-max,m4,m4-max,m5}",
+                        help="print beside the counters a lower bound on the GPU time on "
+                             "these chips, from public peak figures (not a measurement)")
+
+
+@_checked
 def _shape(text: str):
     from .matmul import parse_shape
     return parse_shape(text)
@@ -85,6 +114,15 @@ def main(argv=None) -> int:
     km.add_argument("--k", type=POSITIVE, default=16, help="clusters")
     km.add_argument("--iters", type=POSITIVE, default=10, help="Lloyd iterations per fit")
     km.add_argument("--json", action="store_true", help="print the result as JSON")
+    _add_chip(km)
+    sp = sub.add_parser("sparse", help="the sparse layer's forward and backward kernels: "
+                                       "emulator counters, coalescing, a roofline per chip")
+    sp.add_argument("--sizes", type=_size, nargs="+", default=[(4096, 4096)], metavar="S|IxO",
+                    help="in_features x out_features (default 4096x4096)")
+    sp.add_argument("--density", type=_density, default=0.01)
+    sp.add_argument("--batch", type=POSITIVE, default=64)
+    sp.add_argument("--json", action="store_true", help="print the rows as JSON")
+    _add_chip(sp, default=[_chip("m1-max"), _chip("m4-max")])
     ops = sub.add_parser("ops", help="per-call cost of each op registration style (direct, "
                                      "autograd.Function, custom_op, Library.define) around a "
                                      "no-op kernel")
@@ -111,6 +149,7 @@ def main(argv=None) -> int:
     mat.add_argument("--csv", default=None, help="MPS: write the rows to this CSV file")
     mat.add_argument("--plot", default=None, help="MPS: write a PNG bar chart here")
     mat.add_argument("--json", action="store_true", help="print the rows as JSON")
+    _add_chip(mat)
     emu = sub.add_parser("emulator", help="the emulator's speed: kernels with an OpenCL twin "
                                           "against PoCL when installed, the project's shaders, "
                                           "the sanitizer's slowdown")
@@ -153,8 +192,12 @@ def main(argv=None) -> int:
         print(json.dumps(rows, indent=2) if args.json else ops_bench.format_table(rows, device))
     elif args.benchmark == "kmeans":
         from . import kmeans as kmeans_bench
-        result = kmeans_bench.run(args.n, args.d, args.k, args.iters)
+        result = kmeans_bench.run(args.n, args.d, args.k, args.iters, chips=args.chip or ())
         print(json.dumps(result, indent=2) if args.json else kmeans_bench.format_report(result))
+    elif args.benchmark == "sparse":
+        from . import sparse
+        rows = sparse.run(args.sizes, args.density, args.batch, args.chip)
+        print(json.dumps(rows, indent=2) if args.json else sparse.format_table(rows, args.chip))
     elif args.benchmark == "emulator":
         from . import emulator
         result, table = emulator.main(args)

@@ -17,12 +17,14 @@ from __future__ import annotations
 import collections
 import os
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
 from .. import _backend, metal
 from ..cluster import KMeans
+from . import roofline
+from .chips import CHIPS, Chip
 
 
 def make_data(n: int, d: int, k: int, seed: int = 0) -> torch.Tensor:
@@ -68,16 +70,14 @@ def _emulator_counters(x: torch.Tensor, init: torch.Tensor) -> Dict[str, Dict[st
             os.environ["TSM_SANITIZE"] = previous
     totals: Dict[str, Dict[str, int]] = {}
     for launch in launches:
-        counters = getattr(launch, "counters", None) or {}
         entry = totals.setdefault(launch.kernel, collections.Counter(dispatches=0))
         entry["dispatches"] += 1
-        for key in ("atomics", "device_bytes_read", "device_bytes_written", "barriers"):
-            entry[key] += int(counters.get(key, 0))
+        entry.update(launch.counters)
     return {k: dict(v) for k, v in totals.items()}
 
 
 def run(n: int = 20000, d: int = 32, k: int = 16, iters: int = 10,
-        counter_points: int = 2000) -> Dict[str, object]:
+        counter_points: int = 2000, chips: Sequence[Chip] = ()) -> Dict[str, object]:
     x = make_data(n, d, k)
     init = x[torch.randperm(n, generator=torch.Generator().manual_seed(1))[:k]].clone()
     rows: List[Dict[str, object]] = []
@@ -119,8 +119,12 @@ def run(n: int = 20000, d: int = 32, k: int = 16, iters: int = 10,
         rows.append(_row("emulator", r["seconds"], r["iters"], n, r["inertia"]))
         result["dispatches_one_iteration_fit"] = [l.kernel for l in launches]
         sub = x[:counter_points].contiguous()
-        result["counters_one_iteration"] = _emulator_counters(sub, sub[:k].clone())
+        counters = _emulator_counters(sub, sub[:k].clone())
+        result["counters_one_iteration"] = counters
         result["counter_points"] = sub.shape[0]
+        result["chips"] = [c.name for c in chips]
+        result["bounds_one_iteration"] = {kernel: [roofline.bound(c, chip) for chip in chips]
+                                          for kernel, c in counters.items()}
     return result
 
 
@@ -136,9 +140,13 @@ def format_report(result: Dict[str, object]) -> str:
         lines.append("dispatches of fit(max_iter=1) (one iteration + ||x||^2 + final labels): "
                      + ", ".join(f"{k} x{v}" for k, v in names.items()))
         lines.append(f"emulator counters, one sanitized iteration on {result['counter_points']} points:")
-        lines.append(f"  {'kernel':<34}{'atomics':>9}{'bytes read':>12}{'written':>10}{'barriers':>10}")
+        chips = [CHIPS[name] for name in result["chips"]]
+        lines.append(f"  {'kernel':<34}{'atomics':>9}{'atom cf':>9}{'bytes read':>12}{'written':>10}"
+                     f"{'barriers':>10}" + roofline.header(chips))
         for kernel, c in result["counters_one_iteration"].items():
-            lines.append(f"  {kernel:<34}{c.get('atomics', 0):>9}{c.get('device_bytes_read', 0):>12}"
-                         f"{c.get('device_bytes_written', 0):>10}{c.get('barriers', 0):>10}")
+            lines.append(f"  {kernel:<34}{c['atomics']:>9}{c['atomic_conflicts']:>9}"
+                         f"{c['device_bytes_read']:>12}{c['device_bytes_written']:>10}"
+                         f"{c['barriers']:>10}" + roofline.cells(c, chips))
+        lines += ["  " + line for line in roofline.footnote(chips)] if chips else []
         lines.append("(the emulator runs on this CPU: its times are not GPU times)")
     return "\n".join(lines)

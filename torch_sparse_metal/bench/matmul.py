@@ -30,6 +30,8 @@ import torch
 from .. import _backend
 from ..metal import instrumented, record
 from ..ops import matmul as mmops
+from . import roofline
+from .chips import FP32_PEAKS, Chip
 
 Shape = Tuple[str, int, int, int]  # (label, M, N, K)
 
@@ -49,28 +51,6 @@ EMULATOR_SHAPES: Tuple[Shape, ...] = (
     ("square_64", 64, 64, 64), ("square_128", 128, 128, 128), ("odd_97", 97, 65, 33),
     ("skinny", 8, 128, 128),
 )
-
-# FP32 peaks in TFLOP/s by the Metal device's name, each with its source. These are the
-# full-core configurations (a binned chip has fewer GPU cores: its true peak is lower, so
-# its "% of peak" reads low). Chips with no public figure map to None: --peak-tflops then.
-_APPLE_M1 = "Apple newsroom, 'Apple unleashes M1' (2020-11-10): 2.6 teraflops"
-_METAL_BENCHMARKS = ("github.com/philipturner/metal-benchmarks, README GPU table "
-                     "(cores x 128 ALUs x 2 FLOP x clock)")
-_APPLE_MAC_PRO = "apple.com/mac-pro (2023): M2 Ultra's 76-core GPU, up to 27.2 teraflops"
-_NO_FIGURE = ("no public figure: Apple states none for this chip and no public measurement "
-              "was found; pass --peak-tflops")
-FP32_PEAKS: Dict[str, Tuple[Optional[float], str]] = {
-    "Apple M1": (2.6, _APPLE_M1),
-    "Apple M1 Pro": (5.3, _METAL_BENCHMARKS),     # 16 cores, 1.296 GHz
-    "Apple M1 Max": (10.6, _METAL_BENCHMARKS),    # 32 cores
-    "Apple M1 Ultra": (21.2, _METAL_BENCHMARKS),  # 64 cores
-    "Apple M2": (3.6, _METAL_BENCHMARKS),         # 10 cores, 1.398 GHz
-    "Apple M2 Pro": (6.8, _METAL_BENCHMARKS),     # 19 cores
-    "Apple M2 Max": (13.6, _METAL_BENCHMARKS),    # 38 cores
-    "Apple M2 Ultra": (27.2, _APPLE_MAC_PRO),     # 76 cores
-    **{f"Apple {chip}": (None, _NO_FIGURE)
-       for chip in ("M3", "M3 Pro", "M3 Max", "M3 Ultra", "M4", "M4 Pro", "M4 Max", "M5")},
-}
 
 CSV_FIELDS = ("shape", "m", "n", "k", "dtype", "kernel", "ms", "tflops", "pct_peak", "ok",
               "error")
@@ -103,8 +83,10 @@ def _inputs(m: int, n: int, k: int, dtype: torch.dtype, device: str, seed: int =
 
 
 def run_emulator(shapes: Optional[Sequence[Shape]] = None, kernels: Sequence[str] = mmops.KERNELS,
-                 dtype: torch.dtype = torch.float32) -> List[Dict[str, object]]:
-    """One row per (shape, kernel): correctness and the emulator's counters."""
+                 dtype: torch.dtype = torch.float32,
+                 chips: Sequence[Chip] = ()) -> List[Dict[str, object]]:
+    """One row per (shape, kernel): correctness, the emulator's counters and, per chip,
+    the lower bound on the GPU time they imply (:mod:`.roofline`)."""
     rows = []
     for label, m, n, k in shapes or EMULATOR_SHAPES:
         a, b = _inputs(m, n, k, dtype, "cpu")
@@ -130,21 +112,27 @@ def run_emulator(shapes: Optional[Sequence[Shape]] = None, kernels: Sequence[str
                          "flops_per_device_byte": flops / moved if moved else float("inf"),
                          "threadgroup_accesses_per_fma": counters["threadgroup_accesses"] /
                          max(counters["fmas"], 1),
+                         **roofline.coalescing_columns(counters),
+                         "bounds": [roofline.bound(counters, chip) for chip in chips],
                          "emulator_seconds": seconds})
     return rows
 
 
-def format_emulator_table(rows: List[Dict[str, object]]) -> str:
+def format_emulator_table(rows: List[Dict[str, object]], chips: Sequence[Chip] = ()) -> str:
     head = (f"{'shape':<12}{'kernel':<26}{'ok':>4}{'dev read B':>12}{'dev write B':>12}"
-            f"{'FMAs':>11}{'tg acc':>10}{'bank cf':>9}{'barriers':>9}{'FLOP/B':>8}")
+            f"{'FMAs':>11}{'tg acc':>10}{'bank cf':>9}{'barriers':>9}{'FLOP/B':>8}"
+            + roofline.header(chips))
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['shape']:<12}{r['kernel']:<26}{'yes' if r['ok'] else 'NO':>4}"
                      f"{r['device_bytes_read']:>12}{r['device_bytes_written']:>12}"
                      f"{r['fmas']:>11}{r['threadgroup_accesses']:>10}{r['bank_conflicts']:>9}"
-                     f"{r['barriers']:>9}{r['flops_per_device_byte']:>8.2f}")
+                     f"{r['barriers']:>9}{r['flops_per_device_byte']:>8.2f}"
+                     + roofline.cells(r, chips))
     lines.append("FLOP/B: 2*M*N*K over device bytes read + written, from the counters (no "
                  "cache model: what the kernel asks of memory). Emulator figures, not timings.")
+    if chips:
+        lines += roofline.footnote(chips)
     return "\n".join(lines)
 
 
@@ -291,8 +279,9 @@ def main(args) -> Tuple[List[Dict[str, object]], str]:
     shapes = args.sizes  # parsed by parse_shape
     kernels = args.kernels or mmops.KERNELS
     if device == "emulator":
-        rows = run_emulator(shapes, kernels, dtype)
-        return rows, format_emulator_table(rows)
+        chips = args.chip or ()
+        rows = run_emulator(shapes, kernels, dtype, chips)
+        return rows, format_emulator_table(rows, chips)
     rows = run_mps(shapes, kernels, dtype, warmup=args.warmup, repeats=args.repeats,
                    peak_tflops=args.peak_tflops, baseline=_mps_baseline())
     if args.csv:

@@ -24,14 +24,15 @@ import threading
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _cache, _compiler, _record
+from . import _cache, _compiler, _library, _record
 from ._compiler import compile_file, compile_source
 from ._errors import KernelFault, LaunchError, MetalCompileError, UnknownKernelError
 from ._frontend import DEFAULT_LANGUAGE_VERSION, LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS
 from ._library import Kernel, Library
-from ._record import Launch, record
+from ._record import Launch, coalescing_efficiency, lane_efficiency, record
 
-__all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "Launch", "Library",
+__all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "coalescing_efficiency",
+           "lane_efficiency", "Launch", "Library",
            "Kernel", "KernelFault", "LaunchError", "MetalCompileError", "UnknownKernelError",
            "LANGUAGE_VERSIONS", "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS"]
 
@@ -62,16 +63,27 @@ def sanitize_by_default() -> bool:
 
 
 @contextlib.contextmanager
-def instrumented():
+def instrumented(segment_bytes: int = _library.DEFAULT_SEGMENT_BYTES):
     """Inside the block the package's kernels run in their instrumented (sanitized) build,
-    so the launches ``record()`` collects carry ``counters`` (for the benchmarks)."""
+    so the launches ``record()`` collects carry ``counters`` (for the benchmarks).
+
+    ``segment_bytes``: the size of the aligned segments in which the counters count device
+    memory transactions of every sanitized launch in the block (a power of two, 4 to 4096;
+    default 128, the cache line of Apple's GPUs)."""
+    if isinstance(segment_bytes, bool) or not isinstance(segment_bytes, int) \
+            or not 4 <= segment_bytes <= 4096 or segment_bytes & (segment_bytes - 1):
+        raise ValueError(f"instrumented: segment_bytes must be a power of two from 4 to 4096, "
+                         f"got {segment_bytes!r}")
     with _lock:
         _instrumented_depth[0] += 1
+        _library.segment_bytes.append(segment_bytes)
     try:
         yield
     finally:
         with _lock:
             _instrumented_depth[0] -= 1
+            stack = _library.segment_bytes  # this block's entry: the last equal to it
+            del stack[len(stack) - 1 - stack[::-1].index(segment_bytes)]
 
 
 def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: bool = False,

@@ -38,7 +38,14 @@ class _Launch(ctypes.Structure):
         ("counters", ctypes.c_uint64 * len(COUNTERS)),
         ("interruptible", ctypes.c_int32),
         ("time_limit_s", ctypes.c_double),
+        ("segment_bytes", ctypes.c_uint32),
     ]
+
+
+# The bytes of one device memory transaction the counters count in (a GPU's cache line:
+# 128 bytes on Apple's GPUs). instrumented(segment_bytes=...) changes it.
+DEFAULT_SEGMENT_BYTES = 128
+segment_bytes = [DEFAULT_SEGMENT_BYTES]
 
 
 # Starting a worker thread costs about as much as running tens of thousands of small Metal
@@ -140,6 +147,7 @@ class Kernel:
         launch.sanitize = int(self._library.sanitize)
         launch.interruptible = int(threading.current_thread() is threading.main_thread())
         launch.time_limit_s = time_limit
+        launch.segment_bytes = segment_bytes[-1]
         for i, name in enumerate(self._buffer_names):
             launch.buffer_names[i] = name
         for i, name in enumerate(self._threadgroup_names):

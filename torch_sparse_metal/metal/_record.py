@@ -13,7 +13,25 @@ Dim3 = Tuple[int, int, int]
 
 
 COUNTERS = ("device_bytes_read", "device_bytes_written", "threadgroup_accesses",
-            "bank_conflicts", "barriers", "fmas", "atomics")
+            "bank_conflicts", "barriers", "fmas", "atomics",
+            "device_instructions", "device_transactions", "device_min_transactions",
+            "atomic_instructions", "atomic_conflicts", "memory_instructions", "active_lanes")
+
+SIMD_WIDTH = 32
+
+
+def coalescing_efficiency(counters: Dict[str, int]) -> float:
+    """The minimum device transactions for the bytes each instruction used over the
+    transactions it took (1.0 when no device memory was touched)."""
+    taken = counters["device_transactions"]
+    return counters["device_min_transactions"] / taken if taken else 1.0
+
+
+def lane_efficiency(counters: Dict[str, int]) -> float:
+    """Active lanes per memory instruction over the SIMD width: 1.0 when every memory
+    instruction ran on all 32 lanes (1.0 when there was none)."""
+    issued = counters["memory_instructions"]
+    return counters["active_lanes"] / (SIMD_WIDTH * issued) if issued else 1.0
 
 
 @dataclass(frozen=True)
@@ -25,7 +43,13 @@ class Launch:
     cache model; an access that changed memory counts as written), ``threadgroup_accesses``,
     ``bank_conflicts`` (extra cycles: per SIMD-group instruction, a bank serving n distinct
     4-byte words of 32 banks costs n - 1), ``barriers`` (threadgroup barriers completed),
-    ``fmas`` (explicit fma/mad calls and simdgroup_matrix products), ``atomics``.
+    ``fmas`` (explicit fma/mad calls and simdgroup_matrix products), ``atomics``; and per
+    SIMD-group instruction (the k-th access of each lane at one place in the code between
+    two stops): ``device_instructions``, ``device_transactions`` (distinct aligned segments
+    touched, loads, stores and atomics) and ``device_min_transactions`` (what the bytes
+    touched would need), ``atomic_instructions`` and ``atomic_conflicts`` (lanes on the
+    busiest address minus one), ``memory_instructions`` and their ``active_lanes``. See
+    :func:`coalescing_efficiency` and :func:`lane_efficiency`.
     """
     kernel: str
     threads: Dim3

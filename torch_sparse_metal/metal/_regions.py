@@ -484,7 +484,11 @@ class _GroupFunction:
                 text = self.masked[start:end]
                 if re.match(r"\s*threadgroup\b", text) or (re.search(r"\bstatic\b", text) and
                                                             not re.search(r"\bconst(?:expr)?\b", text)):
-                    self.shared_vars += [c.spelling for c in variables]
+                    # Not threadgroup scalars: the rewriter turns each use of one, a
+                    # declaration's name included, into an access through its checked wrapper.
+                    self.shared_vars += [c.spelling for c in variables if not (
+                        re.match(r"\s*threadgroup\b", text) and not re.match(
+                            r"\s*\[", self.masked[self.source.original(c.location.offset) + len(c.spelling):]))]
                 continue
             frames = []
             for var in statement.get_children():

@@ -44,9 +44,26 @@ from ..reference.sparse_linear import csr_row_ids, sparse_linear_reference
 OP = "sparse_linear"
 SHADER = "sparse_linear.metal"
 KERNELS = ("sparse_linear_forward", "sparse_linear_backward",
-           "sparse_linear_backward_deterministic")
+           "sparse_linear_backward_deterministic", "sparse_linear_forward_batch_lanes",
+           "sparse_linear_backward_batch_lanes")
 # 8 SIMD-groups of 32: the seed engine's choice for these register-light kernels.
 GROUP_SIZE = 256
+SIMD_WIDTH = 32
+# The batch from which the kernels give a SIMD-group one row and its lanes the batch
+# (the *_batch_lanes kernels, activations in the (features, batch) layout) rather than
+# each lane its own row. Chosen by the emulator's transaction counters
+# (tests/test_sparse_linear_mapping.py): the batch-lanes kernels take about the same
+# transactions at any batch up to 32 (an edge's loads serve every lane), the lane-per-row
+# kernels a number proportional to the batch, fewer at batch 1 and 2 (their lanes' index
+# and value loads share segments, since consecutive rows' edges are consecutive).
+BATCH_LANES_FROM = 3
+
+
+def lanes_along_batch(batch: int, deterministic: bool = False) -> bool:
+    """Whether a batch of ``batch`` runs the *_batch_lanes kernels, which take and give
+    the activations (input, output and their gradients) in the (features, batch) layout.
+    The deterministic backward keeps a lane per element."""
+    return batch >= BATCH_LANES_FROM and not deterministic
 
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
@@ -354,7 +371,7 @@ def apply_pattern(input: torch.Tensor, pattern: "CSRPattern | IndexArrays", valu
     V.check_length(op, "values", values, pattern.nnz, "nnz = len(indices)")
     if bias is not None:
         V.check_length(op, "bias", bias, pattern.out_features, "out_features = len(indptr) - 1")
-    x, lead = V.flat_batch(op, "input", input, pattern.in_features)
+    x, lead = V.flat_batch(op, "input", input, pattern.in_features, contiguous=False)
 
     backend = resolve_backend(op, (input, values, bias))
     if backend == "reference":
@@ -369,9 +386,16 @@ def apply_pattern(input: torch.Tensor, pattern: "CSRPattern | IndexArrays", valu
             t is not None and t.requires_grad for t in (x, values, bias))
         # The by-source CSR only when a backward may come (the op saves it for that).
         src = tuple(pattern.by_source()) if need_grad else (_no_array(x),) * 3
+        # The batch-lanes kernels write (features, batch) activations: the op returns the
+        # output so, and its transpose here is a view. The kernels read the input so: a
+        # copy inside the op unless it is in that layout already (the output of another
+        # sparse_linear), so that a network converts its input once.
+        features_major = lanes_along_batch(batch, deterministic)
         out, _ = _SPARSE_LINEAR(x, pattern.indptr, pattern.indices, values, bias, *src,
                                 pattern.fingerprints(need_grad), activation, deterministic,
-                                need_grad and activation == "gelu", verify)
+                                need_grad and activation == "gelu", verify, features_major)
+        if features_major:
+            out = out.t()
     return out.reshape(*lead, pattern.out_features)
 
 
@@ -384,30 +408,37 @@ def _no_array(like: torch.Tensor) -> torch.Tensor:
 
 
 def _forward_kernel(input, indptr, indices, values, bias, src_indptr, src_rows, src_perm,
-                    fingerprints, activation, deterministic, save_preact, verify, *, backend):
+                    fingerprints, activation, deterministic, save_preact, verify, features_major,
+                    *, backend):
     arrays = _index_arrays(input.shape[1], indptr, indices, src_indptr, src_rows, src_perm,
                            fingerprints)
     if verify and arrays.changed():
         raise ValueError(f"{OP}: {_CHANGED}; under torch.compile they cannot be validated "
                          "again inside the graph: call the SparseLinear's pattern() (or run "
                          "it once) outside the compiled code to validate them")
-    out, preact = _forward(input.contiguous(), arrays, values.contiguous(),
+    out, preact = _forward(_features_major(input) if features_major else input.contiguous(),
+                           arrays, values.contiguous(),
                            None if bias is None else bias.contiguous(), backend, activation,
-                           save_preact=save_preact)
+                           save_preact=save_preact, features_major=features_major)
     return out, preact if preact is not None else _custom_ops.empty_like_none(out)
 
 
 def _forward_fake(input, indptr, indices, values, bias, src_indptr, src_rows, src_perm,
-                  fingerprints, activation, deterministic, save_preact, verify):
-    out = input.new_empty(input.shape[0], indptr.shape[0] - 1)
+                  fingerprints, activation, deterministic, save_preact, verify, features_major):
+    out_features = indptr.shape[0] - 1
+    out = input.new_empty((out_features, input.shape[0]) if features_major
+                          else (input.shape[0], out_features))
     return out, (input.new_empty(out.shape) if save_preact else input.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output) -> None:
     (input, indptr, indices, values, bias, src_indptr, src_rows, src_perm, fingerprints,
-     activation, deterministic, _, _) = inputs
+     activation, deterministic, _, _, features_major) = inputs
     need_input, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
     ctx.in_features = input.shape[1]
+    ctx.features_major = features_major
+    # grad_input is given in the input's layout (as autograd would copy it to for a leaf).
+    ctx.input_features_major = features_major and input.t().is_contiguous()
     ctx.activation = activation
     ctx.deterministic = deterministic
     ctx.has_bias = bias is not None
@@ -429,16 +460,18 @@ def _backward_formula(ctx, grad_output, _grad_preact):
     need_bias = ctx.needs_input_grad[4] and ctx.has_bias
     grad_input, grad_values, grad_bias = _SPARSE_LINEAR_BACKWARD(
         grad_output, x, values, act_saved, *arrays, ctx.in_features, ctx.activation,
-        ctx.deterministic, need_input, need_values, need_bias)
+        ctx.deterministic, need_input, need_values, need_bias, ctx.features_major)
+    if need_input and ctx.features_major:  # (in_features, batch) from the kernel
+        grad_input = grad_input.t() if ctx.input_features_major else grad_input.t().contiguous()
     return ((grad_input if need_input else None), None, None,
             (grad_values if need_values else None), (grad_bias if need_bias else None),
-            None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None)
 
 
 def _backward_kernel(grad_output, input, values, act_saved, indptr, indices, src_indptr,
                      src_rows, src_perm, fingerprints, in_features, activation, deterministic,
-                     need_input, need_values, need_bias, *, backend):
-    batch, out_features = grad_output.shape
+                     need_input, need_values, need_bias, features_major, *, backend):
+    batch, out_features = grad_output.shape[::-1] if features_major else grad_output.shape
     arrays = _index_arrays(in_features, indptr, indices, src_indptr, src_rows, src_perm,
                            fingerprints)
     if arrays.changed(out_features):
@@ -448,26 +481,31 @@ def _backward_kernel(grad_output, input, values, act_saved, indptr, indices, src
     # kernel must not read it with the forward's sizes.
     expected = {"input": (input, (batch, in_features)),
                 "values": (values, (arrays.nnz,)),
-                "activation's output": (act_saved, (batch, out_features))}
+                "activation's output": (act_saved, (out_features, batch) if features_major
+                                        else (batch, out_features))}
     for name, (t, shape) in expected.items():
         if t is not None and (tuple(t.shape) != shape or t.dtype != grad_output.dtype):
             raise ValueError(f"{OP} backward: the {name} saved by the forward pass was "
                              f"replaced since (now shape {tuple(t.shape)}, dtype {t.dtype}; "
                              f"expected {shape}, {grad_output.dtype}), bypassing torch's "
                              "version counter (through .data); run the forward pass again")
+    if features_major and input is not None:
+        input = _features_major(input)
     grads = _backward(grad_output.contiguous(), _contiguous(input), _contiguous(values),
                       arrays, backend, need_input=need_input, need_values=need_values,
                       need_bias=need_bias, activation=activation,
-                      act_saved=_contiguous(act_saved), deterministic=deterministic)
+                      act_saved=_contiguous(act_saved), deterministic=deterministic,
+                      features_major=features_major)
     return tuple(g if g is not None else _custom_ops.empty_like_none(grad_output)
                  for g in grads)
 
 
 def _backward_fake(grad_output, input, values, act_saved, indptr, indices, src_indptr,
                    src_rows, src_perm, fingerprints, in_features, activation, deterministic,
-                   need_input, need_values, need_bias):
-    batch, out_features = grad_output.shape
-    sizes = ((batch, in_features) if need_input else (0,),
+                   need_input, need_values, need_bias, features_major):
+    batch, out_features = grad_output.shape[::-1] if features_major else grad_output.shape
+    grad_input = (in_features, batch) if features_major else (batch, in_features)
+    sizes = (grad_input if need_input else (0,),
              (indices.shape[0],) if need_values else (0,),
              (out_features,) if need_bias else (0,))
     return tuple(grad_output.new_empty(size) for size in sizes)
@@ -486,19 +524,26 @@ def _contiguous(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 _SPARSE_LINEAR = _custom_ops.define(
     "sparse_linear(Tensor input, Tensor indptr, Tensor indices, Tensor values, Tensor? bias, "
     "Tensor src_indptr, Tensor src_rows, Tensor src_perm, Tensor fingerprints, "
-    "str? activation, bool deterministic, bool save_preact, bool verify) -> (Tensor, Tensor)",
+    "str? activation, bool deterministic, bool save_preact, bool verify, bool features_major) "
+    "-> (Tensor, Tensor)",
     _forward_kernel, _forward_fake, backward=_backward_formula, setup_context=_setup_context)
 _SPARSE_LINEAR_BACKWARD = _custom_ops.define(
     "sparse_linear_backward(Tensor grad_output, Tensor? input, Tensor? values, "
     "Tensor? act_saved, Tensor indptr, Tensor indices, Tensor src_indptr, Tensor src_rows, "
     "Tensor src_perm, Tensor fingerprints, SymInt in_features, str? activation, "
-    "bool deterministic, bool need_input, bool need_values, bool need_bias) "
-    "-> (Tensor, Tensor, Tensor)",
+    "bool deterministic, bool need_input, bool need_values, bool need_bias, "
+    "bool features_major) -> (Tensor, Tensor, Tensor)",
     _backward_kernel, _backward_fake)
 
 
 # ---------------------------------------------------------------------------------------
 # Kernel launches
+
+
+def _features_major(t: torch.Tensor) -> torch.Tensor:
+    """(batch, features) -> its (features, batch) transpose, contiguous: no copy when ``t``
+    is in that layout already."""
+    return t.t().contiguous()
 
 
 def _placeholder(like: torch.Tensor) -> torch.Tensor:
@@ -508,17 +553,26 @@ def _placeholder(like: torch.Tensor) -> torch.Tensor:
 
 def _forward(x: torch.Tensor, pattern: "CSRPattern | IndexArrays", values: torch.Tensor,
              bias: Optional[torch.Tensor], backend: str, activation: Optional[str] = None,
-             *, save_preact: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``(output, pre-activation if save_preact else None)``."""
-    batch, out_features = x.shape[0], pattern.out_features
+             *, save_preact: bool = False,
+             features_major: bool = False) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``(output, pre-activation if save_preact else None)``: ``x`` and both results
+    ``(batch, features)``, or ``(features, batch)`` with ``features_major`` (the
+    batch-lanes kernel)."""
+    batch, out_features = x.shape[1 if features_major else 0], pattern.out_features
+    shape = (out_features, batch) if features_major else (batch, out_features)
     if batch == 0 or out_features == 0 or pattern.nnz == 0:
-        preact = x.new_zeros(batch, out_features)
+        preact = x.new_zeros(shape)
         if bias is not None:
-            preact.add_(bias)
+            preact.add_(bias[:, None] if features_major else bias)
         return apply_activation(preact, activation), (preact if save_preact else None)
-    out = x.new_empty(batch, out_features)
-    preact = x.new_empty(batch, out_features) if save_preact else None
+    out = x.new_empty(shape)
+    preact = x.new_empty(shape) if save_preact else None
     placeholder = _placeholder(x)
+    if features_major:
+        kernel, threads = "sparse_linear_forward_batch_lanes", out_features * SIMD_WIDTH
+        V.check_fits_uint32(OP, "out_features * 32", threads)
+    else:
+        kernel, threads = "sparse_linear_forward", batch * out_features
     args = (x, pattern.indptr, pattern.indices, values,
             bias if bias is not None else placeholder, out,
             np.uint32(batch), np.uint32(pattern.in_features), np.uint32(out_features),
@@ -526,22 +580,26 @@ def _forward(x: torch.Tensor, pattern: "CSRPattern | IndexArrays", values: torch
             preact if save_preact else placeholder,
             np.uint32(ACTIVATION_CODES[activation]), np.uint32(save_preact),
             np.uint32(pattern.nnz))
-    _launch.launch(SHADER, kernel_name("sparse_linear_forward", x.dtype), args,
-                   threads=batch * out_features, group_size=GROUP_SIZE, backend=backend)
+    _launch.launch(SHADER, kernel_name(kernel, x.dtype), args,
+                   threads=threads, group_size=GROUP_SIZE, backend=backend)
     return out, preact
 
 
 def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optional[torch.Tensor],
               pattern: "CSRPattern | IndexArrays", backend: str, *, need_input: bool,
               need_values: bool, need_bias: bool, activation: Optional[str] = None,
-              act_saved: Optional[torch.Tensor] = None,
-              deterministic: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
-    batch = grad_out.shape[0]
+              act_saved: Optional[torch.Tensor] = None, deterministic: bool = False,
+              features_major: bool = False) -> Tuple[Optional[torch.Tensor], ...]:
+    """``(grad_input, grad_values, grad_bias)``, each None unless needed; ``grad_out``,
+    ``x``, ``act_saved`` and ``grad_input`` are ``(batch, features)``, or
+    ``(features, batch)`` with ``features_major`` (the batch-lanes kernel)."""
+    batch = grad_out.shape[1 if features_major else 0]
     in_features, out_features = pattern.in_features, pattern.out_features
     empty = batch == 0 or pattern.nnz == 0
-    # The atomic kernel adds into zeros; the deterministic one writes every element.
+    # The atomic kernels add into zeros; the deterministic one writes every element.
     new = grad_out.new_zeros if empty or not deterministic else grad_out.new_empty
-    grad_input = grad_out.new_empty(batch, in_features) if need_input else None
+    grad_input = grad_out.new_empty((in_features, batch) if features_major
+                                    else (batch, in_features)) if need_input else None
     grad_values = new(pattern.nnz) if need_values else None
     grad_bias = new(out_features) if need_bias else None
 
@@ -552,14 +610,21 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
         if grad_bias is not None:
             if activation is not None:
                 grad_out = grad_out * activation_grad_reference(act_saved, activation)
-            torch.sum(grad_out, dim=0, out=grad_bias)
+            torch.sum(grad_out, dim=1 if features_major else 0, out=grad_bias)
         return grad_input, grad_values, grad_bias
 
     if backend == "metal":  # the shader's atomic kernel needs them to compile at all
         from .._metal_backend import require_native_float_atomics
         require_native_float_atomics(f"{OP} backward")
     # nnz > 0 here, so in_features and out_features are both > 0.
-    if deterministic:
+    neurons = max(in_features if (need_input or need_values) else 0,
+                  out_features if need_bias else 0)
+    if features_major:
+        kernel = "sparse_linear_backward_batch_lanes"
+        threads = neurons * SIMD_WIDTH
+        V.check_fits_uint32(OP, "max(in_features, out_features) * 32", threads)
+        shape_args = (np.uint32(neurons),)
+    elif deterministic:
         kernel = "sparse_linear_backward_deterministic"
         threads = (batch * in_features * need_input + pattern.nnz * need_values
                    + out_features * need_bias)
@@ -567,8 +632,6 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
         shape_args = (np.uint32(pattern.nnz),)
     else:
         kernel = "sparse_linear_backward"
-        neurons = max(in_features if (need_input or need_values) else 0,
-                      out_features if need_bias else 0)
         threads = batch * neurons
         V.check_fits_uint32(OP, "batch * max(in_features, out_features)", threads)
         shape_args = (np.uint32(neurons),)

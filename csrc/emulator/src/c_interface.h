@@ -18,10 +18,13 @@ struct tsm_launch {
   const char* buffer_names[31];
   const char* threadgroup_names[31];
   // Out, sanitized dispatches: device bytes read, written, threadgroup accesses, bank
-  // conflicts, barriers, FMAs, atomics (see Counters in sanitizer.h).
-  uint64_t counters[7];
+  // conflicts, barriers, FMAs, atomics, device instructions, transactions and minimum
+  // transactions, atomic instructions and conflicts, memory instructions, active lanes
+  // (see Counters in sanitizer.h).
+  uint64_t counters[14];
   int32_t interruptible;  // called from Python's main thread: Ctrl-C stops the dispatch
   double time_limit_s;    // > 0: stop the dispatch after this long, as a "hang" fault
+  uint32_t segment_bytes; // sanitized dispatches: a device transaction's bytes (0: 128)
 };
 
 #define TSM_EMU_EXPORT __attribute__((visibility("default")))

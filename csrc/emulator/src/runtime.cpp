@@ -498,7 +498,7 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
       }
       live |= f.state != State::Done;
     }
-    if (t_sanitizer && (!ran || !live)) t_sanitizer->flush_bank_log();  // every thread is stopped
+    if (t_sanitizer && (!ran || !live)) t_sanitizer->flush_instruction_log();  // every thread is stopped
     if (!live) return;
     if (ran) continue;
     if (resolve_simd(w, n)) continue;
@@ -587,7 +587,7 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group) {
       throw;
     }
     t_plain_thread = nullptr;
-    if (t_sanitizer && (i % kSimdWidth == kSimdWidth - 1 || i + 1 == n)) t_sanitizer->flush_bank_log();
+    if (t_sanitizer && (i % kSimdWidth == kSimdWidth - 1 || i + 1 == n)) t_sanitizer->flush_instruction_log();
   }
   if (t_sanitizer) t_sanitizer->end_group();
 }
@@ -1048,7 +1048,7 @@ bool release_simd_groups(Group& g, const std::function<std::string(uint32_t)>& t
 bool resolve_regions(Group& g) {
   RuntimeScope scope;
   if (stop_requested()) throw stop_fault();
-  if (t_sanitizer) t_sanitizer->flush_bank_log();  // every thread is stopped
+  if (t_sanitizer) t_sanitizer->flush_instruction_log();  // every thread is stopped
   std::function<std::string(uint32_t)> thread = [&](uint32_t t) {
     Group h = g;
     h.enter(t);
@@ -1127,8 +1127,10 @@ void sanitizer_access(const Bounds* region, const void* element, size_t element_
   const ThreadInfo* info;
   AccessLog* touches;
   if (!t_sanitizer || !current_accesses(&info, &touches)) return;
+  // The caller's return address tells the access's place in the kernel's code apart: the
+  // checked accesses of sanitize.h are always inlined into it.
   t_sanitizer->access(static_cast<const Region*>(region), element, element_bytes, field, field_bytes, atomic,
-                      thread_id(*info), *touches);
+                      thread_id(*info), *touches, uintptr_t(__builtin_return_address(0)));
 }
 
 void sanitizer_note_atomic(const void* address, size_t bytes) {
@@ -1136,7 +1138,7 @@ void sanitizer_note_atomic(const void* address, size_t bytes) {
   const ThreadInfo* info;
   AccessLog* touches;
   if (t_sanitizer && current_accesses(&info, &touches))
-    t_sanitizer->note_atomic(address, bytes, thread_id(*info), *touches);
+    t_sanitizer->note_atomic(address, bytes, thread_id(*info), *touches, uintptr_t(__builtin_return_address(0)));
 }
 
 void sanitizer_note_store(const void* address, size_t bytes, bool updates) {
@@ -1242,7 +1244,8 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
   // and a thread's writes are told apart from reads by comparing bytes when it stops.
   std::unique_ptr<Sanitizer> sanitizer;
   if (l->sanitize)
-    sanitizer.reset(new Sanitizer(grid, group, l->buffers, l->buffer_bytes, l->buffer_names, l->num_buffers));
+    sanitizer.reset(new Sanitizer(grid, group, l->buffers, l->buffer_bytes, l->buffer_names, l->num_buffers,
+                                  l->segment_bytes ? l->segment_bytes : 128));
   unsigned workers = l->sanitize ? 1u : unsigned(std::max(1, l->num_workers));
   workers = unsigned(std::min<uint64_t>({workers, num_groups, kMaxWorkers}));
 
@@ -1366,8 +1369,12 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
   if (faulted) return fail(first_fault.kind, first_fault.message);
   if (sanitizer) {
     const Counters& c = sanitizer->counters();
-    const uint64_t values[7] = {c.device_bytes_read, c.device_bytes_written, c.threadgroup_accesses,
-                                c.bank_conflicts, c.barriers, c.fmas, c.atomics};
+    const uint64_t values[] = {c.device_bytes_read, c.device_bytes_written, c.threadgroup_accesses,
+                               c.bank_conflicts, c.barriers, c.fmas, c.atomics,
+                               c.device_instructions, c.device_transactions, c.device_min_transactions,
+                               c.atomic_instructions, c.atomic_conflicts, c.memory_instructions,
+                               c.active_lanes};
+    static_assert(sizeof values == sizeof l->counters, "tsm_launch.counters lists every counter");
     std::memcpy(l->counters, values, sizeof values);
   }
   return 0;

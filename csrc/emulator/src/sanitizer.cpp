@@ -16,6 +16,11 @@ constexpr uint64_t kMaxRepeats = uint64_t(1) << 22;
 constexpr size_t kMaxLoggedAccesses = size_t(1) << 24;
 // Log entries past which a thread's earlier accesses are looked up in an index.
 constexpr size_t kIndexFrom = 4096;
+// Accesses of one SIMD-group between two stops past which they are paired into
+// instructions before the stop (about 24 MB): a thread that runs millions of accesses
+// without stopping (a long loop, a spin-wait) must not grow the log without bound.
+constexpr size_t kMaxInstructionLog = size_t(1) << 20;
+constexpr uint32_t kSimdLanes = 32;
 
 AccessLog::Key key_of(const Touch& t) {
   return {t.address, t.bytes, t.element_bytes, t.element_offset, t.atomic};
@@ -119,8 +124,9 @@ const Region* Regions::find(const void* address) const {
 }
 
 Sanitizer::Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
-                     const char* const* names, int num_buffers)
-    : grid_(grid), group_size_(group_size), groups_(ceil_div(grid, group_size)) {
+                     const char* const* names, int num_buffers, uint32_t segment_bytes)
+    : grid_(grid), group_size_(group_size), groups_(ceil_div(grid, group_size)),
+      segment_bytes_(segment_bytes) {
   set_buffers(buffers, bytes, names, num_buffers);
 }
 
@@ -129,7 +135,8 @@ void Sanitizer::begin_group(uint32_t simdgroups, void* const* args, const uint64
   tg_epoch_ = dev_epoch_ = 0;
   sg_tg_epoch_.assign(simdgroups, 0);
   sg_dev_epoch_.assign(simdgroups, 0);
-  bank_log_.assign(simdgroups, std::vector<std::vector<std::pair<uintptr_t, uint32_t>>>(32));
+  instruction_log_.resize(simdgroups);
+  for (auto& log : instruction_log_) log.clear();
   // A new threadgroup's memory is a new instance: nothing of the last group's carries over.
   set_threadgroup_args(args, bytes, num_args, names);
   uninitialized_.reset();
@@ -154,7 +161,7 @@ std::string Sanitizer::thread_name(uint32_t group, uint32_t thread) const {
 
 void Sanitizer::access(const Region* region, const void* element, size_t element_bytes,
                        const void* address, size_t bytes, bool atomic, const ThreadId& who,
-                       AccessLog& log) {
+                       AccessLog& log, uintptr_t site) {
   const char* e = static_cast<const char*>(element);
   if (!region || e < region->base || e + element_bytes > region->base + region->bytes) {
     const std::string msg = thread_name(who.group, who.thread) + " " +
@@ -162,12 +169,25 @@ void Sanitizer::access(const Region* region, const void* element, size_t element
     fault("out_of_bounds", msg.c_str());
   }
   log_access(log, region, e, element_bytes, static_cast<const char*>(address), bytes, atomic, who);
-  if (region->kind != R_BUFFER && !atomic) {
-    // Each access in program order: the k-th of every lane of a SIMD-group is one instruction.
-    ++counters_.threadgroup_accesses;
-    const uintptr_t first = uintptr_t(address) / 4, last = (uintptr_t(address) + bytes - 1) / 4;
-    bank_log_[who.simdgroup][who.thread % 32].emplace_back(first, uint32_t(last - first + 1));
+  if (atomic) return;  // an instruction of its own, logged by note_atomic
+  const bool device = region->kind == R_BUFFER;
+  if (!device) ++counters_.threadgroup_accesses;
+  log_instruction(who, site, region, address, bytes, false);
+}
+
+void Sanitizer::log_instruction(const ThreadId& who, uintptr_t site, const Region* region, const void* address,
+                                size_t bytes, bool atomic) {
+  std::vector<LaneAccess>& log = instruction_log_[who.simdgroup];
+  if (log.size() >= kMaxInstructionLog) {
+    pair_instructions(log);
+    log.clear();
   }
+  const bool device = !region || region->kind == R_BUFFER;
+  // A GPU buffer starts at a segment boundary (as bound: a tensor's storage offset aside),
+  // a host allocation need not: segments are counted from the buffer's start.
+  const uintptr_t shift = device && region ? uintptr_t(region->base) % segment_bytes_ : 0;
+  log.push_back({site, uintptr_t(address) - shift, uint32_t(bytes), uint8_t(who.thread % kSimdLanes), device,
+                 atomic});
 }
 
 [[gnu::always_inline]] inline void Sanitizer::log_access(AccessLog& log, const Region* region,
@@ -238,19 +258,24 @@ void Sanitizer::hang(const AccessLog& log, const Touch& t, const ThreadId& who) 
   fault("hang", msg.c_str());
 }
 
-void Sanitizer::note_atomic(const void* address, size_t bytes, const ThreadId& who, AccessLog& log) {
-  const char* a = static_cast<const char*>(address);
+void Sanitizer::note_atomic(const void* address, size_t bytes, const ThreadId& who, AccessLog& log,
+                            uintptr_t site) {
   ++counters_.atomics;
-  // The latest access made the pointer this operation uses (the p[i] in
-  // atomic_...(&p[i], ...)): it was the atomic access, not a plain one.
+  unmark_plain_access(address, bytes, who, log);
+  log_instruction(who, site, find(address), address, bytes, true);
+}
+
+void Sanitizer::unmark_plain_access(const void* address, size_t bytes, const ThreadId& who, AccessLog& log) {
+  const char* a = static_cast<const char*>(address);
   if (log.latest >= log.touches.size()) return;
   Touch* t = &log.touches[log.latest];
   if (t->atomic || !(t->address < a + bytes && a < t->address + t->bytes)) return;
   const Touch plain = *t;
-  if (plain.region->kind != R_BUFFER) {  // counted as a plain threadgroup access: it was not
-    --counters_.threadgroup_accesses;
-    bank_log_[who.simdgroup][who.thread % 32].pop_back();
-  }
+  // Counted and logged as a plain access: it was not.
+  if (plain.region->kind != R_BUFFER) --counters_.threadgroup_accesses;
+  std::vector<LaneAccess>& simd_log = instruction_log_[who.simdgroup];
+  if (!simd_log.empty() && !simd_log.back().atomic && simd_log.back().lane == who.thread % kSimdLanes)
+    simd_log.pop_back();
   if (t->count > 1) {
     --t->count;
   } else {  // the access made this entry, the last one
@@ -396,32 +421,103 @@ void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
   log.clear();
 }
 
-void Sanitizer::flush_bank_log() {
-  constexpr unsigned kBanks = 32;
-  std::vector<uintptr_t>& words = bank_scratch_;
-  for (auto& lanes : bank_log_) {
-    size_t steps = 0;
-    for (const auto& log : lanes) steps = std::max(steps, log.size());
-    for (size_t k = 0; k < steps; ++k) {
-      // Distinct words per bank among the lanes' k-th accesses: same word = broadcast.
-      words.clear();
-      for (const auto& log : lanes) {
-        if (k >= log.size()) continue;
-        for (uint32_t w = 0; w < log[k].second; ++w) words.push_back(log[k].first + w);
-      }
-      // By bank, then word: each bank's distinct words are one run.
-      std::sort(words.begin(), words.end(), [](uintptr_t a, uintptr_t b) {
-        return a % kBanks != b % kBanks ? a % kBanks < b % kBanks : a < b;
-      });
-      size_t worst = 1, distinct = 0;
-      for (size_t i = 0; i < words.size(); ++i) {
-        if (i == 0 || words[i] % kBanks != words[i - 1] % kBanks) distinct = 0;
-        if (i == 0 || words[i] != words[i - 1]) worst = std::max(worst, ++distinct);
-      }
-      counters_.bank_conflicts += worst - 1;
-    }
-    for (auto& log : lanes) log.clear();
+void Sanitizer::flush_instruction_log() {
+  for (auto& log : instruction_log_) {
+    pair_instructions(log);
+    log.clear();
   }
+}
+
+void Sanitizer::pair_instructions(std::vector<LaneAccess>& log) {
+  // By site (device or threadgroup memory apart: a helper function may take either), then
+  // lane, each lane's accesses staying in program order: the k-th access of each lane's run
+  // at a site is instruction k of that site.
+  std::stable_sort(log.begin(), log.end(), [](const LaneAccess& a, const LaneAccess& b) {
+    if (a.site != b.site) return a.site < b.site;
+    if (a.device != b.device) return a.device < b.device;
+    return a.lane < b.lane;
+  });
+  for (size_t begin = 0, end; begin < log.size(); begin = end) {
+    end = begin;
+    while (end < log.size() && log[end].site == log[begin].site && log[end].device == log[begin].device) ++end;
+    lane_runs_.clear();
+    for (size_t i = begin, j; i < end; i = j) {
+      for (j = i; j < end && log[j].lane == log[i].lane;) ++j;
+      lane_runs_.emplace_back(i, j);
+    }
+    for (size_t k = 0;; ++k) {
+      step_.clear();
+      for (const auto& run : lane_runs_)
+        if (run.first + k < run.second) step_.push_back(&log[run.first + k]);
+      if (step_.empty()) break;
+      count_instruction(step_);
+    }
+  }
+}
+
+void Sanitizer::count_instruction(const std::vector<const LaneAccess*>& lanes) {
+  ++counters_.memory_instructions;
+  counters_.active_lanes += lanes.size();
+  if (lanes[0]->atomic) count_atomic_conflicts(lanes);
+  if (lanes[0]->device)
+    count_transactions(lanes);
+  else if (!lanes[0]->atomic)
+    count_bank_conflicts(lanes);
+}
+
+void Sanitizer::count_bank_conflicts(const std::vector<const LaneAccess*>& lanes) {
+  constexpr unsigned kBanks = 32;
+  // Distinct words per bank among the lanes' accesses: same word = broadcast.
+  words_.clear();
+  for (const LaneAccess* a : lanes)
+    for (uintptr_t w = a->address / 4, last = (a->address + a->bytes - 1) / 4; w <= last; ++w) words_.push_back(w);
+  // By bank, then word: each bank's distinct words are one run.
+  std::sort(words_.begin(), words_.end(), [](uintptr_t a, uintptr_t b) {
+    return a % kBanks != b % kBanks ? a % kBanks < b % kBanks : a < b;
+  });
+  size_t worst = 1, distinct = 0;
+  for (size_t i = 0; i < words_.size(); ++i) {
+    if (i == 0 || words_[i] % kBanks != words_[i - 1] % kBanks) distinct = 0;
+    if (i == 0 || words_[i] != words_[i - 1]) worst = std::max(worst, ++distinct);
+  }
+  counters_.bank_conflicts += worst - 1;
+}
+
+void Sanitizer::count_transactions(const std::vector<const LaneAccess*>& lanes) {
+  const uintptr_t segment = segment_bytes_;
+  words_.clear();   // the segments touched
+  ranges_.clear();  // the bytes touched, [begin, end) per lane
+  for (const LaneAccess* a : lanes) {
+    for (uintptr_t s = a->address / segment, last = (a->address + a->bytes - 1) / segment; s <= last; ++s)
+      words_.push_back(s);
+    ranges_.emplace_back(a->address, a->address + a->bytes);
+  }
+  std::sort(words_.begin(), words_.end());
+  const uint64_t touched = uint64_t(std::unique(words_.begin(), words_.end()) - words_.begin());
+  std::sort(ranges_.begin(), ranges_.end());
+  uint64_t bytes = 0;
+  uintptr_t covered = 0;  // the end of the bytes counted so far
+  for (const auto& r : ranges_) {
+    const uintptr_t from = std::max(r.first, covered);
+    if (r.second > from) bytes += r.second - from;
+    covered = std::max(covered, r.second);
+  }
+  ++counters_.device_instructions;
+  counters_.device_transactions += touched;
+  counters_.device_min_transactions += (bytes + segment - 1) / segment;
+}
+
+void Sanitizer::count_atomic_conflicts(const std::vector<const LaneAccess*>& lanes) {
+  words_.clear();  // the lanes' addresses
+  for (const LaneAccess* a : lanes) words_.push_back(a->address);
+  std::sort(words_.begin(), words_.end());
+  size_t busiest = 1, run = 0;
+  for (size_t i = 0; i < words_.size(); ++i) {
+    run = (i > 0 && words_[i] == words_[i - 1]) ? run + 1 : 1;
+    busiest = std::max(busiest, run);
+  }
+  ++counters_.atomic_instructions;
+  counters_.atomic_conflicts += busiest - 1;
 }
 
 void Sanitizer::threadgroup_barrier(unsigned flags) {

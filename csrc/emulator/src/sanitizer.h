@@ -180,19 +180,46 @@ struct ThreadId {
 
 // What an instrumented dispatch did, summed over all its threads. Bytes are what the
 // kernel asked for (no cache model); an access that stored or changed memory counts as
-// written, any other as read. Bank conflicts: for each SIMD-group, the k-th threadgroup access of
-// every lane between two stops is taken as one instruction; its lanes' 4-byte words map to
-// 32 banks, and each bank serving n distinct words costs n - 1 extra cycles.
+// written, any other as read.
+//
+// SIMD-group instructions: the lanes of a SIMD-group run in lockstep on a GPU, so the k-th
+// access every lane makes at one place in the kernel's code (a site), between two stops
+// (barriers, SIMD-group functions, the thread's end), is taken as one instruction, executed
+// by the lanes that made it (the active lanes). Pairing by site and not by position in the
+// thread's stream of accesses is what reconverges the lanes after a branch or a loop of
+// different trip counts, as the GPU does.
+//   bank conflicts: per threadgroup instruction, its lanes' 4-byte words map to 32 banks, and
+//     each bank serving n distinct words costs n - 1 extra cycles;
+//   device transactions: per device instruction (loads, stores and atomics), the distinct
+//     aligned segments of `segment_bytes` its lanes touch; the minimum is what the distinct
+//     bytes it touches would need, ceil(bytes / segment_bytes);
+//   atomic conflicts: per atomic instruction (device or threadgroup), the lanes on its
+//     busiest address minus one: the steps the GPU serialises;
+//   active lanes: summed over every memory instruction, against 32 per instruction.
 struct Counters {
   uint64_t device_bytes_read = 0, device_bytes_written = 0;
   uint64_t threadgroup_accesses = 0, bank_conflicts = 0;
   uint64_t barriers = 0, fmas = 0, atomics = 0;
+  uint64_t device_instructions = 0, device_transactions = 0, device_min_transactions = 0;
+  uint64_t atomic_instructions = 0, atomic_conflicts = 0;
+  uint64_t memory_instructions = 0, active_lanes = 0;
+};
+
+// One lane's memory access, kept until the SIMD-group's lanes all stop and its accesses
+// are paired into instructions (Counters).
+struct LaneAccess {
+  uintptr_t site;     // where in the kernel's code it was made (a return address)
+  uintptr_t address;   // device memory: shifted so that its buffer starts on a segment
+  uint32_t bytes;
+  uint8_t lane;
+  bool device;        // else threadgroup memory
+  bool atomic;
 };
 
 class Sanitizer : public Regions {
  public:
   Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
-            const char* const* names, int num_buffers);
+            const char* const* names, int num_buffers, uint32_t segment_bytes);
 
   void begin_group(uint32_t simdgroups, void* const* args, const uint64_t* bytes, int num_args,
                    const char* const* names);
@@ -200,10 +227,11 @@ class Sanitizer : public Regions {
   void static_variable(const void* address, size_t bytes, const char* name);
 
   // An access to `bytes` at `address`, inside the element of `element_bytes` at `element`
-  // (the same range unless the access is to a field).
+  // (the same range unless the access is to a field), made at `site` in the kernel's code.
   void access(const Region* region, const void* element, size_t element_bytes, const void* address,
-              size_t bytes, bool atomic, const ThreadId& who, AccessLog& log);
-  void note_atomic(const void* address, size_t bytes, const ThreadId& who, AccessLog& log);
+              size_t bytes, bool atomic, const ThreadId& who, AccessLog& log, uintptr_t site);
+  // An atomic operation at `site` (called once per operation, whichever way it was reached).
+  void note_atomic(const void* address, size_t bytes, const ThreadId& who, AccessLog& log, uintptr_t site);
   void note_store(const void* address, size_t bytes, bool updates, AccessLog& log);
   void end_segment(const ThreadId& who, AccessLog& log);
 
@@ -216,9 +244,9 @@ class Sanitizer : public Regions {
   bool spurious_cas_failure() { return ++cas_calls_ % 3 == 0; }
 
   void count_fmas(uint32_t n) { counters_.fmas += n; }
-  // Turn the threadgroup accesses logged since the SIMD-groups last stopped into bank
-  // conflicts; call when every live thread of the threadgroup is stopped.
-  void flush_bank_log();
+  // Pair the accesses logged since the SIMD-groups last stopped into instructions and count
+  // them (Counters); call when every live thread of the threadgroup is stopped.
+  void flush_instruction_log();
   const Counters& counters() const { return counters_; }
 
  private:
@@ -248,10 +276,25 @@ class Sanitizer : public Regions {
     Access reader;
   };
   std::unique_ptr<UninitializedRead> uninitialized_;
-  // Per SIMD-group, per lane: the first 4-byte word and word count of each threadgroup
-  // access, in program order, since the last flush.
-  std::vector<std::vector<std::vector<std::pair<uintptr_t, uint32_t>>>> bank_log_;
-  std::vector<uintptr_t> bank_scratch_;  // flush_bank_log's words of one step, reused
+  // The latest access made the pointer an atomic operation uses (the p[i] in
+  // atomic_...(&p[i], ...)): it was the atomic access, not a plain one.
+  void unmark_plain_access(const void* address, size_t bytes, const ThreadId& who, AccessLog& log);
+  void log_instruction(const ThreadId& who, uintptr_t site, const Region* region, const void* address,
+                       size_t bytes, bool atomic);
+  void pair_instructions(std::vector<LaneAccess>& log);
+  void count_instruction(const std::vector<const LaneAccess*>& lanes);
+  void count_bank_conflicts(const std::vector<const LaneAccess*>& lanes);
+  void count_transactions(const std::vector<const LaneAccess*>& lanes);
+  void count_atomic_conflicts(const std::vector<const LaneAccess*>& lanes);
+
+  uint32_t segment_bytes_;
+  // Per SIMD-group: its lanes' memory accesses since the last flush, in program order.
+  std::vector<std::vector<LaneAccess>> instruction_log_;
+  // Scratch of the flush, reused.
+  std::vector<std::pair<size_t, size_t>> lane_runs_;
+  std::vector<const LaneAccess*> step_;
+  std::vector<uintptr_t> words_;
+  std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;
 };
 
 // From runtime.cpp.

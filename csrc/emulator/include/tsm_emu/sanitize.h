@@ -61,15 +61,20 @@ void sanitizer_note_store(const void* address, size_t bytes, bool updates);
 // Unsanitized: the fault of an access outside its region.
 [[noreturn]] void out_of_bounds(const Bounds* region, const void* address, size_t bytes);
 
+// Sanitized, the runtime tells an access's place in the kernel's code by the address
+// sanitizer_access returns to (the counters pair the lanes of a SIMD-group by it): every
+// function between a kernel's access and that call is inlined into the kernel's code.
+#define TSM_ACCESS_INLINE __attribute__((always_inline)) inline
+
 #ifdef __TSM_SANITIZE__
-inline void check_access(const Bounds* region, const void* address, size_t bytes, bool atomic) {
+TSM_ACCESS_INLINE void check_access(const Bounds* region, const void* address, size_t bytes, bool atomic) {
   sanitizer_access(region, address, bytes, address, bytes, atomic);
 }
-inline void check_field_access(const Bounds* region, const void* element, size_t element_bytes,
-                               const void* field, size_t field_bytes) {
+TSM_ACCESS_INLINE void check_field_access(const Bounds* region, const void* element, size_t element_bytes,
+                                          const void* field, size_t field_bytes) {
   sanitizer_access(region, element, element_bytes, field, field_bytes, false);
 }
-inline void note_atomic(const void* address, size_t bytes) { sanitizer_note_atomic(address, bytes); }
+TSM_ACCESS_INLINE void note_atomic(const void* address, size_t bytes) { sanitizer_note_atomic(address, bytes); }
 inline void note_store(const void* address, size_t bytes, bool updates) {
   sanitizer_note_store(address, bytes, updates);
 }
@@ -89,10 +94,10 @@ inline void note_store(const void*, size_t, bool) {}
 #endif
 
 // Addresses of volatile objects go to the functions above as plain addresses.
-inline void check_access(const Bounds* region, const volatile void* address, size_t bytes, bool atomic) {
+TSM_ACCESS_INLINE void check_access(const Bounds* region, const volatile void* address, size_t bytes, bool atomic) {
   check_access(region, untyped(address), bytes, atomic);
 }
-inline void note_atomic(const volatile void* address, size_t bytes) { note_atomic(untyped(address), bytes); }
+TSM_ACCESS_INLINE void note_atomic(const volatile void* address, size_t bytes) { note_atomic(untyped(address), bytes); }
 
 // The rewriter's marks on assignment targets: `stored(p[i]) = v;`, `updated(p[i]) += v;`.
 // Anything else (a local, a swizzle proxy) passes through unmarked.
@@ -123,7 +128,7 @@ template <class E>
 struct element_access {
   // p[i] of a pointer to E: a checked reference, or for an array E (a row of a 2-D array)
   // a checked pointer to its first element, as the array would decay to.
-  static E& get(E* p, const Bounds* r) {
+  TSM_ACCESS_INLINE static E& get(E* p, const Bounds* r) {
     check_access(r, untyped(p), sizeof(E), false);
     return *p;
   }
@@ -181,11 +186,11 @@ class ptr : public sanitize_detail::ptr_base<T> {
   const Bounds* region() const { return this->r_; }
   explicit operator bool() const { return this->p_ != nullptr; }
 
-  decltype(auto) operator[](ptrdiff_t i) const {
+  TSM_ACCESS_INLINE decltype(auto) operator[](ptrdiff_t i) const {
     return sanitize_detail::element_access<T>::get(get() + i, region());
   }
-  decltype(auto) operator*() const { return (*this)[0]; }
-  T* operator->() const {
+  TSM_ACCESS_INLINE decltype(auto) operator*() const { return (*this)[0]; }
+  TSM_ACCESS_INLINE T* operator->() const {
     check_access(region(), untyped(get()), sizeof(T), false);
     return get();
   }
@@ -243,7 +248,7 @@ void register_static_threadgroup_memory(tg_var<A>* var, size_t, const char* name
 template <class T>
 class tg_scalar {
  public:
-  T& ref() {
+  TSM_ACCESS_INLINE T& ref() {
 #ifdef __TSM_SANITIZE__
     check_access(region_of(&value_), &value_, sizeof(T), false);
 #endif
@@ -286,13 +291,13 @@ decltype(auto) apply(X&& x, F step, Fs... rest) {
 // field of a struct (nested ones included), but a vector whole, as Metal counts a write
 // of one component as a write of the vector.
 template <class X>
-X& walk(const Bounds* r, const void* element, size_t element_bytes, X& x) {
+TSM_ACCESS_INLINE X& walk(const Bounds* r, const void* element, size_t element_bytes, X& x) {
   check_field_access(r, element, element_bytes, untyped(&x), sizeof(X));
   return x;
 }
 template <class X, class F, class... Fs>
-decltype(auto) walk(const Bounds* r, const void* element, size_t element_bytes, X& x, F step,
-                    Fs... rest) {
+TSM_ACCESS_INLINE decltype(auto) walk(const Bounds* r, const void* element, size_t element_bytes, X& x,
+                                      F step, Fs... rest) {
   if constexpr (metal::tsm_detail::is_vec_like<std::remove_cv_t<X>>::value) {
     check_field_access(r, element, element_bytes, untyped(&x), sizeof(X));
     return apply(x, step, rest...);
@@ -305,7 +310,7 @@ decltype(auto) walk(const Bounds* r, const void* element, size_t element_bytes, 
 // p[i].a.b, p->a, (*p).a in a sanitized build: member_of(address of the element, one step
 // per member), so that two threads writing different fields of one element do not race.
 template <class P, class... Path>
-decltype(auto) member_of(P&& p, Path... path) {
+TSM_ACCESS_INLINE decltype(auto) member_of(P&& p, Path... path) {
   using Q = std::remove_cv_t<std::remove_reference_t<P>>;
   if constexpr (std::is_base_of<sanitize_detail::ptr_marker, Q>::value) {
     auto* element = p.get();

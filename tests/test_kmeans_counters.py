@@ -1,0 +1,57 @@
+"""The k-means kernels' memory behaviour from the emulator's counters: the distance scan
+(kmeans_assign) coalesced, the accumulation one device atomic per (cluster present in a
+block, feature) with the lanes of each atomic instruction on distinct addresses."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_sparse_metal as tsm
+from torch_sparse_metal.metal import coalescing_efficiency, instrumented, record
+from torch_sparse_metal.ops import kmeans as K
+
+
+def _counted(fn, *args, **kwargs):
+    with tsm.use_backend("emulator"), instrumented(), record() as launches:
+        result = fn(*args, **kwargs)
+    return result, launches
+
+
+@pytest.mark.parametrize("k", [1, 5, 16, 32, 64])
+def test_assign_is_coalesced_when_k_is_at_most_32_or_a_multiple(k):
+    n = 1000  # not a whole number of threadgroups
+    dist = torch.rand(n, k, generator=torch.Generator().manual_seed(k))
+    (labels, min_dist), launches = _counted(K.assign_from_distances, dist)
+    c = launches[0].counters
+    assert launches[0].kernel == "kmeans_assign_float"
+    assert coalescing_efficiency(c) == 1.0
+    torch.testing.assert_close(labels.long(), dist.argmin(1))
+    torch.testing.assert_close(min_dist, dist.min(1).values)
+
+
+def test_assign_of_other_widths_stays_above_half():
+    # k = 40: rows 160 bytes apart, so a 32-column block of a row straddles two segments.
+    n, k = 500, 40
+    x, c = torch.randn(n, 8), torch.randn(k, 8)
+    d, launches = _counted(K.distances, x, c)  # the GEMM, then kmeans_assign storing D
+    assign = [l for l in launches if l.kernel.startswith("kmeans_assign")][0].counters
+    assert coalescing_efficiency(assign) > 0.45
+    torch.testing.assert_close(d, torch.cdist(x, c) ** 2, rtol=1e-4, atol=1e-4)
+
+
+def test_accumulate_one_atomic_per_cluster_present_and_feature_on_distinct_addresses():
+    n, k, d = 3000, 7, 24
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=g)
+    labels = torch.randint(0, k, (n,), generator=g, dtype=torch.int32)
+    labels[:500] = 3  # a block where one cluster is alone
+    (sums, counts), launches = _counted(K.accumulate, x, labels, k, mode="atomic")
+    torch.testing.assert_close(counts.long(), torch.bincount(labels.long(), minlength=k))
+    expected = torch.zeros(k, d).index_add_(0, labels.long(), x)
+    torch.testing.assert_close(sums, expected, rtol=1e-4, atol=1e-4)
+    shape = K.accumulate_shape(n, k, d, 4)
+    present = sum(len(torch.unique(labels[b * shape.block:(b + 1) * shape.block]))
+                  for b in range(shape.blocks))
+    c = [l for l in launches if "accumulate" in l.kernel][0].counters
+    assert c["atomics"] == present * d + present  # the sums, then the counts (tile 0)
+    assert c["atomic_conflicts"] == 0
