@@ -260,6 +260,24 @@ def both_ways(source: str, monkeypatch, sanitize: bool):
     return regions, fibers
 
 
+def agree_on_every_launch(source: str, launches, monkeypatch, sanitize: bool) -> List[Tuple[str, str]]:
+    """Run every launch both ways; each must give the same outcome (and, sanitized, the
+    same counters: bytes, bank conflicts, FMAs, barriers...). The faults, (kernel, kind)."""
+    regions, fibers = both_ways(source, monkeypatch, sanitize)
+    faults = []
+    for kernel, runs in launches.items():
+        for build, threads, group in runs:
+            with record() as r_launches:
+                r = outcome(regions, kernel, build, threads, group)
+            with record() as f_launches:
+                f = outcome(fibers, kernel, build, threads, group)
+            assert same(r, f), f"{kernel}: regions {r[:3]} != fibers {f[:3]}"
+            assert [x.counters for x in r_launches] == [x.counters for x in f_launches], kernel
+            if r[0] == "fault":
+                faults.append((kernel, r[1]))
+    return faults
+
+
 def grouped(source: str, tmp_path: Path) -> set:
     path = tmp_path / "shader.metal"
     path.write_text(source)
@@ -278,15 +296,7 @@ def test_every_structure_here_runs_as_regions(tmp_path):
 
 @pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
 def test_regions_and_fibers_agree_on_every_launch(monkeypatch, sanitize):
-    regions, fibers = both_ways(STRUCTURES, monkeypatch, sanitize)
-    faults = []
-    for kernel, launches in LAUNCHES.items():
-        for build, threads, group in launches:
-            r = outcome(regions, kernel, build, threads, group)
-            f = outcome(fibers, kernel, build, threads, group)
-            assert same(r, f), f"{kernel}: regions {r[:3]} != fibers {f[:3]}"
-            if r[0] == "fault":
-                faults.append((kernel, r[1]))
+    faults = agree_on_every_launch(STRUCTURES, LAUNCHES, monkeypatch, sanitize)
     # The comparison covered the faults it should: every kind of divergence, the race.
     assert sum(1 for k, kind in faults if k == "divergent" and kind == "barrier_divergence") == 4
     assert (("racy", "threadgroup_race") in faults) == sanitize
@@ -685,19 +695,7 @@ def test_simd_group_kernels_run_as_regions(tmp_path):
 
 @pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
 def test_simd_group_functions_agree_with_fibers(monkeypatch, sanitize):
-    regions, fibers = both_ways(SIMD, monkeypatch, sanitize)
-    faults = []
-    for kernel, launches in SIMD_LAUNCHES.items():
-        for build, threads, group in launches:
-            with record() as r_launches:
-                r = outcome(regions, kernel, build, threads, group)
-            with record() as f_launches:
-                f = outcome(fibers, kernel, build, threads, group)
-            assert same(r, f), f"{kernel}: regions {r[:3]} != fibers {f[:3]}"
-            # What the sanitizer counted (bytes, bank conflicts, FMAs, barriers) is the same.
-            assert [x.counters for x in r_launches] == [x.counters for x in f_launches], kernel
-            if r[0] == "fault":
-                faults.append((kernel, r[1]))
+    faults = agree_on_every_launch(SIMD, SIMD_LAUNCHES, monkeypatch, sanitize)
     # Sanitized, a shuffle from an inactive lane is a fault (`inactive`; `iterations`, whose
     # lanes run different numbers of iterations, in both its launches).
     inactive = [("inactive", "inactive_lane")] + [("iterations", "inactive_lane")] * 2

@@ -312,11 +312,7 @@ class _GroupFunction:
                         continue
                     if target is None:
                         return False
-                    if target.kind in (k.CONSTRUCTOR, k.CONVERSION_FUNCTION):
-                        continue
-                    if target.kind == k.CXX_METHOD and target.is_const_method():
-                        continue
-                    if not (_in_metal(target) and not target.spelling.startswith("atomic")):
+                    if not (_effect_free(target) or (target.kind == k.CXX_METHOD and target.is_const_method())):
                         return False
         return True
 
@@ -345,8 +341,7 @@ class _GroupFunction:
                     return True
             elif node.kind == k.CALL_EXPR and node.referenced is not None:
                 target = node.referenced
-                if not (target.kind in (k.CONSTRUCTOR, k.CONVERSION_FUNCTION) or
-                        (_in_metal(target) and not target.spelling.startswith("atomic"))):
+                if not _effect_free(target):
                     return True
             elif node.kind == k.CALL_EXPR:
                 return True
@@ -711,7 +706,6 @@ class _GroupFunction:
                 if wrap:
                     insert(self.statement_end(point.statement), " }", (-1, depth - 0.5))
             self.sites.append(site)
-        self.kinds = [p.kind for p in self.points]
 
         # Returns leave the thread's loop for good.
         for ret in self.returns:
@@ -918,7 +912,7 @@ class _GroupFunction:
                         f"::tsm_emu::Slots<unsigned> __tsm_c{counter}(__tsm_cb{counter}, __tsm_g.n);")
             per_thread(f"__tsm_it{counter}", f"__tsm_c{counter}")
         sites = ", ".join(["0u"] + [f"{s}u" for s in self.sites])
-        kinds = ", ".join(["0"] + [str(kind) for kind in self.kinds])
+        kinds = ", ".join(["0"] + [str(p.kind) for p in self.points])
         head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
         head.append(f"static const unsigned char __tsm_kinds[] = {{{kinds}}};")
         head.append("::tsm_emu::run_regions(__tsm_g, __tsm_sites, __tsm_kinds, "
@@ -954,6 +948,13 @@ def _dependent_operator(call) -> Optional[Tuple[str, int]]:
         if c.kind.name in ("DECL_REF_EXPR", "UNEXPOSED_EXPR") and names and names[0].startswith("operator"):
             return names[0], len(kids) - 1
     return None
+
+
+def _effect_free(function) -> bool:
+    """A constructor or conversion, or a function of Metal's library other than an atomic:
+    calling it has no effect but its result and reads no memory of the kernel's."""
+    return (function.kind.name in ("CONSTRUCTOR", "CONVERSION_FUNCTION") or
+            (_in_metal(function) and not function.spelling.startswith("atomic")))
 
 
 def _in_metal(cursor) -> bool:

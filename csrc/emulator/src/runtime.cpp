@@ -18,7 +18,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -994,7 +993,8 @@ void end_region_segment() {
 // the lanes waiting at the SIMD-group stop whose path comes first (loops' sites and
 // iterations, then the stop's site, as fibers' call paths compare) meet; the others keep
 // waiting. True if any SIMD-group met.
-bool release_simd_groups(Group& g, const std::function<std::string(uint32_t)>& thread) {
+template <class Describe>  // thread t -> its words in a report
+bool release_simd_groups(Group& g, const Describe& thread) {
   Worker* w = t_worker;
   auto waits_at_simd = [&](uint32_t t) { return g.at[t] > 0 && g.kinds[g.at[t]] != W_BARRIER; };
   auto before = [&](uint32_t a, uint32_t b) {
@@ -1049,7 +1049,7 @@ bool resolve_regions(Group& g) {
   RuntimeScope scope;
   if (stop_requested()) throw stop_fault();
   if (t_sanitizer) t_sanitizer->flush_instruction_log();  // every thread is stopped
-  std::function<std::string(uint32_t)> thread = [&](uint32_t t) {
+  auto thread = [&](uint32_t t) {
     Group h = g;
     h.enter(t);
     return where_info(h.running);
