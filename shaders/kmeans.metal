@@ -74,14 +74,23 @@ constant constexpr uint KMEANS_ASSIGN_STORE = 2u;     // write the finished row 
 // own row would put the 32 lanes of every load 4k bytes apart (k separate 128-byte
 // segments per instruction when k >= 32: the emulator's counters gave 7% of the minimum
 // transactions at k = 16). Instead the SIMD-group stages its 32 rows through threadgroup
-// memory, up to 32 columns at a time: consecutive lanes load consecutive elements of the
-// block (one contiguous run when k <= 32), then each lane scans its row of the tile, whose
-// pitch is odd so that the 32 lanes' reads fall on 32 banks. Finished entries go back the
-// same way. The host rounds the grid up to whole threadgroups of KMEANS_ASSIGN_GROUP
-// threads, so every lane exists and reaches the barriers.
-constant constexpr uint KMEANS_ASSIGN_GROUP = 64;      // 2 SIMD-groups
-constant constexpr uint KMEANS_ASSIGN_TILE = 32 * 33;  // 32 rows, pitch up to 33
-constant constexpr uint KMEANS_ASSIGN_TILES = 2 * KMEANS_ASSIGN_TILE;
+// memory, up to 256 bytes of each row at a time (64 float columns, 32 double):
+// consecutive lanes load consecutive elements of the block, then each lane scans its row
+// of the tile, whose pitch is odd so that the 32 lanes' reads fall on 32 banks. Finished
+// entries go back the same way. When the block is the whole row (k <= 64 in float) the
+// SIMD-group's rows are one contiguous run of 32 k elements starting on a 128-byte
+// boundary (p0 is a multiple of 32): every instruction is one whole segment. For wider k
+// that holds when k is a multiple of 32; otherwise each 256-byte row piece straddles one
+// more segment than it fills (k = 100: about 50%). Blocks of 32 columns made k = 40 take
+// two per row, one straddling (47%). The host rounds the grid up to whole threadgroups of
+// KMEANS_ASSIGN_GROUP threads, so every lane exists and reaches the barriers.
+constant constexpr uint KMEANS_ASSIGN_GROUP = 64;  // 2 SIMD-groups
+
+// Columns of a row per block: 256 bytes, so that a 2-SIMD-group tile stays near 16 KB.
+template <typename T>
+constexpr uint kmeans_assign_cols() {
+  return 256 / sizeof(T);
+}
 
 template <typename T>
 [[kernel]] void kmeans_assign(
@@ -95,8 +104,10 @@ template <typename T>
     uint gid                  [[thread_position_in_grid]],
     uint lane                 [[thread_index_in_simdgroup]],
     uint simd                 [[simdgroup_index_in_threadgroup]]) {
-  threadgroup T tile[KMEANS_ASSIGN_TILES];
-  const uint base = simd * KMEANS_ASSIGN_TILE;  // this SIMD-group's tile
+  constexpr uint COLS = kmeans_assign_cols<T>(), TILE = 32 * (COLS + 1);  // pitch up to COLS + 1
+  constexpr uint TILES = (KMEANS_ASSIGN_GROUP / 32) * TILE;
+  threadgroup T tile[TILES];
+  const uint base = simd * TILE;  // this SIMD-group's tile
   const uint p0 = gid - lane;  // the SIMD-group's first point
   const uint rows = p0 < n ? min(32u, n - p0) : 0u;
   const bool add = (flags & KMEANS_ASSIGN_ADD_X_SQ) != 0;
@@ -104,8 +115,8 @@ template <typename T>
   const T xs = add && gid < n ? x_sq[gid] : T(0);
   T best = T(0);
   uint best_j = 0;
-  for (uint j0 = 0; j0 < k; j0 += 32) {
-    const uint cols = min(32u, k - j0);
+  for (uint j0 = 0; j0 < k; j0 += COLS) {
+    const uint cols = min(COLS, k - j0);
     const uint pitch = cols | 1u;
     for (uint e = lane; e < rows * cols; e += 32) {
       const uint r = e / cols, c = e % cols;

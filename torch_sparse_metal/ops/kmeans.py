@@ -51,7 +51,7 @@ ACCUMULATE_MODES = ("auto", "atomic", "cas", "deterministic")
 ASSIGN_ADD_X_SQ, ASSIGN_STORE = 1, 2  # kmeans_assign's flags (KMEANS_ASSIGN_* in the shader)
 
 GROUP_SIZE = 256          # 1-D kernels: 8 SIMD-groups, as the sparse layer
-ASSIGN_GROUP_SIZE = 64    # kmeans_assign: KMEANS_ASSIGN_GROUP, a 32 x 33 tile per SIMD-group
+ASSIGN_GROUP_SIZE = 64    # kmeans_assign: KMEANS_ASSIGN_GROUP, a 32-row tile per SIMD-group
 MAX_REDUCE_GROUP = 256    # kmeans_drift / kmeans_assign_one: one power-of-two threadgroup
 MAX_THREADGROUP_MEMORY = 32 * 1024
 POINTS_PER_THREAD = 32    # accumulate: points each thread adds before the group flushes
