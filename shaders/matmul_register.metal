@@ -24,7 +24,6 @@ template <typename T, bool TA, bool TB>
                                 uint t [[thread_index_in_threadgroup]]) {
   constexpr uint BM = 64, BN = 64, BK = 128 / sizeof(T), TM = 8, TN = 2, NT = 256;
   constexpr uint PITCH = 64 + (sizeof(T) == 2 ? 2 : 1);
-  constexpr uint RUN = BK < 32 ? BK : 32;  // 16 for double (emulator only): still 128 bytes
   threadgroup T As[BK * PITCH];  // As[k][m]
   threadgroup T Bs[BK * PITCH];  // Bs[k][n]
   TSM_MM_EPILOGUE(out);
@@ -41,14 +40,14 @@ template <typename T, bool TA, bool TB>
   for (uint k0 = 0; k0 < K; k0 += BK) {
     const uint left_k = K - k0;
     if (TA) {  // A^T: BK rows (k) x BM columns (m) in memory
-      tsm_mm_copy_block<BK, BM, RUN, NT, PITCH, 1, T>(As, A + k0 * lda + m0, lda, left_k, rows_m, t);
+      tsm_mm_copy_block<BK, BM, BM, NT, PITCH, 1, T>(As, A + k0 * lda + m0, lda, left_k, rows_m, t);
     } else {   // A: BM rows (m) x BK columns (k)
-      tsm_mm_copy_block<BM, BK, RUN, NT, 1, PITCH, T>(As, A + m0 * lda + k0, lda, rows_m, left_k, t);
+      tsm_mm_copy_block<BM, BK, BK, NT, 1, PITCH, T>(As, A + m0 * lda + k0, lda, rows_m, left_k, t);
     }
     if (TB) {  // B^T: BN rows (n) x BK columns (k)
-      tsm_mm_copy_block<BN, BK, RUN, NT, 1, PITCH, T>(Bs, B + n0 * ldb + k0, ldb, cols_n, left_k, t);
+      tsm_mm_copy_block<BN, BK, BK, NT, 1, PITCH, T>(Bs, B + n0 * ldb + k0, ldb, cols_n, left_k, t);
     } else {   // B: BK rows (k) x BN columns (n)
-      tsm_mm_copy_block<BK, BN, RUN, NT, PITCH, 1, T>(Bs, B + k0 * ldb + n0, ldb, left_k, cols_n, t);
+      tsm_mm_copy_block<BK, BN, BN, NT, PITCH, 1, T>(Bs, B + k0 * ldb + n0, ldb, left_k, cols_n, t);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (uint k = 0; k < BK; ++k) {
