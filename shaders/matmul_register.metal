@@ -40,14 +40,14 @@ template <typename T, bool TA, bool TB>
   for (uint k0 = 0; k0 < K; k0 += BK) {
     const uint left_k = K - k0;
     if (TA) {  // A^T: BK rows (k) x BM columns (m) in memory
-      tsm_mm_copy_block<BK, BM, BM, NT, PITCH, 1, T>(As, A + k0 * lda + m0, lda, left_k, rows_m, t);
+      tsm_mm_copy_block<BK, BM, NT, PITCH, 1, T>(As, A + k0 * lda + m0, lda, left_k, rows_m, t);
     } else {   // A: BM rows (m) x BK columns (k)
-      tsm_mm_copy_block<BM, BK, BK, NT, 1, PITCH, T>(As, A + m0 * lda + k0, lda, rows_m, left_k, t);
+      tsm_mm_copy_block<BM, BK, NT, 1, PITCH, T>(As, A + m0 * lda + k0, lda, rows_m, left_k, t);
     }
     if (TB) {  // B^T: BN rows (n) x BK columns (k)
-      tsm_mm_copy_block<BN, BK, BK, NT, 1, PITCH, T>(Bs, B + n0 * ldb + k0, ldb, cols_n, left_k, t);
+      tsm_mm_copy_block<BN, BK, NT, 1, PITCH, T>(Bs, B + n0 * ldb + k0, ldb, cols_n, left_k, t);
     } else {   // B: BK rows (k) x BN columns (n)
-      tsm_mm_copy_block<BK, BN, BN, NT, PITCH, 1, T>(Bs, B + k0 * ldb + n0, ldb, left_k, cols_n, t);
+      tsm_mm_copy_block<BK, BN, NT, PITCH, 1, T>(Bs, B + k0 * ldb + n0, ldb, left_k, cols_n, t);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     for (uint k = 0; k < BK; ++k) {

@@ -1,5 +1,5 @@
-"""The k-means kernels' memory behaviour from the emulator's counters: the distance scan
-(kmeans_assign) coalesced, the accumulation one device atomic per (cluster present in a
+"""The k-means kernels' memory behaviour from the emulator's counters: the row norms
+(kmeans_sq_norms) and the distance scan (kmeans_assign) coalesced, the accumulation one device atomic per (cluster present in a
 block, feature) with the lanes of each atomic instruction on distinct addresses."""
 from __future__ import annotations
 
@@ -62,6 +62,19 @@ def test_assign_of_wider_rows_not_a_multiple_of_32_stays_above_half():
     (labels, _), launches = _counted(K.assign_from_distances, dist)
     assert coalescing_efficiency(launches[0].counters) > 0.5
     torch.testing.assert_close(labels.long(), dist.argmin(1))
+
+
+@pytest.mark.parametrize("d", [1, 5, 32, 40, 64, 128])
+def test_sq_norms_are_coalesced_when_rows_fit_a_block_or_d_is_a_multiple_of_32(d):
+    n = 1000
+    x = torch.randn(n, d, generator=torch.Generator().manual_seed(d))
+    norms, launches = _counted(K.sq_norms, x)
+    c = launches[0].counters
+    # a SIMD-group's rows, 32 floats to an instruction, then one segment of norms
+    rows = [min(32, n - p0) for p0 in range(0, n, 32)]
+    assert c["device_transactions"] == sum(-(-r * d // 32) + 1 for r in rows)
+    assert coalescing_efficiency(c) == 1.0
+    torch.testing.assert_close(norms, (x * x).sum(1), rtol=1e-5, atol=1e-5)
 
 
 def test_accumulate_one_atomic_per_cluster_present_and_feature_on_distinct_addresses():
