@@ -46,9 +46,9 @@ def expected_transactions(m: int, n: int, k: int, ta: bool, tb: bool, tile: int)
 SHAPES = [(128, 128, 128), (70, 96, 40)]  # whole tiles; partial tiles in M, N and K
 
 # An emulator defect, not the kernel's: run as barrier regions (the default), the register
-# rung's A^T copy of the edge tiles counts 80 transactions more than its instructions touch
-# (770 for 690; device_instructions and device_min_transactions agree with the fiber and
-# plain-loop modes, TSM_EMU_REGIONS=0 gives 690). Strict, so a fix shows up here.
+# rung's A^T copy of the edge tiles counts more transactions than its instructions touch
+# (770 here; the plain loop, TSM_EMU_REGIONS=0, counts 690, and device_instructions and
+# device_min_transactions are the same in both modes). Strict, so a fix shows up here.
 REGIONS_MISCOUNT = pytest.mark.xfail(os.environ.get("TSM_EMU_REGIONS", "1") != "0", strict=True,
                                      reason="barrier regions pair this copy's lanes wrongly")
 
