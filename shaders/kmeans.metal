@@ -29,25 +29,75 @@ using namespace metal;
 // ---------------------------------------------------------------------------------------
 // Distances
 
-// out[i] = ||rows[i]||^2, one thread per row. Done once per fit for x (it never changes)
+// Row staging, shared by kmeans_sq_norms and kmeans_assign: one thread per row, lane l of
+// a SIMD-group owning row p0 + l. Each lane reading its own row would put the 32 lanes of
+// every load a row apart (one 128-byte segment each when rows are 128 bytes or more: the
+// emulator's counters gave 7% of the minimum transactions for kmeans_assign at k = 16, 3%
+// for kmeans_sq_norms at d = 32). Instead the SIMD-group stages its 32 rows through
+// threadgroup memory, up to 256 bytes of each row at a time (64 float columns, 32
+// double): consecutive lanes load consecutive elements of the block, then each lane scans
+// its row of the tile, whose pitch is odd so that the 32 lanes' reads fall on 32 banks.
+// When the block is the whole row (up to 64 float columns) the SIMD-group's rows are one
+// contiguous run of 32 rows starting on a 128-byte boundary (p0 is a multiple of 32):
+// every instruction is one whole segment. For wider rows that holds when the row length
+// is a multiple of 32; otherwise each 256-byte row piece straddles one more segment than
+// it fills (100 columns: about 50%). Blocks of 32 columns made 40 columns take two per
+// row, one straddling (47%). The host rounds the grid up to whole threadgroups of
+// KMEANS_STAGE_GROUP threads, so every lane exists and reaches the barriers.
+constant constexpr uint KMEANS_STAGE_GROUP = 64;  // 2 SIMD-groups
+
+// Columns of a row per block: 256 bytes, so that a 2-SIMD-group tile stays near 16 KB.
+template <typename T>
+constexpr uint kmeans_stage_cols() {
+  return 256 / sizeof(T);
+}
+
+// Columns j0 .. j0 + cols of rows p0 .. p0 + rows of `src` (row length ld) -> tile rows
+// `pitch` apart.
+template <typename T>
+inline void kmeans_stage_in(threadgroup T* tile, device const T* src, uint ld, uint p0,
+                            uint rows, uint j0, uint cols, uint pitch, uint lane) {
+  for (uint e = lane; e < rows * cols; e += 32) {
+    const uint r = e / cols, c = e % cols;
+    tile[r * pitch + c] = src[(p0 + r) * ld + j0 + c];
+  }
+}
+
+// out[i] = ||rows[i]||^2, rows staged as above. Done once per fit for x (it never changes)
 // and for the initial centroids (kmeans_drift gives the later ones' norms): cheaper than
-// recomputing inside the GEMM.
+// recomputing inside the GEMM. The squares are added in column order, as kmeans_drift does.
 template <typename T>
 [[kernel]] void kmeans_sq_norms(
     device const T* rows      [[buffer(0)]],  // (n, d)
     device T* out             [[buffer(1)]],  // (n)
     constant uint& n          [[buffer(2)]],
     constant uint& d          [[buffer(3)]],
-    uint gid                  [[thread_position_in_grid]]) {
-  if (gid >= n) {
-    return;
-  }
-  device const T* r = rows + gid * d;
+    uint gid                  [[thread_position_in_grid]],
+    uint lane                 [[thread_index_in_simdgroup]],
+    uint simd                 [[simdgroup_index_in_threadgroup]]) {
+  constexpr uint COLS = kmeans_stage_cols<T>(), TILE = 32 * (COLS + 1);  // pitch up to COLS + 1
+  constexpr uint TILES = (KMEANS_STAGE_GROUP / 32) * TILE;
+  threadgroup T tile[TILES];
+  const uint base = simd * TILE;  // this SIMD-group's tile
+  const uint p0 = gid - lane;     // the SIMD-group's first row
+  const uint count = p0 < n ? min(32u, n - p0) : 0u;
   T acc = T(0);
-  for (uint f = 0; f < d; ++f) {
-    acc = fma(r[f], r[f], acc);
+  for (uint j0 = 0; j0 < d; j0 += COLS) {
+    const uint cols = min(COLS, d - j0);
+    const uint pitch = cols | 1u;
+    kmeans_stage_in(tile + base, rows, d, p0, count, j0, cols, pitch, lane);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    if (gid < n) {
+      for (uint c = 0; c < cols; ++c) {
+        const T v = tile[base + lane * pitch + c];
+        acc = fma(v, v, acc);
+      }
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
   }
-  out[gid] = acc;
+  if (gid < n) {
+    out[gid] = acc;
+  }
 }
 
 // Distances go through the project's GEMM (ops/matmul.py: launch_matmul, whichever rung
@@ -68,21 +118,8 @@ constant constexpr uint KMEANS_ASSIGN_STORE = 2u;     // write the finished row 
 // place (the host's `distances`, which returns D). Without flags, dist is a finished D,
 // only read, and x_sq is not read. Starting from column 0 rather than +inf means a row of
 // NaNs (which the host never sends: it rejects non-finite input) still yields a label in
-// range.
-//
-// One thread per point, lane l of a SIMD-group owning point p0 + l. Each lane reading its
-// own row would put the 32 lanes of every load 4k bytes apart (k separate 128-byte
-// segments per instruction when k >= 32: the emulator's counters gave 7% of the minimum
-// transactions at k = 16). Instead the SIMD-group stages its 32 rows through threadgroup
-// memory, up to 32 columns at a time: consecutive lanes load consecutive elements of the
-// block (one contiguous run when k <= 32), then each lane scans its row of the tile, whose
-// pitch is odd so that the 32 lanes' reads fall on 32 banks. Finished entries go back the
-// same way. The host rounds the grid up to whole threadgroups of KMEANS_ASSIGN_GROUP
-// threads, so every lane exists and reaches the barriers.
-constant constexpr uint KMEANS_ASSIGN_GROUP = 64;      // 2 SIMD-groups
-constant constexpr uint KMEANS_ASSIGN_TILE = 32 * 33;  // 32 rows, pitch up to 33
-constant constexpr uint KMEANS_ASSIGN_TILES = 2 * KMEANS_ASSIGN_TILE;
-
+// range. Rows are staged as described above kmeans_sq_norms; finished entries go back the
+// same way, the SIMD-group's 32 lanes writing consecutive elements of the block.
 template <typename T>
 [[kernel]] void kmeans_assign(
     device T* dist            [[buffer(0)]],  // (n, k)
@@ -95,8 +132,10 @@ template <typename T>
     uint gid                  [[thread_position_in_grid]],
     uint lane                 [[thread_index_in_simdgroup]],
     uint simd                 [[simdgroup_index_in_threadgroup]]) {
-  threadgroup T tile[KMEANS_ASSIGN_TILES];
-  const uint base = simd * KMEANS_ASSIGN_TILE;  // this SIMD-group's tile
+  constexpr uint COLS = kmeans_stage_cols<T>(), TILE = 32 * (COLS + 1);  // pitch up to COLS + 1
+  constexpr uint TILES = (KMEANS_STAGE_GROUP / 32) * TILE;
+  threadgroup T tile[TILES];
+  const uint base = simd * TILE;  // this SIMD-group's tile
   const uint p0 = gid - lane;  // the SIMD-group's first point
   const uint rows = p0 < n ? min(32u, n - p0) : 0u;
   const bool add = (flags & KMEANS_ASSIGN_ADD_X_SQ) != 0;
@@ -104,13 +143,10 @@ template <typename T>
   const T xs = add && gid < n ? x_sq[gid] : T(0);
   T best = T(0);
   uint best_j = 0;
-  for (uint j0 = 0; j0 < k; j0 += 32) {
-    const uint cols = min(32u, k - j0);
+  for (uint j0 = 0; j0 < k; j0 += COLS) {
+    const uint cols = min(COLS, k - j0);
     const uint pitch = cols | 1u;
-    for (uint e = lane; e < rows * cols; e += 32) {
-      const uint r = e / cols, c = e % cols;
-      tile[base + r * pitch + c] = dist[(p0 + r) * k + j0 + c];
-    }
+    kmeans_stage_in(tile + base, dist, k, p0, rows, j0, cols, pitch, lane);
     threadgroup_barrier(mem_flags::mem_threadgroup);
     if (gid < n) {
       for (uint c = 0; c < cols; ++c) {

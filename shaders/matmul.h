@@ -88,21 +88,18 @@ inline T tsm_mm_b(device const T* B, uint ldb, uint k, uint j) {
 
 // Cooperative copy of a ROWS x COLS block of a row-major device matrix (leading dimension
 // ld, rows_left x cols_left of it valid; the rest reads as zero) into threadgroup memory,
-// element (r, c) going to dst[r * DR + c * DC]. NT threads sweep the block in column chunks
-// of RUN elements, RUN-contiguous elements per row: a SIMD-group covers 32 / RUN rows of
-// RUN neighbours (or 32 neighbours of one row when RUN >= 32). The kernels pick RUN and the
-// padding of dst so that, for their layout, the 32 lanes of every store land on 32
-// different banks: that is what the bank-conflict tests check. Every thread stores the same
-// number of elements, zeros included, so no threadgroup element is left unwritten.
-template <uint ROWS, uint COLS, uint RUN, uint NT, uint DR, uint DC, typename T>
+// element (r, c) going to dst[r * DR + c * DC]. NT threads sweep the block row by row,
+// consecutive threads on consecutive columns, so a SIMD-group reads 32 neighbours along
+// memory rows (one row when COLS >= 32). The kernels pick the padding of dst so that, for
+// their layout, the 32 lanes of every store land on 32 different banks: that is what the
+// bank-conflict tests check. Every thread stores the same number of elements, zeros
+// included, so no threadgroup element is left unwritten.
+template <uint ROWS, uint COLS, uint NT, uint DR, uint DC, typename T>
 inline void tsm_mm_copy_block(threadgroup T* dst, device const T* src, uint ld, uint rows_left,
                               uint cols_left, uint t) {
   static_assert((ROWS * COLS) % NT == 0, "threads must divide the block");
-  static_assert(COLS % RUN == 0 && NT % RUN == 0, "runs must tile the block");
   for (uint n = 0; n < ROWS * COLS / NT; ++n) {
-    const uint idx = t + n * NT;
-    const uint chunk = idx / (ROWS * RUN), rem = idx % (ROWS * RUN);
-    const uint r = rem / RUN, c = chunk * RUN + rem % RUN;
+    const uint idx = t + n * NT, r = idx / COLS, c = idx % COLS;
     dst[r * DR + c * DC] = (r < rows_left && c < cols_left) ? src[r * ld + c] : T(0);
   }
 }

@@ -273,7 +273,8 @@ def test_counters_follow_the_ladder():
     assert rows["naive"]["barriers"] == rows["shuffle"]["barriers"] == 0
     assert rows["shuffle"]["threadgroup_accesses"] == 0
     assert rows["tiled"]["barriers"] == 2 * 2 * 4        # 2 per K step, 2 steps, 4 groups
-    assert rows["simdgroup"]["barriers"] == 2 * 4 * 1    # 2 per K step, 4 steps, 1 group
+    # 2 per K step (BK = 32: 2 steps), 1 before the staged epilogue writes C, 1 group
+    assert rows["simdgroup"]["barriers"] == 2 * 2 + 1
 
 
 # --------------------------------------------------------------------------------------

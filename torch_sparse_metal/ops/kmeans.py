@@ -51,7 +51,7 @@ ACCUMULATE_MODES = ("auto", "atomic", "cas", "deterministic")
 ASSIGN_ADD_X_SQ, ASSIGN_STORE = 1, 2  # kmeans_assign's flags (KMEANS_ASSIGN_* in the shader)
 
 GROUP_SIZE = 256          # 1-D kernels: 8 SIMD-groups, as the sparse layer
-ASSIGN_GROUP_SIZE = 64    # kmeans_assign: KMEANS_ASSIGN_GROUP, a 32 x 33 tile per SIMD-group
+STAGE_GROUP_SIZE = 64     # kmeans_sq_norms, kmeans_assign: KMEANS_STAGE_GROUP (32-row tiles)
 MAX_REDUCE_GROUP = 256    # kmeans_drift / kmeans_assign_one: one power-of-two threadgroup
 MAX_THREADGROUP_MEMORY = 32 * 1024
 POINTS_PER_THREAD = 32    # accumulate: points each thread adds before the group flushes
@@ -159,7 +159,8 @@ def _sq_norms_kernel(rows: torch.Tensor, *, backend: str) -> torch.Tensor:
         return out.zero_()
     _launch.launch(SHADER, kernel_name("kmeans_sq_norms", rows.dtype),
                    (rows, out, np.uint32(n), np.uint32(d)),
-                   threads=n, group_size=GROUP_SIZE, backend=backend)
+                   threads=-(-n // STAGE_GROUP_SIZE) * STAGE_GROUP_SIZE,  # whole groups
+                   group_size=STAGE_GROUP_SIZE, backend=backend)
     return out
 
 
@@ -194,8 +195,8 @@ def _launch_assign(dist: torch.Tensor, x_sq: Optional[torch.Tensor], flags: int,
     _launch.launch(SHADER, kernel_name("kmeans_assign", dist.dtype),
                    (dist, x_sq, labels, min_dist, np.uint32(n),
                     np.uint32(k), np.uint32(flags)),
-                   threads=-(-n // ASSIGN_GROUP_SIZE) * ASSIGN_GROUP_SIZE,  # whole groups
-                   group_size=ASSIGN_GROUP_SIZE, backend=backend)
+                   threads=-(-n // STAGE_GROUP_SIZE) * STAGE_GROUP_SIZE,  # whole groups
+                   group_size=STAGE_GROUP_SIZE, backend=backend)
     return labels, min_dist
 
 
