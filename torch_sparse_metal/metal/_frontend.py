@@ -115,8 +115,10 @@ def presumed_location(location) -> Tuple[str, int, int]:
 # ---- from MSL to what clang parses ----------------------------------------------------------
 
 _VECTOR_BASES = r"(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float|bfloat)"
-_VECTOR_CALL = re.compile(r"(?<![\w.:>])((?:metal::)?(?:packed_)?" + _VECTOR_BASES + r"[234])\s*\(")
-_VEC_TEMPLATE_CALL = re.compile(r"(?<![\w.>])((?:metal::)?vec\s*<[^<>;{}()]*>)\s*\(")
+_VECTOR_TYPE = r"(?:metal::)?(?:packed_)?" + _VECTOR_BASES + r"[234]"
+_VEC_TEMPLATE_TYPE = r"(?:metal::)?vec\s*<[^<>;{}()]*>"
+_VECTOR_CALL = re.compile(r"(?<![\w.:>])(" + _VECTOR_TYPE + r")\s*\(")
+_VEC_TEMPLATE_CALL = re.compile(r"(?<![\w.>])(" + _VEC_TEMPLATE_TYPE + r")\s*\(")
 # `thread` qualifying a member function (`T f() const thread {`, `S() thread : x(0) {}`).
 _THREAD_METHOD = re.compile(r"\)\s*(?:const\s+)?(thread)\b(?=\s*(?:const\b|volatile\b|noexcept\b|->|[{;:=&]))")
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
@@ -186,12 +188,17 @@ def _vector_aliases(masked: str) -> List[str]:
 
 def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
     """``float4(a, b)``, ``vec<T, 4>(x)`` -> ``::metal::__tsm_make_vector<float4>(a, b)``:
-    MSL's vector constructors, which C++ has no syntax for."""
+    MSL's vector constructors, which C++ has no syntax for. A vector variable initialised
+    directly in a function body (MLX's ``const int2 offsets(0, row);``, which clang takes
+    for a scalar's initialisation) becomes ``const int2 offsets = ...make_vector<int2>(0, row);``."""
     masked = _rewrite._mask_strings_and_directives(src)
     patterns = [_VECTOR_CALL, _VEC_TEMPLATE_CALL]
     aliases = _vector_aliases(masked)
+    type_names = [_VECTOR_TYPE, _VEC_TEMPLATE_TYPE]
     if aliases:
-        patterns.append(re.compile(r"(?<![\w.:>])(" + "|".join(map(re.escape, aliases)) + r")\s*\("))
+        alias_names = "|".join(map(re.escape, aliases))
+        patterns.append(re.compile(r"(?<![\w.:>])(" + alias_names + r")\s*\("))
+        type_names.append(alias_names)
     edits = []
     for pattern in patterns:
         for m in pattern.finditer(masked):
@@ -199,6 +206,15 @@ def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
             if re.search(r"(?:\boperator|\btypedef|\busing|\bstruct|\bclass)$", before):
                 continue
             edits.append((m.start(), m.end(), f"::metal::__tsm_make_vector<{src[m.start(1):m.end(1)]}>("))
+    declaration = re.compile(r"(?<![\w.:>])(" + "|".join(type_names) + r")\s+(\w+)(\s*\()")
+    bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked)]
+    for m in declaration.finditer(masked):
+        # At statement start in a body: a variable (a local function declaration would
+        # also match, and Metal code has none).
+        statement_start = re.search(r"(?:[;{}(]|\b(?:const|constexpr|thread|static))\s*$", masked[:m.start()])
+        if statement_start and any(a < m.start() < b for a, b in bodies):
+            edits.append((m.start(3), m.end(3),
+                          f" = ::metal::__tsm_make_vector<{src[m.start(1):m.end(1)]}>("))
     return edits
 
 
@@ -225,7 +241,7 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
         # An initialiser (MLX's layer_norm: `threadgroup float b[32] = {0};`) is accepted by
         # Apple's compiler, and does not initialise the memory in the emulator (it stays
         # uninitialised, as every threadgroup variable is): it is not part of the check.
-        parts = [part.split("=", 1)[0] for part in _rewrite._split_top_level(src[m.end():end])]
+        parts = [_declarator(part) for part in _rewrite._split_top_level(src[m.end():end])]
         names = [re.search(r"(\w+)\s*((?:\[[^\]]*\]\s*)*)$", p.strip()) for p in parts]
         if not names or not all(names):
             continue
@@ -239,6 +255,18 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
                        f"::metal::__tsm_threadgroup_storage<{target}>();")
         edits.append((m.start(), end + 1, " ".join(out)))
     return edits
+
+
+def _declarator(declaration: str) -> str:
+    """``declaration`` without its initialiser: up to the first ``=`` outside brackets that
+    is an assignment (MLX's gemv sizes an array ``[n == 0 ? 1 : n]``)."""
+    depth = 0
+    for i, c in enumerate(declaration):
+        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(c, 0)
+        if c == "=" and depth == 0 and declaration[i - 1:i] not in ("=", "!", "<", ">") \
+                and declaration[i + 1:i + 2] != "=":
+            return declaration[:i]
+    return declaration
 
 
 def _braced_arguments(src: str) -> List[Tuple[int, int, str]]:
@@ -274,6 +302,24 @@ def _braced_arguments(src: str) -> List[Tuple[int, int, str]]:
         edits.append((open_brace, open_brace + 1, "::metal::__tsm_braced("))
         edits.append((close, close + 1, ")"))
     return edits
+
+
+_TEMPLATE_ID = r"\w+(?:\s*<[^;{}()=]*?>)?"
+# `constant constexpr const float W<6, 3, 8>::wt_transform[8][8];` (MLX's conv) after a
+# statement or a brace: an out-of-class declaration of a static data member, no initialiser.
+_MEMBER_REDECLARATION = re.compile(
+    r"(?<=[;{}])\s*(?P<qualifiers>(?:(?:static|constant|constexpr|const|inline)\s+)+)(?:metal::)?" + _TEMPLATE_ID +
+    r"\s+" + _TEMPLATE_ID + r"(?:\s*::\s*" + _TEMPLATE_ID + r")*\s*::\s*\w+\s*(?:\[[^\];]*\]\s*)*;")
+
+
+def _constexpr_member_redeclarations(src: str) -> List[Tuple[int, int, str]]:
+    """Out-of-class redeclarations of ``static constexpr`` data members, blanked. A constexpr
+    member is initialised in its class, so the redeclaration (C++11's definition, valid
+    and redundant since C++17) adds nothing; clang's OpenCL mode takes it for a constant
+    without an initialiser."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    return [(m.start(), m.end(), _rewrite.blank(m.group())) for m in _MEMBER_REDECLARATION.finditer(masked)
+            if re.search(r"\bconstexpr\b", m.group("qualifiers"))]
 
 
 _FUNCTION_POINTER_DECLARATOR = re.compile(r"\(\s*\*(\s*\w+\s*)\)(?=\s*\()")
@@ -407,6 +453,7 @@ def _prepare(preprocessed: str) -> _Prepared:
     source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
     source.apply(_braced_arguments(source.text))
     source.apply(_template_function_pointers(source.text))
+    source.apply(_constexpr_member_redeclarations(source.text))
     source.apply(_constant_pointees_const(source.text))
     masked = _rewrite._mask_strings_and_directives(source.text)
     bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked) if d.is_kernel]
@@ -510,6 +557,17 @@ def _same_class_in_two_spaces(message: str) -> bool:
         return False
     bare = [" ".join(w for w in side.split() if w not in _QUALIFIERS) for side in m.groups() if side]
     return bare[0] == bare[1]
+
+
+def _constructs_a_constant_object(diagnostic) -> bool:
+    """A constructor that is not qualified ``constant`` initialising an object in the
+    constant address space: clang's OpenCL rules refuse it, Metal's constexpr construction
+    does not (MLX's ``static constexpr constant complex_t<T> max = complex_t<T>(...)`` and
+    ``constant U init = Limits<U>::max``). clang's note says the candidate fit but for the
+    object's address space (it was not viable for its arguments otherwise)."""
+    return bool(re.match(r"no matching constructor for initialization of '.*\b__constant\b", diagnostic.spelling)) \
+        and any("cannot be used to construct an object in address space '__constant'" in n.spelling
+                for n in diagnostic.children)
 
 
 def _not_metal(message: str) -> bool:
@@ -797,7 +855,7 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
                               lines[physical - 1] if 0 < physical <= len(lines) else ""))
 
     errors = [d for d in tu.diagnostics if d.severity >= cindex.Diagnostic.Error]
-    not_metal = [_not_metal(d.spelling) for d in errors]
+    not_metal = [_not_metal(d.spelling) or _constructs_a_constant_object(d) for d in errors]
     # clang's error, though not Metal's, still makes the template specialisation it is in
     # invalid; calls of that specialisation then fail for no reason of Metal's.
     forgiven = {m.group(1) for d, skip in zip(errors, not_metal) if skip for n in d.children
