@@ -342,6 +342,28 @@ def _template_function_pointers(src: str) -> List[Tuple[int, int, str]]:
     return edits
 
 
+def _pointer_or_reference_at(masked: str, start: int) -> Optional[int]:
+    """The offset of the ``*`` or ``&`` that ends the type beginning at ``start`` (after an
+    address-space qualifier), past template argument lists (MLX's ``thread MMATile<T, M,
+    N>& D``); None when what is declared there is no pointer or reference."""
+    depth = 0
+    for i in range(start, len(masked)):
+        c = masked[i]
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            if depth == 0:
+                return None
+            depth -= 1
+        elif c in ";{}":
+            return None
+        elif depth == 0 and c in "*&":
+            return i
+        elif depth == 0 and c in ",()=[]":
+            return None
+    return None
+
+
 def _constant_pointees_const(src: str) -> List[Tuple[int, int, str]]:
     """``constant T *p`` -> ``constant const T *p``: what a pointer or reference into the
     constant address space designates is read-only in Metal whether or not it says const,
@@ -349,11 +371,11 @@ def _constant_pointees_const(src: str) -> List[Tuple[int, int, str]]:
     masked = _rewrite._mask_strings_and_directives(src)
     edits = []
     for m in re.finditer(r"\bconstant\b(?!\s*\()", masked):
-        after = re.search(r"[*&;,(){}=\[\]<>]", masked[m.end():])
-        if after is None or after.group() not in "*&":
+        after = _pointer_or_reference_at(masked, m.end())
+        if after is None:
             continue
         start = max(masked.rfind(c, 0, m.start()) for c in ";,(){}<>")
-        if re.search(r"\bconst\b", masked[start + 1:m.end() + after.start()]):
+        if re.search(r"\bconst\b", masked[start + 1:after]):
             continue
         edits.append((m.end(), m.end(), " const"))
     return edits
@@ -363,10 +385,10 @@ _RECORD = re.compile(r"\b(struct|class)\s+(\w+)\s*(?:<[^{};]*>\s*)?(?:final\s*)?
 
 
 def _special_members(src: str) -> List[Tuple[int, int, str]]:
-    """Declare, in every struct and class, the copies from and into objects in the constant
-    address space that Metal provides and OpenCL does not (OpenCL's generic address space
-    covers device, threadgroup and thread, not constant), and the generic copies that
-    declaring those would suppress. Defaulted, so aggregates stay aggregates."""
+    """Declare, in every struct and class, the copies from, into and of objects in the
+    constant address space that Metal provides and OpenCL does not (OpenCL's generic
+    address space covers device, threadgroup and thread, not constant), and the generic
+    copies that declaring those would suppress. Defaulted, so aggregates stay aggregates."""
     masked = _rewrite._mask_strings_and_directives(src)
     edits = []
     for m in _RECORD.finditer(masked):
@@ -394,12 +416,20 @@ def _special_members(src: str) -> List[Tuple[int, int, str]]:
         if not has_ctor:
             members.append(f"{name}() = default;")
         if not has_copy:
-            members.append(f"{name}(const {name}&) = default;")
+            # Qualified __constant: a copy that constructs an object in the constant address
+            # space (MLX's `constant T init = Limits<T>::max;`), which clang's generic
+            # constructors cannot.
+            members.append(f"{name}(const {name}&) = default; {name}(const {name}&) __constant = default;")
         if not has_constant_copy:
-            members.append(f"{name}(const __constant {name}&) = default;")
+            members.append(f"{name}(const __constant {name}&) = default; "
+                           f"{name}(const __constant {name}&) __constant = default;")
         if not has_assign:
+            # The copy from constant takes only a constant `name` (a template: no conversion
+            # into a constant temporary, which would make `x = 1u` ambiguous for a class
+            # with constructors from integers qualified thread and constant, MLX's complex_t).
             members.append(f"{name}& operator=(const {name}&) = default; "
-                           f"{name}& operator=(const __constant {name}&) = default;")
+                           f"template <typename __tsm_U, typename = ::metal::__tsm_enable_if_t<__is_same(__tsm_U, {name})>> "
+                           f"{name}& operator=(const __constant __tsm_U&);")
         text = " ".join(members)
         if kind == "class":
             text = f"public: {text} private:"
@@ -420,9 +450,13 @@ def _generic_thread(masked: str) -> List[Tuple[int, int, str]]:
     methods = [(m.start(1), m.end(1)) for m in _THREAD_METHOD.finditer(masked)]
     edits = [(a, b, "__generic") for a, b in methods]
     for m in re.finditer(r"\bthread\b", masked):
-        tail = re.search(r"[*&;,(){}=\[\]<>]", masked[m.end():])
-        if tail and tail.group() in "*&" and (m.start(), m.end()) not in methods:
-            edits.append((m.start(), m.end(), "__generic"))
+        at = _pointer_or_reference_at(masked, m.end())
+        if at is None or (m.start(), m.end()) in methods:
+            continue
+        # A class template's specialisation goes unqualified: clang makes it generic all
+        # the same, and deduces its arguments from an object in __private (a local) as from
+        # one in __generic (a member, through `this`), which `__generic X<T>&` does not.
+        edits.append((m.start(), m.end(), " " * len("thread") if "<" in masked[m.end():at] else "__generic"))
     return edits
 
 
@@ -570,6 +604,18 @@ def _constructs_a_constant_object(diagnostic) -> bool:
                 for n in diagnostic.children)
 
 
+_DEDUCTION_MISMATCH = re.compile(r"candidate template ignored: cannot deduce a type for '(\w+)' that would make "
+                                 r"'(?:const )?__generic \1' equal '(?:const )?__private ")
+
+
+def _fails_by_thread_spaces_only(diagnostic) -> bool:
+    """Overload resolution that failed where a candidate ``f(thread T& x)`` (T a template
+    parameter; clang's __generic) was not deduced from an object in __private (a local,
+    MLX's ``thread_swap(a, b)``): both are Metal's thread, where it deduces. clang deduces
+    only from the same address space; the arguments after the one refused go unchecked."""
+    return any(_DEDUCTION_MISMATCH.match(n.spelling) for n in diagnostic.children)
+
+
 def _not_metal(message: str) -> bool:
     """Whether clang's error ``message`` is a rule of C++ for OpenCL that Metal does not have."""
     return (any(rule.search(message) for rule in _NOT_METAL_RULES) or _same_length_vector_cast(message)
@@ -644,7 +690,10 @@ def _is_exempt_copy(call) -> bool:
     special = (target.is_copy_constructor() or target.is_move_constructor() or
                target.is_copy_assignment_operator_method() or target.is_move_assignment_operator_method())
     if not special:
-        return False
+        # the copy from a constant object that _special_members declares, a template
+        template = _cindex().conf.lib.clang_getSpecializedCursorTemplate(target)
+        return template is not None and not template.kind.is_invalid() and any(
+            c.spelling == "__tsm_U" for c in template.get_children())
     return target.is_default_method() or not target.extent.start.file or \
         target.location == target.semantic_parent.location
 
@@ -855,14 +904,21 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
                               lines[physical - 1] if 0 < physical <= len(lines) else ""))
 
     errors = [d for d in tu.diagnostics if d.severity >= cindex.Diagnostic.Error]
-    not_metal = [_not_metal(d.spelling) or _constructs_a_constant_object(d) for d in errors]
+    not_metal = [_not_metal(d.spelling) or _constructs_a_constant_object(d) or _fails_by_thread_spaces_only(d)
+                 for d in errors]
     # clang's error, though not Metal's, still makes the template specialisation it is in
     # invalid; calls of that specialisation then fail for no reason of Metal's.
     forgiven = {m.group(1) for d, skip in zip(errors, not_metal) if skip for n in d.children
                 for m in [re.match(r"in instantiation of function template specialization '([\w:]+)<", n.spelling)]
                 if m}
+    # ... and a constexpr variable whose construction was forgiven is left without a value.
+    unconstructed = {(d.location.file.name if d.location.file else "", d.location.offset)
+                     for d in errors if _constructs_a_constant_object(d)}
     for d, skip in zip(errors, not_metal):
         if skip:
+            continue
+        if (d.location.file.name if d.location.file else "", d.location.offset) in unconstructed and \
+                re.match(r"constexpr variable '\w+' must be initialized by a constant expression$", d.spelling):
             continue
         called = re.match(r"no matching function for call to '([\w:]+)'", d.spelling)
         if called and called.group(1).split("::")[-1] in {f.split("::")[-1] for f in forgiven} and \
