@@ -329,16 +329,23 @@ def _template_function_pointers(src: str) -> List[Tuple[int, int, str]]:
     """``template <void (*f)(...)>`` -> ``template <void (&f)(...)>``: Metal takes function
     pointers as template arguments (ggml's dequantisers), but clang's OpenCL mode gives
     such a parameter a ``__generic`` pointee that no function's address converts to. A
-    reference to a function binds the same arguments and is called the same way."""
+    reference to a function binds the same arguments and is called the same way. So does
+    an alias of a function pointer type that a template parameter is declared with (MLX's
+    fft: ``using RadixFunc = void (*)(...);`` and ``template <..., RadixFunc<T> f>``)."""
     masked = _rewrite._mask_strings_and_directives(src)
     edits = []
+    parameter_lists = []
     for m in re.finditer(r"\btemplate\s*<", masked):
         depth, i = 1, m.end()
         while i < len(masked) and depth:
             depth += {"<": 1, ">": -1}.get(masked[i], 0)
             i += 1
+        parameter_lists.append(masked[m.end():i - 1])
         for p in _FUNCTION_POINTER_DECLARATOR.finditer(masked, m.end(), i - 1):
             edits.append((p.start(), p.end(), f"(&{p.group(1)})"))
+    for m in re.finditer(r"\busing\s+(\w+)\s*=[^;{}]*?(\(\s*\*\s*\))\s*\(", masked):
+        if any(re.search(r"\b" + m.group(1) + r"\b", parameters) for parameters in parameter_lists):
+            edits.append((m.start(2), m.end(2), "(&)"))
     return edits
 
 
