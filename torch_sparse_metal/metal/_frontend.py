@@ -309,17 +309,27 @@ _TEMPLATE_ID = r"\w+(?:\s*<[^;{}()=]*?>)?"
 # statement or a brace: an out-of-class declaration of a static data member, no initialiser.
 _MEMBER_REDECLARATION = re.compile(
     r"(?<=[;{}])\s*(?P<qualifiers>(?:(?:static|constant|constexpr|const|inline)\s+)+)(?:metal::)?" + _TEMPLATE_ID +
-    r"\s+" + _TEMPLATE_ID + r"(?:\s*::\s*" + _TEMPLATE_ID + r")*\s*::\s*\w+\s*(?:\[[^\];]*\]\s*)*;")
+    r"\s+(?P<scope>" + _TEMPLATE_ID + r"(?:\s*::\s*" + _TEMPLATE_ID + r")*)\s*::\s*\w+\s*(?:\[[^\];]*\]\s*)*;")
 
 
 def _constexpr_member_redeclarations(src: str) -> List[Tuple[int, int, str]]:
     """Out-of-class redeclarations of ``static constexpr`` data members, blanked. A constexpr
     member is initialised in its class, so the redeclaration (C++11's definition, valid
     and redundant since C++17) adds nothing; clang's OpenCL mode takes it for a constant
-    without an initialiser."""
+    without an initialiser. Of a member of a class template's specialisation only when
+    that specialisation is explicit (``template <> struct W<6, 3, 8>``): otherwise C++
+    wants ``template <>`` before it, and clang's error stands."""
     masked = _rewrite._mask_strings_and_directives(src)
-    return [(m.start(), m.end(), _rewrite.blank(m.group())) for m in _MEMBER_REDECLARATION.finditer(masked)
-            if re.search(r"\bconstexpr\b", m.group("qualifiers"))]
+    squeezed = re.sub(r"\s+", "", masked)
+    edits = []
+    for m in _MEMBER_REDECLARATION.finditer(masked):
+        if not re.search(r"\bconstexpr\b", m.group("qualifiers")):
+            continue
+        scope = re.sub(r"\s+", "", m.group("scope")).rsplit("::", 1)[-1]
+        if "<" in scope and not re.search(r"template<>(?:struct|class)" + re.escape(scope) + r"[{:]", squeezed):
+            continue
+        edits.append((m.start(), m.end(), _rewrite.blank(m.group())))
+    return edits
 
 
 _FUNCTION_POINTER_DECLARATOR = re.compile(r"\(\s*\*(\s*\w+\s*)\)(?=\s*\()")
@@ -822,9 +832,9 @@ class _Walker:
 
 def _holds_function_address(type_) -> bool:
     """A pointer or reference to a function, or an array of them."""
+    type_ = type_.get_canonical()  # through aliases (`Scale<float> f`, MLX's RadixFunc)
     if "(" not in type_.spelling:  # fast path: a function type is spelled with its parameters
         return False
-    type_ = type_.get_canonical()
     while _type_kind(type_) in ("ConstantArray", "IncompleteArray"):
         type_ = type_.element_type.get_canonical()
     if _type_kind(type_) not in ("Pointer", "LValueReference", "RValueReference"):
