@@ -612,10 +612,11 @@ def _same_class_in_two_spaces(message: str) -> bool:
 
 def _constructs_a_constant_object(diagnostic) -> bool:
     """A constructor that is not qualified ``constant`` initialising an object in the
-    constant address space: clang's OpenCL rules refuse it, Metal's constexpr construction
-    does not (MLX's ``static constexpr constant complex_t<T> max = complex_t<T>(...)`` and
-    ``constant U init = Limits<U>::max``). clang's note says the candidate fit but for the
-    object's address space (it was not viable for its arguments otherwise)."""
+    constant address space directly (``constant constexpr cplx c(1, 2);``): clang's OpenCL
+    rules refuse it, though they take ``= cplx(1, 2)``, the same call since C++17, which is
+    how Apple's compiler builds MLX's ``static constexpr constant complex_t<T> max``.
+    clang's note says the candidate fit but for the object's address space (it was not
+    viable for its arguments otherwise)."""
     return bool(re.match(r"no matching constructor for initialization of '.*\b__constant\b", diagnostic.spelling)) \
         and any("cannot be used to construct an object in address space '__constant'" in n.spelling
                 for n in diagnostic.children)
@@ -707,7 +708,7 @@ def _is_exempt_copy(call) -> bool:
     special = (target.is_copy_constructor() or target.is_move_constructor() or
                target.is_copy_assignment_operator_method() or target.is_move_assignment_operator_method())
     if not special:
-        # the copy from a constant object that _special_members declares, a template
+        # or the copy assignment from a constant object _special_members declares, a template
         template = _cindex().conf.lib.clang_getSpecializedCursorTemplate(target)
         return template is not None and not template.kind.is_invalid() and any(
             c.spelling == "__tsm_U" for c in template.get_children())
@@ -928,14 +929,8 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
     forgiven = {m.group(1) for d, skip in zip(errors, not_metal) if skip for n in d.children
                 for m in [re.match(r"in instantiation of function template specialization '([\w:]+)<", n.spelling)]
                 if m}
-    # ... and a constexpr variable whose construction was forgiven is left without a value.
-    unconstructed = {(d.location.file.name if d.location.file else "", d.location.offset)
-                     for d in errors if _constructs_a_constant_object(d)}
     for d, skip in zip(errors, not_metal):
         if skip:
-            continue
-        if (d.location.file.name if d.location.file else "", d.location.offset) in unconstructed and \
-                re.match(r"constexpr variable '\w+' must be initialized by a constant expression$", d.spelling):
             continue
         called = re.match(r"no matching function for call to '([\w:]+)'", d.spelling)
         if called and called.group(1).split("::")[-1] in {f.split("::")[-1] for f in forgiven} and \
