@@ -394,3 +394,30 @@ kernel void k(device Tile<float, 2>* tiles [[buffer(0)]]) {
   Tile<float, 2> x;
   tile_add(tiles[0], x);
 }""")
+
+
+def test_bool_vectors_named_by_typedefs_and_deduction_through_vec():
+    # MLX's steel attention: `typedef metal::vec<T, 2> frag_type;` in a tile instantiated
+    # with T = bool (its masks), and `thread dtype_frag_t<Atype>& A` with
+    # `template <typename U> using dtype_frag_t = metal::vec<U, 2>;`, which deduces Atype.
+    lib = compile_shader(HEAD + """
+template <typename T>
+struct Frag {
+  typedef metal::vec<T, 2> frag_type;
+  template <typename U> using dtype_frag_t = metal::vec<U, 2>;
+  template <typename U>
+  static float dot(thread dtype_frag_t<U>& a, thread frag_type& b) { return float(a.x) * float(b.x) + float(a.y) * float(b.y); }
+};
+kernel void k(device float* out [[buffer(0)]], device const float* in [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  Frag<bool>::frag_type keep;
+  keep[0] = in[2 * i] > 0.5f;
+  keep[1] = in[2 * i + 1] > 0.5f;
+  Frag<float>::frag_type x = float2(in[2 * i], in[2 * i + 1]);
+  half2 w = half2(2.0h, 3.0h);
+  out[i] = Frag<float>::dot(w, x) + (keep[0] ? 10.0f : 0.0f) + (keep[1] ? 100.0f : 0.0f);
+}""")
+    values = torch.tensor([0.25, 1.0, 2.0, 0.0])
+    out = torch.zeros(2)
+    lib.k(out, values, threads=2)
+    np.testing.assert_array_equal(out.numpy(), [0.5 + 3.0 + 100, 4.0 + 10])

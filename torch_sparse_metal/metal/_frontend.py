@@ -218,6 +218,26 @@ def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
     return edits
 
 
+def _typedef_vectors(src: str) -> List[Tuple[int, int, str]]:
+    """``typedef vec<T, 2> t;`` and ``using t = vec<T, 2>;`` (not an alias template) ->
+    ``...::metal::__tsm_vector_type<T, 2>::type``, where ``vec<bool, N>`` is a vector of
+    int: clang's C++ for OpenCL has no bool vectors, and MLX's steel attention makes its
+    fragment typedefs with T = bool. ``vec`` elsewhere stays clang's vector, through which
+    function templates deduce (``thread dtype_frag_t<Atype>& A``)."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"\b(?:typedef|using\s+\w+\s*=)\s*(?:typename\s+)?((?:metal::)?vec\s*<)", masked):
+        if m.group().startswith("using") and re.search(r">\s*$", masked[:m.start()]):
+            continue  # an alias template: its parameters are deduced through it
+        try:
+            close = _rewrite._match_close(masked, m.end(1) - 1, "<", ">")
+        except _rewrite.ParseError:
+            continue
+        arguments = src[m.end(1):close]
+        edits.append((m.start(1), close + 1, f"typename ::metal::__tsm_vector_type<{arguments}>::type"))
+    return edits
+
+
 def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]) -> List[Tuple[int, int, str]]:
     """``threadgroup T a[N];`` in a kernel body -> a reference to storage in __local (clang
     allows __local variables only in OpenCL kernels); one outside a kernel is left for clang."""
@@ -502,6 +522,7 @@ def _prepare(preprocessed: str) -> _Prepared:
         for m in re.finditer(pattern, masked):
             lints.append((m.start(), f"Metal does not support {what}"))
     source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
+    source.apply(_typedef_vectors(source.text))
     source.apply(_braced_arguments(source.text))
     source.apply(_template_function_pointers(source.text))
     source.apply(_constexpr_member_redeclarations(source.text))
