@@ -414,8 +414,9 @@ kernel void k(device float* out [[buffer(0)]], device const float* in [[buffer(1
   keep[0] = in[2 * i] > 0.5f;
   keep[1] = in[2 * i + 1] > 0.5f;
   Frag<float>::frag_type x = float2(in[2 * i], in[2 * i + 1]);
+  metal::vec<bool, 2> both = keep;
   half2 w = half2(2.0h, 3.0h);
-  out[i] = Frag<float>::dot(w, x) + (keep[0] ? 10.0f : 0.0f) + (keep[1] ? 100.0f : 0.0f);
+  out[i] = Frag<float>::dot(w, x) + (keep[0] ? 10.0f : 0.0f) + (both[1] ? 100.0f : 0.0f);
 }""")
     values = torch.tensor([0.25, 1.0, 2.0, 0.0])
     out = torch.zeros(2)

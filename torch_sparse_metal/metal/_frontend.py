@@ -223,10 +223,12 @@ def _typedef_vectors(src: str) -> List[Tuple[int, int, str]]:
     ``...::metal::__tsm_vector_type<T, 2>::type``, where ``vec<bool, N>`` is a vector of
     int: clang's C++ for OpenCL has no bool vectors, and MLX's steel attention makes its
     fragment typedefs with T = bool. ``vec`` elsewhere stays clang's vector, through which
-    function templates deduce (``thread dtype_frag_t<Atype>& A``)."""
+    function templates deduce (``thread dtype_frag_t<Atype>& A``); ``vec<bool, N>`` spelled
+    out is ``vec<int, N>``."""
     masked = _rewrite._mask_strings_and_directives(src)
-    edits = []
-    for m in re.finditer(r"\b(?:typedef|using\s+\w+\s*=)\s*(?:typename\s+)?((?:metal::)?vec\s*<)", masked):
+    # Spelled out, `vec<bool, N>` deduces nothing: it can be the vector of int anywhere.
+    edits = [(m.start(1), m.end(1), "int") for m in re.finditer(r"\bvec\s*<\s*(bool)\b", masked)]
+    for m in re.finditer(r"\b(?:typedef|using\s+\w+\s*=)\s*(?:typename\s+)?((?:metal::)?vec\s*<)(?!\s*bool\b)", masked):
         if m.group().startswith("using") and re.search(r">\s*$", masked[:m.start()]):
             continue  # an alias template: its parameters are deduced through it
         try:
