@@ -211,7 +211,8 @@ def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
     for m in declaration.finditer(masked):
         # At statement start in a body: a variable (a local function declaration would
         # also match, and Metal code has none).
-        statement_start = re.search(r"(?:[;{}(]|\b(?:const|constexpr|thread|static))\s*$", masked[:m.start()])
+        before = masked[max(0, m.start() - 64):m.start()].rstrip()
+        statement_start = before.endswith(tuple(";{}(")) or re.search(r"\b(?:const|constexpr|thread|static)$", before)
         if statement_start and any(a < m.start() < b for a, b in bodies):
             edits.append((m.start(3), m.end(3),
                           f" = ::metal::__tsm_make_vector<{src[m.start(1):m.end(1)]}>("))
@@ -229,7 +230,7 @@ def _typedef_vectors(src: str) -> List[Tuple[int, int, str]]:
     # Spelled out, `vec<bool, N>` deduces nothing: it can be the vector of int anywhere.
     edits = [(m.start(1), m.end(1), "int") for m in re.finditer(r"\bvec\s*<\s*(bool)\b", masked)]
     for m in re.finditer(r"\b(?:typedef|using\s+\w+\s*=)\s*(?:typename\s+)?((?:metal::)?vec\s*<)(?!\s*bool\b)", masked):
-        if m.group().startswith("using") and re.search(r">\s*$", masked[:m.start()]):
+        if m.group().startswith("using") and masked[max(0, m.start() - 64):m.start()].rstrip().endswith(">"):
             continue  # an alias template: its parameters are deduced through it
         try:
             close = _rewrite._match_close(masked, m.end(1) - 1, "<", ">")
