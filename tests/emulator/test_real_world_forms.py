@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import MetalCompileError, compile_shader
+from torch_sparse_metal.metal import MetalCompileError, _compiler, _frontend, compile_shader
 
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -177,3 +177,248 @@ template [[host_name("lower_diag")]] kernel tri_t tri<2>;
         y = torch.zeros(9)
         getattr(lib, name)(y, threads=(3, 3))
         np.testing.assert_array_equal(y.numpy().reshape(3, 3), expected)
+
+
+# ---- third pass: what MLX's reduce, scan, sort, conv, fft, gemv and steel kernels and
+# PyTorch's Eye.metal need of the check -----------------------------------------------------
+
+def test_vector_constructors_are_constant_expressions_and_initialise_directly():
+    # PyTorch's `constexpr float2 eye_one() { return float2(1.0, 0.0); }`; MLX's
+    # `const int2 offsets(0, row);` (a vector initialised directly).
+    lib = compile_shader(HEAD + """
+constexpr float2 unit_x() { return float2(1.0, 0.0); }
+constant constexpr float4 corners = float4(1, 2, 3, 4);
+kernel void k(device float4* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  constexpr float2 u = unit_x();
+  const int2 offsets(3, i);
+  float4 splat(0.5f);
+  out[i] = float4(u, float2(offsets)) + corners + splat;
+}""")
+    out = torch.zeros(3, 4)
+    lib.k(out, threads=3)
+    expected = np.array([[1.0, 0.0, 3.0, i] for i in range(3)]) + [1, 2, 3, 4] + 0.5
+    np.testing.assert_array_equal(out.numpy(), expected)
+
+
+def test_a_vector_constructor_from_a_runtime_value_is_still_no_constant_expression():
+    with pytest.raises(MetalCompileError, match="must be initialized by a constant expression"):
+        compile_shader(HEAD + """
+kernel void k(device float2* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  constexpr float2 w(1.0f, float(i));
+  out[i] = w;
+}""")
+
+
+CONSTANT_OBJECTS = HEAD + """
+struct cplx {
+  float re, im;
+  constexpr cplx(float a, float b) thread : re(a), im(b) {}
+  constexpr cplx() thread : re(0), im(0) {}
+  constexpr cplx() threadgroup : re(0), im(0) {}
+  template <typename U> constexpr cplx(U x) thread : re(x), im(0) {}
+  template <typename U> constexpr cplx(U x) device : re(x), im(0) {}
+  template <typename U> constexpr cplx(U x) constant : re(x), im(0) {}
+  constexpr cplx(float2 v) constant : re(v.x), im(v.y) {}
+  constexpr operator float2() const constant { return float2(re, im); }
+};
+template <typename T> struct Limit { static constexpr constant T big = T(1e30f); };
+template <> struct Limit<cplx> {
+  static constexpr constant cplx big = cplx(numeric_limits<float>::infinity(), -1.0f);
+};
+template <typename T> struct Smallest { static constexpr constant T init = Limit<T>::big; };
+constant constexpr cplx origin(0.5f, 0.25f);
+"""
+
+
+def test_thread_constructors_and_copies_initialise_constant_objects():
+    # MLX's complex_t: `static constexpr constant T init = Limits<T>::max;` and the
+    # `Limits<complex_t<T>>` specialisation that builds it with a `thread` constructor.
+    lib = compile_shader(CONSTANT_OBJECTS + """
+kernel void k(device float2* out [[buffer(0)]], device cplx* z [[buffer(1)]],
+              device const uint* n [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  cplx c = Smallest<cplx>::init;
+  out[i] = float2(min(c.re, float(i)), c.im) + float2(origin.re, origin.im);
+  z[i] = Smallest<cplx>::init;
+  if (i == 2) {
+    z[i] = n[i];
+  }
+}""")
+    out, z = torch.zeros(3, 2), torch.zeros(3, 2)
+    lib.k(out, z, torch.tensor([0, 0, 7], dtype=torch.int32), threads=3)
+    np.testing.assert_array_equal(out.numpy(), [[0.5, -0.75], [1.5, -0.75], [2.5, -0.75]])
+    np.testing.assert_array_equal(z.numpy(), [[np.inf, -1.0], [np.inf, -1.0], [7.0, 0.0]])
+
+
+def test_a_constant_object_still_needs_a_constructor_for_its_arguments():
+    with pytest.raises(MetalCompileError, match="no matching constructor"):
+        compile_shader(CONSTANT_OBJECTS + """
+constant constexpr cplx too_many(1.0f, 2.0f, 3.0f);
+kernel void k(device float* out [[buffer(0)]]) { out[0] = too_many.re; }""")
+
+
+def test_constexpr_members_redeclared_outside_and_function_constants_through_a_macro():
+    # MLX's conv: `constant constexpr const float W<6, 3, 8>::wt_transform[8][8];` of an
+    # explicit specialisation; fft: `STEEL_CONST bool inv_ [[function_constant(0)]];` with
+    # STEEL_CONST `static constant constexpr const`.
+    source = HEAD + """
+#define TILE_CONST static constant constexpr const
+TILE_CONST bool flip_ [[function_constant(0)]];
+TILE_CONST int reps_ [[function_constant(1)]];
+template <int M> struct Taps {};
+template <> struct Taps<2> { static constexpr constant float w[2][2] = {{1, 2}, {3, 4}}; };
+constant constexpr const float Taps<2>::w[2][2];
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = Taps<2>::w[i / 2][i % 2] * (flip_ ? -1.0f : 1.0f) * reps_;
+}"""
+    lib = compile_shader(source, function_constants={"flip_": True, "reps_": 3})
+    out = torch.zeros(4)
+    lib.k(out, threads=4)
+    np.testing.assert_array_equal(out.numpy(), [-3, -6, -9, -12])
+    constants = {"flip_": True, "reps_": 3}
+    with pytest.raises(MetalCompileError, match="must be initialized"):
+        compile_shader(source.replace("kernel void", "constant float lonely;\nkernel void"),
+                       function_constants=constants)
+    # A member of an implicit instantiation is redeclared only after `template <>`.
+    implicit = source.replace("template <int M> struct Taps {};\ntemplate <> struct Taps<2> {",
+                              "template <int M> struct Taps {")
+    with pytest.raises(MetalCompileError, match="requires 'template<>'"):
+        compile_shader(implicit, function_constants=constants)
+
+
+def check_only(tmp_path, source: str, version: str = "4.0") -> None:
+    """The front-end check of ``source``, without the emulator's build."""
+    path = tmp_path / "shader.metal"
+    path.write_text(source)
+    views = _compiler._views(path, [], path.name, version)
+    _frontend.check(views.metal, language_version=version, origin=path.name, main_file=str(path))
+
+
+def test_a_threadgroup_array_sized_by_a_comparison_over_two_lines(tmp_path):
+    # MLX's gemv: `threadgroup T tgp_memory\n [k::tgp_mem_size == 0 ? 1 : k::tgp_mem_size];`
+    # (the check only: the emulator's rewriter takes the `==` for an initialiser).
+    source = HEAD + """
+template <int N> struct Shape { static constant constexpr const int size = N; };
+template <int N>
+kernel void reverse(device float* out [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+  using shape = Shape<N>;
+  threadgroup float tile
+      [shape::size == 0 ? 1 : shape::size];
+  tile[i] = float(i);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[i] = tile[N - 1 - i];
+}
+template [[host_name("reverse8")]] kernel void reverse<8>(device float*, uint);
+"""
+    check_only(tmp_path, source)
+    with pytest.raises(MetalCompileError, match="no variable-length arrays"):
+        check_only(tmp_path, source.replace("[shape::size == 0 ?", "[i == 0 ?"))
+
+
+STEEL_FORMS = HEAD + """
+template <int v> struct Int { static constexpr constant int value = v; constexpr operator int() const thread { return v; } };
+template <typename T, int N>
+struct Tile {
+  T vals[N];
+  thread T& at(short i) thread { return vals[i]; }
+};
+template <typename T, int N>
+void tile_add(thread Tile<T, N>& d, thread Tile<T, N>& a) {
+  for (short i = 0; i < N; ++i) d.at(i) += a.at(i);
+}
+template <typename T>
+void thread_swap(thread T& a, thread T& b) { T w = a; a = b; b = w; }
+template <typename T, int N>
+struct Block {
+  Tile<T, N> acc;
+  void accumulate(thread Tile<T, N>& x) thread { tile_add(acc, x); tile_add(x, acc); }
+};
+template <typename P, typename S>
+void gather(thread float* dst, P src, S step) {
+  for (short i = 0; i < 4; ++i) { dst[i] = src[0]; src += step; }
+}
+"""
+
+
+def test_steel_forms_deduce_from_members_and_locals_alike():
+    # MLX's steel: `tile_matmad(Ctile, Atile, ...)` with thread MMATile<T, M, N>& parameters
+    # (a member through `this`, and locals), thread_swap of locals, `src += str_y` with
+    # str_y an Int<1>.
+    lib = compile_shader(STEEL_FORMS + """
+kernel void k(device float* out [[buffer(0)]], device const float* in [[buffer(1)]]) {
+  Block<float, 2> b;
+  b.acc.at(0) = 1.0f; b.acc.at(1) = 2.0f;
+  Tile<float, 2> x;
+  x.at(0) = 10.0f; x.at(1) = 20.0f;
+  b.accumulate(x);
+  float p = x.at(0), q = x.at(1);
+  thread_swap(p, q);
+  float g[4];
+  gather(g, in + 1, Int<2>{});
+  out[0] = p; out[1] = q;
+  for (int i = 0; i < 4; ++i) out[2 + i] = g[i];
+}""")
+    out = torch.zeros(6)
+    lib.k(out, torch.arange(16, dtype=torch.float32), threads=1)
+    np.testing.assert_array_equal(out.numpy(), [42, 21, 1, 3, 5, 7])
+
+
+def test_simdgroup_matrix_products_and_function_pointer_aliases_pass_the_check(tmp_path):
+    # MLX's Winograd conv: `(G * g) * Gt` of simdgroup matrices; fft: `using RadixFunc =
+    # void (*)(...)` as the type of a template parameter. (The check only: the emulator
+    # has no simdgroup_matrix operator* yet, and its call-site parameter changes the
+    # function's type.)
+    scale = HEAD + """
+template <typename T> using Scale = T (*)(T);
+template <typename T> T twice(T x) { return 2 * x; }
+template <typename T, Scale<T> f> T apply(T x) { return f(x); }
+"""
+    check_only(tmp_path, scale + """
+kernel void k(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  simdgroup_float8x8 a = make_filled_simdgroup_matrix<float, 8, 8>(1.0f);
+  simdgroup_float8x8 c = make_filled_simdgroup_matrix<float, 8, 8>(0.5f);
+  simdgroup_float8x8 ac = (a * c) * a;
+  out[lane] = ac.thread_elements()[0] + apply<float, twice<float>>(3.0f);
+}""")
+    with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):
+        check_only(tmp_path, scale + """
+kernel void k(device float* out [[buffer(0)]]) {
+  Scale<float> f = twice<float>;
+  out[0] = f(1.0f);
+}""")
+
+
+def test_a_device_object_is_still_no_thread_reference_to_a_class_template():
+    with pytest.raises(MetalCompileError, match="cannot convert a device object to the thread address space"):
+        compile_shader(STEEL_FORMS + """
+kernel void k(device Tile<float, 2>* tiles [[buffer(0)]]) {
+  Tile<float, 2> x;
+  tile_add(tiles[0], x);
+}""")
+
+
+def test_bool_vectors_named_by_typedefs_and_deduction_through_vec():
+    # MLX's steel attention: `typedef metal::vec<T, 2> frag_type;` in a tile instantiated
+    # with T = bool (its masks), and `thread dtype_frag_t<Atype>& A` with
+    # `template <typename U> using dtype_frag_t = metal::vec<U, 2>;`, which deduces Atype.
+    lib = compile_shader(HEAD + """
+template <typename T>
+struct Frag {
+  typedef metal::vec<T, 2> frag_type;
+  template <typename U> using dtype_frag_t = metal::vec<U, 2>;
+  template <typename U>
+  static float dot(thread dtype_frag_t<U>& a, thread frag_type& b) { return float(a.x) * float(b.x) + float(a.y) * float(b.y); }
+};
+kernel void k(device float* out [[buffer(0)]], device const float* in [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  Frag<bool>::frag_type keep;
+  keep[0] = in[2 * i] > 0.5f;
+  keep[1] = in[2 * i + 1] > 0.5f;
+  Frag<float>::frag_type x = float2(in[2 * i], in[2 * i + 1]);
+  metal::vec<bool, 2> both = keep;
+  half2 w = half2(2.0h, 3.0h);
+  out[i] = Frag<float>::dot(w, x) + (keep[0] ? 10.0f : 0.0f) + (both[1] ? 100.0f : 0.0f);
+}""")
+    values = torch.tensor([0.25, 1.0, 2.0, 0.0])
+    out = torch.zeros(2)
+    lib.k(out, values, threads=2)
+    np.testing.assert_array_equal(out.numpy(), [0.5 + 3.0 + 100, 4.0 + 10])

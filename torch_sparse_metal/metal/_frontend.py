@@ -115,8 +115,10 @@ def presumed_location(location) -> Tuple[str, int, int]:
 # ---- from MSL to what clang parses ----------------------------------------------------------
 
 _VECTOR_BASES = r"(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|float|bfloat)"
-_VECTOR_CALL = re.compile(r"(?<![\w.:>])((?:metal::)?(?:packed_)?" + _VECTOR_BASES + r"[234])\s*\(")
-_VEC_TEMPLATE_CALL = re.compile(r"(?<![\w.>])((?:metal::)?vec\s*<[^<>;{}()]*>)\s*\(")
+_VECTOR_TYPE = r"(?:metal::)?(?:packed_)?" + _VECTOR_BASES + r"[234]"
+_VEC_TEMPLATE_TYPE = r"(?:metal::)?vec\s*<[^<>;{}()]*>"
+_VECTOR_CALL = re.compile(r"(?<![\w.:>])(" + _VECTOR_TYPE + r")\s*\(")
+_VEC_TEMPLATE_CALL = re.compile(r"(?<![\w.>])(" + _VEC_TEMPLATE_TYPE + r")\s*\(")
 # `thread` qualifying a member function (`T f() const thread {`, `S() thread : x(0) {}`).
 _THREAD_METHOD = re.compile(r"\)\s*(?:const\s+)?(thread)\b(?=\s*(?:const\b|volatile\b|noexcept\b|->|[{;:=&]))")
 _HALF_LITERAL = re.compile(r"(?<![\w.])((?:\d+\.\d*|\.\d+)(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)[hH]\b")
@@ -186,12 +188,17 @@ def _vector_aliases(masked: str) -> List[str]:
 
 def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
     """``float4(a, b)``, ``vec<T, 4>(x)`` -> ``::metal::__tsm_make_vector<float4>(a, b)``:
-    MSL's vector constructors, which C++ has no syntax for."""
+    MSL's vector constructors, which C++ has no syntax for. A vector variable initialised
+    directly in a function body (MLX's ``const int2 offsets(0, row);``, which clang takes
+    for a scalar's initialisation) becomes ``const int2 offsets = ...make_vector<int2>(0, row);``."""
     masked = _rewrite._mask_strings_and_directives(src)
     patterns = [_VECTOR_CALL, _VEC_TEMPLATE_CALL]
     aliases = _vector_aliases(masked)
+    type_names = [_VECTOR_TYPE, _VEC_TEMPLATE_TYPE]
     if aliases:
-        patterns.append(re.compile(r"(?<![\w.:>])(" + "|".join(map(re.escape, aliases)) + r")\s*\("))
+        alias_names = "|".join(map(re.escape, aliases))
+        patterns.append(re.compile(r"(?<![\w.:>])(" + alias_names + r")\s*\("))
+        type_names.append(alias_names)
     edits = []
     for pattern in patterns:
         for m in pattern.finditer(masked):
@@ -199,6 +206,38 @@ def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
             if re.search(r"(?:\boperator|\btypedef|\busing|\bstruct|\bclass)$", before):
                 continue
             edits.append((m.start(), m.end(), f"::metal::__tsm_make_vector<{src[m.start(1):m.end(1)]}>("))
+    declaration = re.compile(r"(?<![\w.:>])(" + "|".join(type_names) + r")\s+(\w+)(\s*\()")
+    bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked)]
+    for m in declaration.finditer(masked):
+        # At statement start in a body: a variable (a local function declaration would
+        # also match, and Metal code has none).
+        before = masked[max(0, m.start() - 64):m.start()].rstrip()
+        statement_start = before.endswith(tuple(";{}(")) or re.search(r"\b(?:const|constexpr|thread|static)$", before)
+        if statement_start and any(a < m.start() < b for a, b in bodies):
+            edits.append((m.start(3), m.end(3),
+                          f" = ::metal::__tsm_make_vector<{src[m.start(1):m.end(1)]}>("))
+    return edits
+
+
+def _typedef_vectors(src: str) -> List[Tuple[int, int, str]]:
+    """``typedef vec<T, 2> t;`` and ``using t = vec<T, 2>;`` (not an alias template) ->
+    ``...::metal::__tsm_vector_type<T, 2>::type``, where ``vec<bool, N>`` is a vector of
+    int: clang's C++ for OpenCL has no bool vectors, and MLX's steel attention makes its
+    fragment typedefs with T = bool. ``vec`` elsewhere stays clang's vector, through which
+    function templates deduce (``thread dtype_frag_t<Atype>& A``); ``vec<bool, N>`` spelled
+    out is ``vec<int, N>``."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    # Spelled out, `vec<bool, N>` deduces nothing: it can be the vector of int anywhere.
+    edits = [(m.start(1), m.end(1), "int") for m in re.finditer(r"\bvec\s*<\s*(bool)\b", masked)]
+    for m in re.finditer(r"\b(?:typedef|using\s+\w+\s*=)\s*(?:typename\s+)?((?:metal::)?vec\s*<)(?!\s*bool\b)", masked):
+        if m.group().startswith("using") and masked[max(0, m.start() - 64):m.start()].rstrip().endswith(">"):
+            continue  # an alias template: its parameters are deduced through it
+        try:
+            close = _rewrite._match_close(masked, m.end(1) - 1, "<", ">")
+        except _rewrite.ParseError:
+            continue
+        arguments = src[m.end(1):close]
+        edits.append((m.start(1), close + 1, f"typename ::metal::__tsm_vector_type<{arguments}>::type"))
     return edits
 
 
@@ -225,7 +264,7 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
         # An initialiser (MLX's layer_norm: `threadgroup float b[32] = {0};`) is accepted by
         # Apple's compiler, and does not initialise the memory in the emulator (it stays
         # uninitialised, as every threadgroup variable is): it is not part of the check.
-        parts = [part.split("=", 1)[0] for part in _rewrite._split_top_level(src[m.end():end])]
+        parts = [_declarator(part) for part in _rewrite._split_top_level(src[m.end():end])]
         names = [re.search(r"(\w+)\s*((?:\[[^\]]*\]\s*)*)$", p.strip()) for p in parts]
         if not names or not all(names):
             continue
@@ -239,6 +278,18 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
                        f"::metal::__tsm_threadgroup_storage<{target}>();")
         edits.append((m.start(), end + 1, " ".join(out)))
     return edits
+
+
+def _declarator(declaration: str) -> str:
+    """``declaration`` without its initialiser: up to the first ``=`` outside brackets that
+    is an assignment (MLX's gemv sizes an array ``[n == 0 ? 1 : n]``)."""
+    depth = 0
+    for i, c in enumerate(declaration):
+        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(c, 0)
+        if c == "=" and depth == 0 and declaration[i - 1:i] not in ("=", "!", "<", ">") \
+                and declaration[i + 1:i + 2] != "=":
+            return declaration[:i]
+    return declaration
 
 
 def _braced_arguments(src: str) -> List[Tuple[int, int, str]]:
@@ -276,6 +327,34 @@ def _braced_arguments(src: str) -> List[Tuple[int, int, str]]:
     return edits
 
 
+_TEMPLATE_ID = r"\w+(?:\s*<[^;{}()=]*?>)?"
+# `constant constexpr const float W<6, 3, 8>::wt_transform[8][8];` (MLX's conv) after a
+# statement or a brace: an out-of-class declaration of a static data member, no initialiser.
+_MEMBER_REDECLARATION = re.compile(
+    r"(?<=[;{}])\s*(?P<qualifiers>(?:(?:static|constant|constexpr|const|inline)\s+)+)(?:metal::)?" + _TEMPLATE_ID +
+    r"\s+(?P<scope>" + _TEMPLATE_ID + r"(?:\s*::\s*" + _TEMPLATE_ID + r")*)\s*::\s*\w+\s*(?:\[[^\];]*\]\s*)*;")
+
+
+def _constexpr_member_redeclarations(src: str) -> List[Tuple[int, int, str]]:
+    """Out-of-class redeclarations of ``static constexpr`` data members, blanked. A constexpr
+    member is initialised in its class, so the redeclaration (C++11's definition, valid
+    and redundant since C++17) adds nothing; clang's OpenCL mode takes it for a constant
+    without an initialiser. Of a member of a class template's specialisation only when
+    that specialisation is explicit (``template <> struct W<6, 3, 8>``): otherwise C++
+    wants ``template <>`` before it, and clang's error stands."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    squeezed = re.sub(r"\s+", "", masked)
+    edits = []
+    for m in _MEMBER_REDECLARATION.finditer(masked):
+        if not re.search(r"\bconstexpr\b", m.group("qualifiers")):
+            continue
+        scope = re.sub(r"\s+", "", m.group("scope")).rsplit("::", 1)[-1]
+        if "<" in scope and not re.search(r"template<>(?:struct|class)" + re.escape(scope) + r"[{:]", squeezed):
+            continue
+        edits.append((m.start(), m.end(), _rewrite.blank(m.group())))
+    return edits
+
+
 _FUNCTION_POINTER_DECLARATOR = re.compile(r"\(\s*\*(\s*\w+\s*)\)(?=\s*\()")
 
 
@@ -283,17 +362,46 @@ def _template_function_pointers(src: str) -> List[Tuple[int, int, str]]:
     """``template <void (*f)(...)>`` -> ``template <void (&f)(...)>``: Metal takes function
     pointers as template arguments (ggml's dequantisers), but clang's OpenCL mode gives
     such a parameter a ``__generic`` pointee that no function's address converts to. A
-    reference to a function binds the same arguments and is called the same way."""
+    reference to a function binds the same arguments and is called the same way. So does
+    an alias of a function pointer type that a template parameter is declared with (MLX's
+    fft: ``using RadixFunc = void (*)(...);`` and ``template <..., RadixFunc<T> f>``)."""
     masked = _rewrite._mask_strings_and_directives(src)
     edits = []
+    parameter_lists = []
     for m in re.finditer(r"\btemplate\s*<", masked):
         depth, i = 1, m.end()
         while i < len(masked) and depth:
             depth += {"<": 1, ">": -1}.get(masked[i], 0)
             i += 1
+        parameter_lists.append(masked[m.end():i - 1])
         for p in _FUNCTION_POINTER_DECLARATOR.finditer(masked, m.end(), i - 1):
             edits.append((p.start(), p.end(), f"(&{p.group(1)})"))
+    for m in re.finditer(r"\busing\s+(\w+)\s*=[^;{}]*?(\(\s*\*\s*\))\s*\(", masked):
+        if any(re.search(r"\b" + m.group(1) + r"\b", parameters) for parameters in parameter_lists):
+            edits.append((m.start(2), m.end(2), "(&)"))
     return edits
+
+
+def _pointer_or_reference_at(masked: str, start: int) -> Optional[int]:
+    """The offset of the ``*`` or ``&`` that ends the type beginning at ``start`` (after an
+    address-space qualifier), past template argument lists (MLX's ``thread MMATile<T, M,
+    N>& D``); None when what is declared there is no pointer or reference."""
+    depth = 0
+    for i in range(start, len(masked)):
+        c = masked[i]
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            if depth == 0:
+                return None
+            depth -= 1
+        elif c in ";{}":
+            return None
+        elif depth == 0 and c in "*&":
+            return i
+        elif depth == 0 and c in ",()=[]":
+            return None
+    return None
 
 
 def _constant_pointees_const(src: str) -> List[Tuple[int, int, str]]:
@@ -303,11 +411,11 @@ def _constant_pointees_const(src: str) -> List[Tuple[int, int, str]]:
     masked = _rewrite._mask_strings_and_directives(src)
     edits = []
     for m in re.finditer(r"\bconstant\b(?!\s*\()", masked):
-        after = re.search(r"[*&;,(){}=\[\]<>]", masked[m.end():])
-        if after is None or after.group() not in "*&":
+        after = _pointer_or_reference_at(masked, m.end())
+        if after is None:
             continue
         start = max(masked.rfind(c, 0, m.start()) for c in ";,(){}<>")
-        if re.search(r"\bconst\b", masked[start + 1:m.end() + after.start()]):
+        if re.search(r"\bconst\b", masked[start + 1:after]):
             continue
         edits.append((m.end(), m.end(), " const"))
     return edits
@@ -317,10 +425,10 @@ _RECORD = re.compile(r"\b(struct|class)\s+(\w+)\s*(?:<[^{};]*>\s*)?(?:final\s*)?
 
 
 def _special_members(src: str) -> List[Tuple[int, int, str]]:
-    """Declare, in every struct and class, the copies from and into objects in the constant
-    address space that Metal provides and OpenCL does not (OpenCL's generic address space
-    covers device, threadgroup and thread, not constant), and the generic copies that
-    declaring those would suppress. Defaulted, so aggregates stay aggregates."""
+    """Declare, in every struct and class, the copies from, into and of objects in the
+    constant address space that Metal provides and OpenCL does not (OpenCL's generic
+    address space covers device, threadgroup and thread, not constant), and the generic
+    copies that declaring those would suppress. Defaulted, so aggregates stay aggregates."""
     masked = _rewrite._mask_strings_and_directives(src)
     edits = []
     for m in _RECORD.finditer(masked):
@@ -348,12 +456,20 @@ def _special_members(src: str) -> List[Tuple[int, int, str]]:
         if not has_ctor:
             members.append(f"{name}() = default;")
         if not has_copy:
-            members.append(f"{name}(const {name}&) = default;")
+            # Qualified __constant: a copy that constructs an object in the constant address
+            # space (MLX's `constant T init = Limits<T>::max;`), which clang's generic
+            # constructors cannot.
+            members.append(f"{name}(const {name}&) = default; {name}(const {name}&) __constant = default;")
         if not has_constant_copy:
-            members.append(f"{name}(const __constant {name}&) = default;")
+            members.append(f"{name}(const __constant {name}&) = default; "
+                           f"{name}(const __constant {name}&) __constant = default;")
         if not has_assign:
+            # The copy from constant takes only a constant `name` (a template: no conversion
+            # into a constant temporary, which would make `x = 1u` ambiguous for a class
+            # with constructors from integers qualified thread and constant, MLX's complex_t).
             members.append(f"{name}& operator=(const {name}&) = default; "
-                           f"{name}& operator=(const __constant {name}&) = default;")
+                           f"template <typename __tsm_U, typename = ::metal::__tsm_enable_if_t<__is_same(__tsm_U, {name})>> "
+                           f"{name}& operator=(const __constant __tsm_U&);")
         text = " ".join(members)
         if kind == "class":
             text = f"public: {text} private:"
@@ -374,9 +490,13 @@ def _generic_thread(masked: str) -> List[Tuple[int, int, str]]:
     methods = [(m.start(1), m.end(1)) for m in _THREAD_METHOD.finditer(masked)]
     edits = [(a, b, "__generic") for a, b in methods]
     for m in re.finditer(r"\bthread\b", masked):
-        tail = re.search(r"[*&;,(){}=\[\]<>]", masked[m.end():])
-        if tail and tail.group() in "*&" and (m.start(), m.end()) not in methods:
-            edits.append((m.start(), m.end(), "__generic"))
+        at = _pointer_or_reference_at(masked, m.end())
+        if at is None or (m.start(), m.end()) in methods:
+            continue
+        # A class template's specialisation goes unqualified: clang makes it generic all
+        # the same, and deduces its arguments from an object in __private (a local) as from
+        # one in __generic (a member, through `this`), which `__generic X<T>&` does not.
+        edits.append((m.start(), m.end(), " " * len("thread") if "<" in masked[m.end():at] else "__generic"))
     return edits
 
 
@@ -405,8 +525,10 @@ def _prepare(preprocessed: str) -> _Prepared:
         for m in re.finditer(pattern, masked):
             lints.append((m.start(), f"Metal does not support {what}"))
     source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
+    source.apply(_typedef_vectors(source.text))
     source.apply(_braced_arguments(source.text))
     source.apply(_template_function_pointers(source.text))
+    source.apply(_constexpr_member_redeclarations(source.text))
     source.apply(_constant_pointees_const(source.text))
     masked = _rewrite._mask_strings_and_directives(source.text)
     bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked) if d.is_kernel]
@@ -512,6 +634,30 @@ def _same_class_in_two_spaces(message: str) -> bool:
     return bare[0] == bare[1]
 
 
+def _constructs_a_constant_object(diagnostic) -> bool:
+    """A constructor that is not qualified ``constant`` initialising an object in the
+    constant address space directly (``constant constexpr cplx c(1, 2);``): clang's OpenCL
+    rules refuse it, though they take ``= cplx(1, 2)``, the same call since C++17, which is
+    how Apple's compiler builds MLX's ``static constexpr constant complex_t<T> max``.
+    clang's note says the candidate fit but for the object's address space (it was not
+    viable for its arguments otherwise)."""
+    return bool(re.match(r"no matching constructor for initialization of '.*\b__constant\b", diagnostic.spelling)) \
+        and any("cannot be used to construct an object in address space '__constant'" in n.spelling
+                for n in diagnostic.children)
+
+
+_DEDUCTION_MISMATCH = re.compile(r"candidate template ignored: cannot deduce a type for '(\w+)' that would make "
+                                 r"'(?:const )?__generic \1' equal '(?:const )?__private ")
+
+
+def _fails_by_thread_spaces_only(diagnostic) -> bool:
+    """Overload resolution that failed where a candidate ``f(thread T& x)`` (T a template
+    parameter; clang's __generic) was not deduced from an object in __private (a local,
+    MLX's ``thread_swap(a, b)``): both are Metal's thread, where it deduces. clang deduces
+    only from the same address space; the arguments after the one refused go unchecked."""
+    return any(_DEDUCTION_MISMATCH.match(n.spelling) for n in diagnostic.children)
+
+
 def _not_metal(message: str) -> bool:
     """Whether clang's error ``message`` is a rule of C++ for OpenCL that Metal does not have."""
     return (any(rule.search(message) for rule in _NOT_METAL_RULES) or _same_length_vector_cast(message)
@@ -586,7 +732,10 @@ def _is_exempt_copy(call) -> bool:
     special = (target.is_copy_constructor() or target.is_move_constructor() or
                target.is_copy_assignment_operator_method() or target.is_move_assignment_operator_method())
     if not special:
-        return False
+        # or the copy assignment from a constant object _special_members declares, a template
+        template = _cindex().conf.lib.clang_getSpecializedCursorTemplate(target)
+        return template is not None and not template.kind.is_invalid() and any(
+            c.spelling == "__tsm_U" for c in template.get_children())
     return target.is_default_method() or not target.extent.start.file or \
         target.location == target.semantic_parent.location
 
@@ -708,9 +857,9 @@ class _Walker:
 
 def _holds_function_address(type_) -> bool:
     """A pointer or reference to a function, or an array of them."""
+    type_ = type_.get_canonical()  # through aliases (`Scale<float> f`, MLX's RadixFunc)
     if "(" not in type_.spelling:  # fast path: a function type is spelled with its parameters
         return False
-    type_ = type_.get_canonical()
     while _type_kind(type_) in ("ConstantArray", "IncompleteArray"):
         type_ = type_.element_type.get_canonical()
     if _type_kind(type_) not in ("Pointer", "LValueReference", "RValueReference"):
@@ -797,7 +946,8 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
                               lines[physical - 1] if 0 < physical <= len(lines) else ""))
 
     errors = [d for d in tu.diagnostics if d.severity >= cindex.Diagnostic.Error]
-    not_metal = [_not_metal(d.spelling) for d in errors]
+    not_metal = [_not_metal(d.spelling) or _constructs_a_constant_object(d) or _fails_by_thread_spaces_only(d)
+                 for d in errors]
     # clang's error, though not Metal's, still makes the template specialisation it is in
     # invalid; calls of that specialisation then fail for no reason of Metal's.
     forgiven = {m.group(1) for d, skip in zip(errors, not_metal) if skip for n in d.children

@@ -38,8 +38,11 @@ _SCALARS = {
     "half": ("float", 16), "float": ("float", 32), "bfloat": ("float", 16),
 }
 
+# `constant` among `static`, `constexpr` and `const` in any order (MLX's STEEL_CONST is
+# `static constant constexpr const`).
 _DECLARATION = re.compile(
-    r"(?<![\w:])constant\s+(?P<type>(?:const\s+)?(?:metal::)?(?:unsigned\s+)?\w+)\s+(?P<name>\w+)\s*"
+    r"(?<![\w:])(?:(?:static|constexpr|const)\s+)*constant\s+(?:(?:static|constexpr)\s+)*"
+    r"(?P<type>(?:const\s+)?(?:metal::)?(?:unsigned\s+)?\w+)\s+(?P<name>\w+)\s*"
     r"\[\[\s*function_constant\s*\((?P<index>[^()\[\]]*)\)\s*\]\]\s*;")
 _DEFINED = re.compile(r"(?<![\w.:])(?:metal::)?is_function_constant_defined\s*\(\s*(\w+)\s*\)")
 _PARAMETER_CONDITION = re.compile(r"(\[\[[^\[\]]*\bfunction_constant\s*\(\s*)(\w+)(\s*\)[^\[\]]*\]\])")
