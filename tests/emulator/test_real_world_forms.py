@@ -1,11 +1,13 @@
 """Forms of public Metal code (ggml's dequantisers, MLX's steel tiles) that the check once
 rejected or the emulator could not build, in this project's own kernels: each is accepted
 and computes what NumPy does, and the rule each relaxation sits next to still holds."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import MetalCompileError, compile_shader
+from torch_sparse_metal.metal import KernelFault, MetalCompileError, compile_shader
 
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -177,3 +179,83 @@ template [[host_name("lower_diag")]] kernel tri_t tri<2>;
         y = torch.zeros(9)
         getattr(lib, name)(y, threads=(3, 3))
         np.testing.assert_array_equal(y.numpy().reshape(3, 3), expected)
+
+
+def test_array_designators_initialise_as_in_c():
+    # ggml: `float sumf[r1ptg] = { [ 0 ... r1ptg - 1 ] = 0.0f };` with a template parameter
+    # for the size; C's single designators, elements that follow one, a division in an
+    # index, a value evaluated once, and the elements nothing names left zero.
+    lib = compile_shader(HEAD + """
+template <int N>
+kernel void designators(device float * out [[buffer(0)]], device atomic_int * calls [[buffer(1)]],
+                        uint i [[thread_position_in_grid]]) {
+  float filled[N] = { [ 0 ... N - 1 ] = 1.5f };
+  float mixed[8] = { 7.0f, [2] = 2.0f, 3.0f, [N/2 + 2 ... 6] = -1.0f, [5] = float(i) };
+  int once[N] = { [0 ... N-1] = atomic_fetch_add_explicit(calls, 1, memory_order_relaxed) + 1 };
+  for (int j = 0; j < N; ++j) {
+    out[i * (N + 8 + N) + j] = filled[j];
+    out[i * (N + 8 + N) + N + 8 + j] = once[j] > 0 ? 1.0f : 0.0f;
+  }
+  for (int j = 0; j < 8; ++j) {
+    out[i * (N + 8 + N) + N + j] = mixed[j];
+  }
+}
+typedef decltype(designators<4>) designators_t;
+template [[host_name("designators4")]] kernel designators_t designators<4>;
+""")
+    threads, n = 3, 4
+    out = torch.zeros(threads * (2 * n + 8))
+    calls = torch.zeros(1, dtype=torch.int32)
+    lib.designators4(out, calls, threads=threads)
+    rows = out.numpy().reshape(threads, -1)
+    for i, row in enumerate(rows):
+        np.testing.assert_array_equal(row[:n], np.full(n, 1.5, np.float32))
+        np.testing.assert_array_equal(row[n:n + 8], [7, 0, 2, 3, -1, i, -1, 0])
+        np.testing.assert_array_equal(row[n + 8:], np.ones(n))
+    assert calls.item() == threads  # the range's value is evaluated once per thread, not per element
+
+
+def test_designated_array_kept_across_a_barrier():
+    # Barrier regions move such a declaration into a per-thread slot; the kernel runs as
+    # fibers instead (no warning: nothing failed), with the array as initialised.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed barrier-region build falls back with a warning
+        lib = compile_shader(HEAD + """
+kernel void across(device float * out [[buffer(0)]], uint i [[thread_position_in_grid]],
+                   uint l [[thread_position_in_threadgroup]]) {
+  threadgroup float shared[4];
+  float own[3] = { [0 ... 2] = float(i) };
+  shared[l] = own[1];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[i] = shared[(l + 1) % 4] + own[2];
+}
+""")
+    out = torch.zeros(8)
+    lib.across(out, threads=8, group_size=4)
+    i = np.arange(8)
+    np.testing.assert_array_equal(out.numpy(), (i // 4) * 4 + (i + 1) % 4 + i)
+
+
+def test_void_pointers_carry_their_buffer():
+    # ggml: `device const void * src0` parameters, read through casts to `device const char *`
+    # and then the element type; a typed pointer passed for a `device void *` parameter.
+    lib = compile_shader(HEAD + """
+struct args_t { int row_bytes; int rows; };
+void store(device void * dst, int i, float v) { ((device float *) dst)[i] = v; }
+kernel void scale_rows(constant args_t & args, device const void * src, device void * dst,
+                       device float * last, uint i [[thread_position_in_grid]]) {
+  device const float * row = (device const float *) ((device const char *) src + i * args.row_bytes);
+  device const void * end = (device const char *) src + args.rows * args.row_bytes;
+  store(dst, i, row[0] * 2.0f + (src == end ? 1.0f : 0.0f));
+  store(last, i, row[args.row_bytes / 4 - 1]);
+}
+""")
+    x = torch.arange(12, dtype=torch.float32)
+    args = torch.tensor([16, 3], dtype=torch.int32)
+    out, last = torch.zeros(3), torch.zeros(3)
+    lib.scale_rows(args, x, out, last, threads=3)
+    np.testing.assert_array_equal(out.numpy(), [0, 8, 16])
+    np.testing.assert_array_equal(last.numpy(), [3, 7, 11])
+    # The cast pointer keeps the buffer's bounds: a row past it is out of bounds.
+    with pytest.raises(KernelFault, match="out_of_bounds"):
+        lib.scale_rows(torch.tensor([20, 3], dtype=torch.int32), x, out, last, threads=3)
