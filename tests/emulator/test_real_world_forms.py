@@ -259,3 +259,30 @@ kernel void scale_rows(constant args_t & args, device const void * src, device v
     # The cast pointer keeps the buffer's bounds: a row past it is out of bounds.
     with pytest.raises(KernelFault, match="out_of_bounds"):
         lib.scale_rows(torch.tensor([20, 3], dtype=torch.int32), x, out, last, threads=3)
+
+
+def test_threadgroup_array_sizes_with_divisions():
+    # MLX's gemv: `threadgroup T tgp_memory[BN > 1 ? BN / 2 * BM * TM : 0];`-like sizes,
+    # a division inside a threadgroup array's size (once mangled by the emulator's edits), and
+    # sizeof of every declarator of a declaration, not only the first.
+    lib = compile_shader(HEAD + """
+constant constexpr int A = 64;
+constant constexpr int B = 3;
+template <int W>
+kernel void tiles(device float * out [[buffer(0)]], uint l [[thread_position_in_threadgroup]]) {
+  threadgroup float tile[A / 32 * B];
+  threadgroup float wide[W / 2 * B + A % 5], other[A / W];
+  tile[l] = l;
+  wide[l] = 2 * l;
+  other[l % (A / W)] = 0;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[l] = tile[5 - l] + wide[(l + 1) % 6] + sizeof(tile) / 4 * 100 + sizeof(wide) / 4 * 1000
+           + sizeof(other) / 4 * 10000;
+}
+typedef decltype(tiles<8>) tiles_t;
+template [[host_name("tiles8")]] kernel tiles_t tiles<8>;
+""")
+    out = torch.zeros(6)
+    lib.tiles8(out, threads=6, group_size=6)
+    l = np.arange(6)
+    np.testing.assert_array_equal(out.numpy(), (5 - l) + 2 * ((l + 1) % 6) + 600 + 16000 + 80000)

@@ -983,9 +983,16 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
             end = source.original(rhs.extent.end.offset, end=True)
             if "__tsm" in preprocessed[start:end] or start >= end:
                 continue
+            o_start = source.original(token.extent.start.offset)
+            o_end = source.original(token.extent.end.offset, end=True)
+            if preprocessed[o_start:o_end] != token.spelling:
+                # Text the check wrote itself, such as the two copies of a threadgroup
+                # array's size in its declaration for clang: the emulator's C++ has the
+                # declaration's own text, whose size is a constant expression (its `/`
+                # needs no call: division by zero is a compile error there, as in Metal).
+                continue
             openers.setdefault(start, []).append((end - start, f"::tsm_emu::{name}("))
-            edits.append((source.original(token.extent.start.offset),
-                          source.original(token.extent.end.offset, end=True), ","))
+            edits.append((o_start, o_end, ","))
             edits.append((end, end, ")"))
     # Nested divisions open at one offset: the outer call first.
     for offset, calls in openers.items():

@@ -21,7 +21,7 @@ import bisect
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Set, Tuple
+from typing import Iterator, List, Optional, Set, Tuple
 
 from .._paths import EMULATOR_INCLUDE_DIR
 
@@ -381,7 +381,8 @@ def _threadgroup_array_sizes(src: str) -> str:
     """``sizeof(t...)`` of a threadgroup array -> ``sizeof(t.storage()...)``: sanitized, the
     array is a tg_var (a checked pointer in front of the storage) and ``t[0]`` a pointer."""
     masked = _mask_strings_and_directives(src)
-    names = set(re.findall(r"\bthreadgroup\s+" + _TYPE + r"\s+(\w+)\s*\[", masked))
+    names = {name for _, _, _, declarators in _threadgroup_declarations(masked)
+             for name, dims in declarators if dims}
     if not names:
         return src
     pattern = re.compile(r"\bsizeof\s*\(\s*(" + "|".join(map(re.escape, sorted(names))) + r")\b(?!\s*\.)")
@@ -451,10 +452,10 @@ def _checked_threadgroup_scalars(src: str) -> str:
     return _apply(src, edits)
 
 
-def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
-    """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup: a
-    ``tsm_emu::tg_var`` per array, whose accesses are checked, a ``tg_scalar`` per scalar."""
-    out, last = [], 0
+def _threadgroup_declarations(masked: str) -> Iterator[Tuple[int, int, str, List[Tuple[str, str]]]]:
+    """(start, end of the `;`, element type, [(name, array dimensions or "")]) of each
+    ``threadgroup T a[N], b;`` declaration statement of ``masked`` (not pointers,
+    references, parameters or casts)."""
     for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
         start = m.start()
         i = start - 1
@@ -470,24 +471,29 @@ def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
             continue  # pointer/reference/function: only the qualifier goes (macro)
         # An initialiser (accepted by Apple's compiler: MLX's layer_norm) is dropped: the
         # memory starts uninitialised, as every threadgroup variable's does.
-        declarators = _split_top_level(decl)
-        parts = [part.split("=", 1)[0] for part in declarators]
+        parts = [part.split("=", 1)[0] for part in _split_top_level(decl)]
         names = [re.search(r"(\w+)\s*(?:\[|$)", part.strip()) for part in parts]
         if not names or not all(names):
             continue
+        type_text = parts[0].strip()[:names[0].start(1)].strip()
+        yield start, end, type_text, [(name.group(1), part.strip()[name.end(1):].strip())
+                                      for part, name in zip(parts, names)]
+
+
+def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
+    """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup: a
+    ``tsm_emu::tg_var`` per array, whose accesses are checked, a ``tg_scalar`` per scalar."""
+    out, last = [], 0
+    for start, end, type_text, declarators in _threadgroup_declarations(masked):
         out.append(src[last:start])
         # `float a[4], b[8]` -> one checked array per declarator.
-        type_text = parts[0].strip()[:names[0].start(1)].strip()
-        for part, name in zip(parts, names):
-            dims = part.strip()[name.end(1):].strip()
+        for name, dims in declarators:
             if dims:
-                out.append(f"static thread_local ::tsm_emu::tg_var<{type_text}{dims}> {name.group(1)};")
+                out.append(f"static thread_local ::tsm_emu::tg_var<{type_text}{dims}> {name};")
             else:
-                out.append(f"static thread_local ::tsm_emu::tg_scalar<{type_text}> {name.group(1)};")
-        for name in names:  # every declarator counts towards the 32 KB
-            out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name.group(1)}, "
-                       f"sizeof({name.group(1)}), \"{name.group(1)}\");")
-
+                out.append(f"static thread_local ::tsm_emu::tg_scalar<{type_text}> {name};")
+        for name, _ in declarators:  # every declarator counts towards the 32 KB
+            out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name}, sizeof({name}), \"{name}\");")
         last = end + 1
     out.append(src[last:])
     return "".join(out)
