@@ -286,3 +286,34 @@ template [[host_name("tiles8")]] kernel tiles_t tiles<8>;
     lib.tiles8(out, threads=6, group_size=6)
     l = np.arange(6)
     np.testing.assert_array_equal(out.numpy(), (5 - l) + 2 * ((l + 1) % 6) + 600 + 16000 + 80000)
+
+
+def test_function_template_argument_with_unnamed_device_reference():
+    # ggml's quantisers: `template <..., void (*quantize)(device const float *, device block_q &)>`,
+    # the reference parameter unnamed in the function type and named in the function.
+    lib = compile_shader(HEAD + """
+struct block { float scale; char q[4]; };
+void quantize(device const float * src, device block & dst) {
+  float amax = 0.0f;
+  for (int j = 0; j < 4; ++j) amax = max(amax, fabs(src[j]));
+  dst.scale = amax / 127.0f;
+  for (int j = 0; j < 4; ++j) dst.q[j] = char(rint(src[j] / (amax > 0.0f ? dst.scale : 1.0f)));
+}
+void round_down(device const float *, device block &);
+template <typename block_q, void (*quantize_func)(device const float *, device block_q &)>
+kernel void quantize_rows(device const float * src [[buffer(0)]], device block_q * dst [[buffer(1)]],
+                          uint i [[thread_position_in_grid]]) {
+  quantize_func(src + 4 * i, dst[i]);
+}
+typedef decltype(quantize_rows<block, quantize>) quantize_rows_t;
+template [[host_name("quantize_rows")]] kernel quantize_rows_t quantize_rows<block, quantize>;
+""")
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    raw = torch.zeros(5 * 8, dtype=torch.uint8)
+    lib.quantize_rows(torch.from_numpy(x.reshape(-1)), raw, threads=5)
+    blocks = raw.numpy().reshape(5, 8)
+    scales = blocks[:, :4].copy().view(np.float32)[:, 0]
+    amax = np.abs(x).max(axis=1)
+    np.testing.assert_allclose(scales, amax / 127.0, rtol=1e-6)
+    np.testing.assert_array_equal(blocks[:, 4:].view(np.int8), np.rint(x / scales[:, None]).astype(np.int8))

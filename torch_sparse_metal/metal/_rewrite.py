@@ -327,21 +327,26 @@ def _apply(src: str, edits: List[Tuple[int, int, str]]) -> str:
 
 
 _REFERENCE_PARAM = re.compile(
-    r"(?<![\w:])((?:const\s+)?)(?:device|threadgroup)\s+((?:const\s+)?)(" + _TYPE + r")\s*&\s*(\w+)")
+    r"(?<![\w:])((?:const\s+)?)(?:device|threadgroup)\s+((?:const\s+)?)(" + _TYPE + r")\s*&\s*(?:(\w+)|(?=[,)]))")
 
 
 def _checked_references(src: str) -> str:
     """``device T& x`` (and threadgroup) -> ``ptr<T> x`` and each later use of ``x`` ->
     ``(*x)``, so accesses through a reference are checked at every use, not only where it
     was bound: parameters (a buffer bound by reference) and local references
-    (``device float& r = out[i];`` becomes ``ptr<float> r = &out[i];``)."""
+    (``device float& r = out[i];`` becomes ``ptr<float> r = &out[i];``); an unnamed one in a
+    function type becomes ``ptr<T>`` too, so that the functions it is matched with fit."""
     masked = _mask_strings_and_directives(src)
     edits = []
     for m in _REFERENCE_PARAM.finditer(masked):
         quals = " ".join((m.group(1) + " " + m.group(2)).split())
         pointee = " ".join(src[m.start(3):m.end(3)].split())
         name = m.group(4)
-        checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}> {name}"
+        checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}>"
+        if name is None:  # a function type's parameter (ggml: `void (*q)(device block &)`)
+            edits.append((m.start(), m.end(), checked))
+            continue
+        checked += f" {name}"
         local = re.match(r"\s*=", masked[m.end():])
         if local:  # a local reference: point at what it binds, in the rest of its block
             end = masked.find(";", m.end())
