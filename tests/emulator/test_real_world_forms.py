@@ -317,3 +317,34 @@ template [[host_name("quantize_rows")]] kernel quantize_rows_t quantize_rows<blo
     amax = np.abs(x).max(axis=1)
     np.testing.assert_allclose(scales, amax / 127.0, rtol=1e-6)
     np.testing.assert_array_equal(blocks[:, 4:].view(np.int8), np.rint(x / scales[:, None]).astype(np.int8))
+
+
+PROGRAM_CONSTANTS = HEAD + """
+constexpr constant static float levels[8] = { -1.0f, -0.6f, -0.3f, -0.1f, 0.1f, 0.3f, 0.6f, 1.0f };
+namespace tables { struct range_t { float lo, hi; }; constant range_t range = { -2.0f, 2.0f }; }
+// ggml's best_index_int8: a search through a `constant float *` into a program-scope table.
+static inline int nearest(int n, constant float * table, float x) {
+  if (x <= table[0]) return 0;
+  if (x >= table[n - 1]) return n - 1;
+  int lo = 0, hi = n - 1;
+  while (hi - lo > 1) { int mid = (lo + hi) / 2; if (x < table[mid]) hi = mid; else lo = mid; }
+  return x - table[lo] < table[hi] - x ? lo : hi;
+}
+kernel void quantise(device const float * x [[buffer(0)]], device int * index [[buffer(1)]],
+                     constant int & n [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  constant tables::range_t * r = &tables::range;
+  index[i] = nearest(n, levels, clamp(x[i], r->lo, r->hi));
+}
+"""
+
+
+def test_program_scope_constant_tables_through_constant_pointers():
+    lib = compile_shader(PROGRAM_CONSTANTS)
+    levels = np.array([-1.0, -0.6, -0.3, -0.1, 0.1, 0.3, 0.6, 1.0], np.float32)
+    x = np.random.default_rng(4).uniform(-1.5, 1.5, 64).astype(np.float32)
+    index = torch.zeros(64, dtype=torch.int32)
+    lib.quantise(torch.from_numpy(x), index, torch.tensor([8], dtype=torch.int32), threads=64)
+    np.testing.assert_array_equal(index.numpy(), np.abs(x[:, None] - levels[None, :]).argmin(axis=1))
+    # The table's bounds hold: a count past its end is reported, naming it.
+    with pytest.raises(KernelFault, match=r"out_of_bounds: .* accesses constant `levels` at element 8"):
+        lib.quantise(torch.from_numpy(x), index, torch.tensor([9], dtype=torch.int32), threads=64)

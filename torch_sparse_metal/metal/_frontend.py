@@ -944,16 +944,19 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
       when the overloads' bodies are the same (MLX's pattern), and are an error otherwise;
     * array designators in local initialisers (``float s[N] = { [0 ... N-1] = 0 };``,
       which g++ has in C only) become calls after the declaration (see _designators);
+    * program-scope ``constant`` arrays and structs are registered as regions for the
+      checked pointers that point into them (see _program_constants);
     * with ``regions``, kernels whose only synchronisation is threadgroup barriers in their
       own bodies get a group function that runs a threadgroup as a loop (see _regions).
     """
-    from . import _designators, _regions  # they build on this module
+    from . import _designators, _program_constants, _regions  # they build on this module
     cindex = _cindex()
     prepared, tu, path = _parse(preprocessed, language_version_number(language_version), main_file,
                                 emulator=True)
     source = prepared.source
     edits = _address_space_overloads(tu, path, prepared, preprocessed)
     edits += _designators.edits(tu, path, source, preprocessed)
+    edits += _program_constants.registrations(tu, path, source, preprocessed)
     kind_of = cindex.conf.lib.clang_getCursorBinaryOperatorKind
     binary = (cindex.CursorKind.BINARY_OPERATOR, cindex.CursorKind.COMPOUND_ASSIGNMENT_OPERATOR)
     openers: Dict[int, List[Tuple[int, str]]] = {}

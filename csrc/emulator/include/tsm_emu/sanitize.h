@@ -249,6 +249,16 @@ class tg_var : public ptr<std::remove_extent_t<A>> {
 
 void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name);
 
+// A program-scope `constant` variable (ggml's lookup tables), which a `constant T*` may
+// point into: the rewriter declares one of these after it, which registers its bytes as a
+// region of every dispatch of the library as the library loads.
+void register_program_constant(const void* address, size_t bytes, const char* name);
+struct program_constant {
+  program_constant(const volatile void* address, size_t bytes, const char* name) {
+    register_program_constant(untyped(address), bytes, name);
+  }
+};
+
 // The array's region is its storage, not the pointer in front of it.
 template <class A>
 void register_static_threadgroup_memory(tg_var<A>* var, size_t, const char* name) {
