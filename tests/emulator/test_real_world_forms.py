@@ -348,3 +348,22 @@ def test_program_scope_constant_tables_through_constant_pointers():
     # The table's bounds hold: a count past its end is reported, naming it.
     with pytest.raises(KernelFault, match=r"out_of_bounds: .* accesses constant `levels` at element 8"):
         lib.quantise(torch.from_numpy(x), index, torch.tensor([9], dtype=torch.int32), threads=64)
+
+
+def test_instantiation_without_attributes_binds_as_the_template():
+    # PyTorch's Repeat.metal: `template [[host_name("n")]] kernel void f<int32_t>(constant
+    # int32_t*, constant int64_t*, device int32_t*, uint);` repeats the parameter list
+    # without its attributes: the bindings are the template's.
+    lib = compile_shader(HEAD + """
+template <typename T>
+kernel void spread(constant T * counts [[buffer(0)]], constant long * ends [[buffer(1)]],
+                   device T * out [[buffer(2)]], uint tid [[thread_position_in_grid]]) {
+  for (long j = ends[tid] - counts[tid]; j < ends[tid]; ++j) out[j] = T(tid);
+}
+template [[host_name("spread_int")]] kernel void spread<int>(constant int *, constant long *, device int *, uint);
+""")
+    counts = torch.tensor([2, 0, 3, 1], dtype=torch.int32)
+    ends = torch.cumsum(counts, 0).to(torch.int64)
+    out = torch.full((6,), -1, dtype=torch.int32)
+    lib.spread_int(counts, ends, out, threads=4)
+    assert out.tolist() == [0, 0, 2, 2, 2, 3]

@@ -228,11 +228,13 @@ def find_kernels(src: str) -> List[Kernel]:
         else:
             kernels.append(Kernel(host_name or name, name, params))
     for host_name, base, cxx, offset, params in instantiations:
-        if params is None:
-            if base not in templates:
-                raise ParseError(f"instantiation {host_name!r} of {base!r}: no template kernel "
-                                 f"named {base!r} is defined before it", offset)
+        if base in templates:
+            # The parameters' bindings are the template's: an instantiation that repeats
+            # the parameter list need not repeat its attributes (PyTorch's Repeat.metal).
             params = templates[base]
+        elif params is None:
+            raise ParseError(f"instantiation {host_name!r} of {base!r}: no template kernel "
+                             f"named {base!r} is defined before it", offset)
         kernels.append(Kernel(host_name, cxx, params))
     seen = set()
     for k in kernels:
