@@ -367,3 +367,55 @@ template [[host_name("spread_int")]] kernel void spread<int>(constant int *, con
     out = torch.full((6,), -1, dtype=torch.int32)
     lib.spread_int(counts, ends, out, threads=4)
     assert out.tolist() == [0, 0, 2, 2, 2, 3]
+
+
+def test_helper_with_a_simd_group_function_passed_as_a_template_argument():
+    # ggml's mul_mv_id: `template <kernel_mul_mv2_disp_t disp_fn> void mmv_fn(...)` with a
+    # helper that calls simd_sum as the argument, while kernels call that helper directly.
+    lib = compile_shader(HEAD + """
+typedef void (row_sum_t)(device const float * x, device float * out, ushort lane);
+template <int N>
+void row_sum(device const float * x, device float * out, ushort lane) {
+  float s = simd_sum(x[lane] * N);
+  if (lane == 0) out[0] = s;
+}
+template <row_sum_t f>
+void through(device const float * x, device float * out, ushort lane) { f(x, out, lane); }
+kernel void sums(device const float * x [[buffer(0)]], device float * out [[buffer(1)]],
+                 ushort lane [[thread_index_in_simdgroup]]) {
+  through<row_sum<2>>(x, out, lane);
+  row_sum<3>(x, out + 1, lane);
+}
+""")
+    x = torch.arange(32, dtype=torch.float32)
+    out = torch.zeros(2)
+    lib.sums(x, out, threads=32, group_size=32)
+    assert out.tolist() == [2 * 496.0, 3 * 496.0]
+
+
+def test_member_specialisation_and_array_parameters():
+    # MLX: an explicit specialisation of a member template inside its class (binary_ops.h's
+    # FloorDivide), and `constant const int64_t strides[2]` parameters (utils.h's elem_to_loc_2).
+    lib = compile_shader(HEAD + """
+struct Halve {
+  template <typename T>
+  T operator()(T x) thread { return x / 2; }
+  template <>
+  float operator()(float x) thread { return x * 0.25f; }
+};
+template <typename IdxT>
+IdxT location(uint2 elem, constant const int64_t strides[2]) {
+  return elem.x * IdxT(strides[1]) + elem.y * IdxT(strides[0]);
+}
+kernel void strided(device const float * x [[buffer(0)]], device float * out [[buffer(1)]],
+                    device int * halves [[buffer(2)]], constant const int64_t strides[2] [[buffer(3)]],
+                    uint2 index [[thread_position_in_grid]], uint2 grid [[threads_per_grid]]) {
+  out[index.x + grid.x * index.y] = Halve()(x[location<int64_t>(index, strides)]);
+  halves[index.x + grid.x * index.y] = Halve()(int(index.x + grid.x * index.y));
+}
+""")
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    out, halves = torch.zeros(4, 3), torch.zeros(12, dtype=torch.int32)
+    lib.strided(x, out, halves, torch.tensor([1, 4], dtype=torch.int64), threads=(3, 4), group_size=(3, 4))
+    np.testing.assert_array_equal(out.numpy(), x.numpy().T * 0.25)  # the float specialisation
+    np.testing.assert_array_equal(halves.numpy(), np.arange(12) // 2)  # the template

@@ -19,10 +19,9 @@ Edit = Tuple[int, int, str]
 def registrations(tu, path: str, source, preprocessed: str) -> List[Edit]:
     """Insertions into ``preprocessed`` (clang parsed it as ``path``; ``source`` maps clang's
     offsets back to it) that register its program-scope ``constant`` variables."""
-    from ._frontend import _cindex
-    cindex = _cindex()
-    k = cindex.CursorKind
-    tables = (cindex.TypeKind.CONSTANTARRAY, cindex.TypeKind.RECORD, cindex.TypeKind.ELABORATED)
+    from ._frontend import _cindex, _type_kind
+    k = _cindex().CursorKind
+    tables = ("ConstantArray", "Record")
     out: List[Edit] = []
 
     def visit(scope) -> None:
@@ -31,7 +30,7 @@ def registrations(tu, path: str, source, preprocessed: str) -> List[Edit]:
                 continue
             if cursor.kind == k.NAMESPACE:
                 visit(cursor)
-            elif (cursor.kind == k.VAR_DECL and cursor.type.get_canonical().kind in tables
+            elif (cursor.kind == k.VAR_DECL and _type_kind(cursor.type.get_canonical()) in tables
                   and "__constant" in cursor.type.spelling):
                 end = _statement_end(preprocessed, source.original(cursor.extent.end.offset, end=True))
                 if end is not None:

@@ -263,6 +263,41 @@ _POINTER_TO_POINTER = re.compile(
     r"((?:(?:const|volatile)\b\s*)*)\*")
 
 
+# `constant const int64_t strides[2]` as a parameter (MLX's elem_to_loc_2): a pointer.
+_ADDRESS_SPACE_ARRAY_PARAMETER = re.compile(
+    r"(?<![\w:])" + _QUALIFIERS + r"(?:device|constant|threadgroup)\s+" + _QUALIFIERS + r"(" + _TYPE +
+    r")\s*(\w+)\s*\[[^\[\];{}]*\](?=\s*[,)])")
+
+
+def _array_parameters_as_pointers(src: str) -> str:
+    """``constant T name[N]`` in a parameter list -> ``constant T* name``, as C++ adjusts it,
+    so that the pointer rewrite below checks it like any other."""
+    masked = _mask_strings_and_directives(src)
+    return _apply(src, [(m.end(3), m.end(), f"* {m.group(4)}")
+                        for m in _ADDRESS_SPACE_ARRAY_PARAMETER.finditer(masked)])
+
+
+def _class_scope_specialisations(src: str) -> str:
+    """``template <>`` before a member function in a class (MLX's FloorDivide: an explicit
+    specialisation of a member template, which clang takes and g++ does not) is dropped: the
+    member becomes a plain overload, which overload resolution prefers over the template for
+    those argument types, as the specialisation was chosen. One with explicit template
+    arguments (``f<int>(...)``) is left to the C++ compiler."""
+    masked = _mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"\btemplate\s*<\s*>", masked):
+        depth, i = 0, m.start() - 1
+        while i >= 0 and not (masked[i] == "{" and depth == 0):
+            depth += {"}": 1, "{": -1}.get(masked[i], 0)
+            i -= 1
+        if i < 0 or not re.search(r"\b(?:struct|class|union)\s+[\w:]+[^;{}()]*$", masked[:i]):
+            continue
+        head = re.match(r"[^;{]*", masked[m.end():]).group()
+        if "(" in head and not re.search(r">\s*\(", head):
+            edits.append((m.start(), m.end(), blank(m.group())))
+    return _apply(src, edits)
+
+
 def _checked_pointers(src: str) -> str:
     """``device const T*`` (and constant, threadgroup) -> ``::tsm_emu::ptr<const T>``.
 
@@ -686,6 +721,27 @@ def _loop_frames(masked: str, bodies, reaches, lines, starts, per_line) -> List[
     return edits
 
 
+def _named_as_value(masked: str, name: str) -> bool:
+    """Whether ``name`` (with or without template arguments) occurs other than called or
+    declared: followed by anything but ``(``."""
+    for m in re.finditer(r"(?<![\w.])" + re.escape(name) + r"\b", masked):
+        i = m.end()
+        while i < len(masked) and masked[i].isspace():
+            i += 1
+        if i < len(masked) and masked[i] == "<":  # its template arguments
+            depth = 0
+            while i < len(masked):
+                depth += {"<": 1, ">": -1}.get(masked[i], 0)
+                i += 1
+                if depth == 0 or masked[i - 1] in ";{}":
+                    break
+            while i < len(masked) and masked[i].isspace():
+                i += 1
+        if i < len(masked) and masked[i] != "(":
+            return True
+    return False
+
+
 def _add_collective_sites(src: str) -> str:
     """Give every barrier and SIMD-group call its own site: line << 12 | k, the k-th such
     call on its line, so two collectives on one line stay apart even without a column.
@@ -698,11 +754,15 @@ def _add_collective_sites(src: str) -> str:
     defs = _function_definitions(masked)
     # A group function (_regions) is a kernel's second translation, not a helper it calls.
     helpers = [d for d in defs if not d.is_kernel and not d.name.endswith("__tsm_group")]
+    # A helper the source also names as a value (ggml: `mmv_fn<kernel_mul_mv_t_t_disp<half,
+    # half>>`, a template argument of a function type it spells) keeps its type: its
+    # collectives get their own sites, but not one per call.
+    valued = {d.name for d in helpers if _named_as_value(masked, d.name)}
     reaching = set()
     while True:  # helpers that reach a collective, directly or through other helpers
         pattern = _call_pattern(set(collective_names()) | reaching)
         grown = {d.name for d in helpers
-                 if pattern.search(masked[d.body_open:d.body_close])} | reaching
+                 if d.name not in valued and pattern.search(masked[d.body_open:d.body_close])} | reaching
         if grown == reaching:
             break
         reaching = grown
@@ -717,7 +777,7 @@ def _add_collective_sites(src: str) -> str:
                  any("=" in p for p in _split_top_level(masked[d.open_paren + 1:d.close_paren]))}
     # Prototypes of the helpers take the added parameter too, with its default there only.
     prototypes = []
-    for m in _call_pattern(reaching).finditer(masked):
+    for m in _call_pattern(reaching).finditer(masked) if reaching else ():  # (an empty pattern matches any `(`)
         open_paren = m.end() - 1
         if open_paren in definitions or any(a < m.start() < b for a, b in bodies):
             continue
@@ -766,7 +826,7 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     checked types (tsm_emu/sanitize.h), so that no access leaves its buffer or variable;
     ``sanitize`` also marks stores and field accesses for the sanitizer.
     """
-    src = _add_collective_sites(_braced_loops(src))
+    src = _add_collective_sites(_braced_loops(_class_scope_specialisations(src)))
     src = _checked_threadgroup_scalars(src)
     src = _checked_references(src)
     src = _threadgroup_array_sizes(src)
@@ -774,7 +834,7 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     if sanitize:
         from ._access_rewrite import checked_members, marked_stores  # it builds on this module
         src = marked_stores(checked_members(src))
-    src = _checked_pointers(src)
+    src = _checked_pointers(_array_parameters_as_pointers(src))
     masked = _mask_strings_and_directives(src)
     src = _rewrite_threadgroup_declarations(src, masked)
     masked = _mask_strings_and_directives(src)
