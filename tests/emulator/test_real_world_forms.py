@@ -419,3 +419,28 @@ kernel void strided(device const float * x [[buffer(0)]], device float * out [[b
     lib.strided(x, out, halves, torch.tensor([1, 4], dtype=torch.int64), threads=(3, 4), group_size=(3, 4))
     np.testing.assert_array_equal(out.numpy(), x.numpy().T * 0.25)  # the float specialisation
     np.testing.assert_array_equal(halves.numpy(), np.arange(12) // 2)  # the template
+
+
+def test_braced_list_assigned_to_a_vector():
+    # ggml's iq4_nl mat-vec: `qf1 = {shmem_f32[q8[0]], ..., shmem_f32[q8[3]]};`, components
+    # read through checked pointers; `q = {}` gives zeros.
+    lib = compile_shader(HEAD + """
+kernel void gather4(device const float * x [[buffer(0)]], device const uchar * idx [[buffer(1)]],
+                    device float4 * out [[buffer(2)]], threadgroup float * table [[threadgroup(0)]],
+                    uint i [[thread_position_in_grid]]) {
+  table[i] = x[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float4 q = float4(-1.0f);
+  q = {table[idx[4 * i]], table[idx[4 * i + 1]], table[idx[4 * i + 2]], float(i)};
+  out[i] = q;
+  if (i == 0) { q = {}; out[4] = q; }
+}
+""")
+    x = torch.tensor([10.0, 20.0, 30.0, 40.0])
+    idx = torch.tensor([3, 2, 1, 0, 0, 0, 1, 1, 2, 3, 0, 0, 1, 1, 1, 1], dtype=torch.uint8)
+    out = torch.full((5, 4), 7.0)
+    lib.gather4(x, idx, out, threads=4, group_size=4, threadgroup_memory=[16])
+    expected = x.numpy()[idx.numpy().reshape(4, 4)[:, :3]]
+    np.testing.assert_array_equal(out.numpy()[:4, :3], expected)
+    np.testing.assert_array_equal(out.numpy()[:4, 3], [0, 1, 2, 3])
+    np.testing.assert_array_equal(out.numpy()[4], [0, 0, 0, 0])
