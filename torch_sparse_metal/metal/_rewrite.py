@@ -265,7 +265,7 @@ _POINTER_TO_POINTER = re.compile(
 
 # `constant const int64_t strides[2]` as a parameter (MLX's elem_to_loc_2): a pointer.
 _ADDRESS_SPACE_ARRAY_PARAMETER = re.compile(
-    r"(?<![\w:])" + _QUALIFIERS + r"(?:device|constant|threadgroup)\s+" + _QUALIFIERS + r"(" + _TYPE +
+    r"(?<=[(,])\s*" + _QUALIFIERS + r"(?:device|constant|threadgroup)\s+" + _QUALIFIERS + r"(" + _TYPE +
     r")\s*(\w+)\s*\[[^\[\];{}]*\](?=\s*[,)])")
 
 
