@@ -61,14 +61,14 @@ def _lowered(init, name: str, source) -> List[Edit]:
         return []
     tokens = list(init.get_tokens())
     offset = lambda t, end=False: source.original(t.extent.end.offset if end else t.extent.start.offset, end=end)
-    first = kinds.index(next(kind for kind in kinds if kind))
+    first = next(i for i, kind in enumerate(kinds) if kind)
     # Commas between elements, from the one before the first designated element on.
     commas = []
     depth = 0
     for token in tokens[1:-1]:
-        if token.spelling in "([{":
+        if token.spelling in ("(", "[", "{"):
             depth += 1
-        elif token.spelling in ")]}":
+        elif token.spelling in (")", "]", "}"):
             depth -= 1
         elif token.spelling == "," and depth == 0:
             commas.append(token)
