@@ -11,7 +11,7 @@ into one is reported as pointing into no region).
 """
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 Edit = Tuple[int, int, str]
 
@@ -42,7 +42,7 @@ def registrations(tu, path: str, source, preprocessed: str) -> List[Edit]:
     return out
 
 
-def _statement_end(text: str, start: int):
+def _statement_end(text: str, start: int) -> Optional[int]:
     """The offset just past the ``;`` that ends the declaration statement going on at
     ``start`` (later declarators' braced initialisers skipped), or None."""
     depth = 0
