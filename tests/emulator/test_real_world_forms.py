@@ -262,9 +262,9 @@ kernel void scale_rows(constant args_t & args, device const void * src, device v
 
 
 def test_threadgroup_array_sizes_with_divisions():
-    # MLX's gemv: `threadgroup T tgp_memory[BN > 1 ? BN / 2 * BM * TM : 0];`-like sizes,
-    # a division inside a threadgroup array's size (once mangled by the emulator's edits), and
-    # sizeof of every declarator of a declaration, not only the first.
+    # `threadgroup T tile[A / 32 * B];`: a division inside a threadgroup array's size (once
+    # mangled by the emulator's edits), and sizeof of every declarator of a declaration, not
+    # only the first.
     lib = compile_shader(HEAD + """
 constant constexpr int A = 64;
 constant constexpr int B = 3;
