@@ -1,11 +1,13 @@
 """Forms of public Metal code (ggml's dequantisers, MLX's steel tiles) that the check once
 rejected or the emulator could not build, in this project's own kernels: each is accepted
 and computes what NumPy does, and the rule each relaxation sits next to still holds."""
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import MetalCompileError, _compiler, _frontend, compile_shader
+from torch_sparse_metal.metal import KernelFault, MetalCompileError, _compiler, _frontend, compile_shader
 
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -422,3 +424,268 @@ kernel void k(device float* out [[buffer(0)]], device const float* in [[buffer(1
     out = torch.zeros(2)
     lib.k(out, values, threads=2)
     np.testing.assert_array_equal(out.numpy(), [0.5 + 3.0 + 100, 4.0 + 10])
+
+
+def test_array_designators_initialise_as_in_c():
+    # ggml: `float sumf[r1ptg] = { [ 0 ... r1ptg - 1 ] = 0.0f };` with a template parameter
+    # for the size; C's single designators, elements that follow one, a division in an
+    # index, a value evaluated once, and the elements nothing names left zero.
+    lib = compile_shader(HEAD + """
+template <int N>
+kernel void designators(device float * out [[buffer(0)]], device atomic_int * calls [[buffer(1)]],
+                        uint i [[thread_position_in_grid]]) {
+  float filled[N] = { [ 0 ... N - 1 ] = 1.5f };
+  float mixed[8] = { 7.0f, [2] = 2.0f, 3.0f, [N/2 + 2 ... 6] = -1.0f, [5] = float(i) };
+  int once[N] = { [0 ... N-1] = atomic_fetch_add_explicit(calls, 1, memory_order_relaxed) + 1 };
+  for (int j = 0; j < N; ++j) {
+    out[i * (N + 8 + N) + j] = filled[j];
+    out[i * (N + 8 + N) + N + 8 + j] = once[j] > 0 ? 1.0f : 0.0f;
+  }
+  for (int j = 0; j < 8; ++j) {
+    out[i * (N + 8 + N) + N + j] = mixed[j];
+  }
+}
+typedef decltype(designators<4>) designators_t;
+template [[host_name("designators4")]] kernel designators_t designators<4>;
+""")
+    threads, n = 3, 4
+    out = torch.zeros(threads * (2 * n + 8))
+    calls = torch.zeros(1, dtype=torch.int32)
+    lib.designators4(out, calls, threads=threads)
+    rows = out.numpy().reshape(threads, -1)
+    for i, row in enumerate(rows):
+        np.testing.assert_array_equal(row[:n], np.full(n, 1.5, np.float32))
+        np.testing.assert_array_equal(row[n:n + 8], [7, 0, 2, 3, -1, i, -1, 0])
+        np.testing.assert_array_equal(row[n + 8:], np.ones(n))
+    assert calls.item() == threads  # the range's value is evaluated once per thread, not per element
+
+
+def test_designated_array_kept_across_a_barrier():
+    # Barrier regions move such a declaration into a per-thread slot; the kernel runs as
+    # fibers instead (no warning: nothing failed), with the array as initialised.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a failed barrier-region build falls back with a warning
+        lib = compile_shader(HEAD + """
+kernel void across(device float * out [[buffer(0)]], uint i [[thread_position_in_grid]],
+                   uint l [[thread_position_in_threadgroup]]) {
+  threadgroup float shared[4];
+  float own[3] = { [0 ... 2] = float(i) };
+  shared[l] = own[1];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[i] = shared[(l + 1) % 4] + own[2];
+}
+""")
+    out = torch.zeros(8)
+    lib.across(out, threads=8, group_size=4)
+    i = np.arange(8)
+    np.testing.assert_array_equal(out.numpy(), (i // 4) * 4 + (i + 1) % 4 + i)
+
+
+def test_void_pointers_carry_their_buffer():
+    # ggml: `device const void * src0` parameters, read through casts to `device const char *`
+    # and then the element type; a typed pointer passed for a `device void *` parameter.
+    lib = compile_shader(HEAD + """
+struct args_t { int row_bytes; int rows; };
+void store(device void * dst, int i, float v) { ((device float *) dst)[i] = v; }
+kernel void scale_rows(constant args_t & args, device const void * src, device void * dst,
+                       device float * last, uint i [[thread_position_in_grid]]) {
+  device const float * row = (device const float *) ((device const char *) src + i * args.row_bytes);
+  device const void * end = (device const char *) src + args.rows * args.row_bytes;
+  store(dst, i, row[0] * 2.0f + (src == end ? 1.0f : 0.0f));
+  store(last, i, row[args.row_bytes / 4 - 1]);
+}
+""")
+    x = torch.arange(12, dtype=torch.float32)
+    args = torch.tensor([16, 3], dtype=torch.int32)
+    out, last = torch.zeros(3), torch.zeros(3)
+    lib.scale_rows(args, x, out, last, threads=3)
+    np.testing.assert_array_equal(out.numpy(), [0, 8, 16])
+    np.testing.assert_array_equal(last.numpy(), [3, 7, 11])
+    # The cast pointer keeps the buffer's bounds: a row past it is out of bounds.
+    with pytest.raises(KernelFault, match="out_of_bounds"):
+        lib.scale_rows(torch.tensor([20, 3], dtype=torch.int32), x, out, last, threads=3)
+
+
+def test_threadgroup_array_sizes_with_divisions():
+    # `threadgroup T tile[A / 32 * B];`: a division inside a threadgroup array's size (once
+    # mangled by the emulator's edits), and sizeof of every declarator of a declaration, not
+    # only the first.
+    lib = compile_shader(HEAD + """
+constant constexpr int A = 64;
+constant constexpr int B = 3;
+template <int W>
+kernel void tiles(device float * out [[buffer(0)]], uint l [[thread_position_in_threadgroup]]) {
+  threadgroup float tile[A / 32 * B];
+  threadgroup float wide[W / 2 * B + A % 5], other[A / W];
+  tile[l] = l;
+  wide[l] = 2 * l;
+  other[l % (A / W)] = 0;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[l] = tile[5 - l] + wide[(l + 1) % 6] + sizeof(tile) / 4 * 100 + sizeof(wide) / 4 * 1000
+           + sizeof(other) / 4 * 10000;
+}
+typedef decltype(tiles<8>) tiles_t;
+template [[host_name("tiles8")]] kernel tiles_t tiles<8>;
+""")
+    out = torch.zeros(6)
+    lib.tiles8(out, threads=6, group_size=6)
+    l = np.arange(6)
+    np.testing.assert_array_equal(out.numpy(), (5 - l) + 2 * ((l + 1) % 6) + 600 + 16000 + 80000)
+
+
+def test_function_template_argument_with_unnamed_device_reference():
+    # ggml's quantisers: `template <..., void (*quantize)(device const float *, device block_q &)>`,
+    # the reference parameter unnamed in the function type and named in the function.
+    lib = compile_shader(HEAD + """
+struct block { float scale; char q[4]; };
+void quantize(device const float * src, device block & dst) {
+  float amax = 0.0f;
+  for (int j = 0; j < 4; ++j) amax = max(amax, fabs(src[j]));
+  dst.scale = amax / 127.0f;
+  for (int j = 0; j < 4; ++j) dst.q[j] = char(rint(src[j] / (amax > 0.0f ? dst.scale : 1.0f)));
+}
+void round_down(device const float *, device block &);
+template <typename block_q, void (*quantize_func)(device const float *, device block_q &)>
+kernel void quantize_rows(device const float * src [[buffer(0)]], device block_q * dst [[buffer(1)]],
+                          uint i [[thread_position_in_grid]]) {
+  quantize_func(src + 4 * i, dst[i]);
+}
+typedef decltype(quantize_rows<block, quantize>) quantize_rows_t;
+template [[host_name("quantize_rows")]] kernel quantize_rows_t quantize_rows<block, quantize>;
+""")
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5, 4)).astype(np.float32)
+    raw = torch.zeros(5 * 8, dtype=torch.uint8)
+    lib.quantize_rows(torch.from_numpy(x.reshape(-1)), raw, threads=5)
+    blocks = raw.numpy().reshape(5, 8)
+    scales = blocks[:, :4].copy().view(np.float32)[:, 0]
+    amax = np.abs(x).max(axis=1)
+    np.testing.assert_allclose(scales, amax / 127.0, rtol=1e-6)
+    np.testing.assert_array_equal(blocks[:, 4:].view(np.int8), np.rint(x / scales[:, None]).astype(np.int8))
+
+
+PROGRAM_CONSTANTS = HEAD + """
+constexpr constant static float levels[8] = { -1.0f, -0.6f, -0.3f, -0.1f, 0.1f, 0.3f, 0.6f, 1.0f };
+namespace tables { struct range_t { float lo, hi; }; constant range_t range = { -2.0f, 2.0f }; }
+// ggml's best_index_int8: a search through a `constant float *` into a program-scope table.
+static inline int nearest(int n, constant float * table, float x) {
+  if (x <= table[0]) return 0;
+  if (x >= table[n - 1]) return n - 1;
+  int lo = 0, hi = n - 1;
+  while (hi - lo > 1) { int mid = (lo + hi) / 2; if (x < table[mid]) hi = mid; else lo = mid; }
+  return x - table[lo] < table[hi] - x ? lo : hi;
+}
+kernel void quantise(device const float * x [[buffer(0)]], device int * index [[buffer(1)]],
+                     constant int & n [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  constant tables::range_t * r = &tables::range;
+  index[i] = nearest(n, levels, clamp(x[i], r->lo, r->hi));
+}
+"""
+
+
+def test_program_scope_constant_tables_through_constant_pointers():
+    lib = compile_shader(PROGRAM_CONSTANTS)
+    levels = np.array([-1.0, -0.6, -0.3, -0.1, 0.1, 0.3, 0.6, 1.0], np.float32)
+    x = np.random.default_rng(4).uniform(-1.5, 1.5, 64).astype(np.float32)
+    index = torch.zeros(64, dtype=torch.int32)
+    lib.quantise(torch.from_numpy(x), index, torch.tensor([8], dtype=torch.int32), threads=64)
+    np.testing.assert_array_equal(index.numpy(), np.abs(x[:, None] - levels[None, :]).argmin(axis=1))
+    # The table's bounds hold: a count past its end is reported, naming it.
+    with pytest.raises(KernelFault, match=r"out_of_bounds: .* accesses constant `levels` at element 8"):
+        lib.quantise(torch.from_numpy(x), index, torch.tensor([9], dtype=torch.int32), threads=64)
+
+
+def test_instantiation_without_attributes_binds_as_the_template():
+    # PyTorch's Repeat.metal: `template [[host_name("n")]] kernel void f<int32_t>(constant
+    # int32_t*, constant int64_t*, device int32_t*, uint);` repeats the parameter list
+    # without its attributes: the bindings are the template's.
+    lib = compile_shader(HEAD + """
+template <typename T>
+kernel void spread(constant T * counts [[buffer(0)]], constant long * ends [[buffer(1)]],
+                   device T * out [[buffer(2)]], uint tid [[thread_position_in_grid]]) {
+  for (long j = ends[tid] - counts[tid]; j < ends[tid]; ++j) out[j] = T(tid);
+}
+template [[host_name("spread_int")]] kernel void spread<int>(constant int *, constant long *, device int *, uint);
+""")
+    counts = torch.tensor([2, 0, 3, 1], dtype=torch.int32)
+    ends = torch.cumsum(counts, 0).to(torch.int64)
+    out = torch.full((6,), -1, dtype=torch.int32)
+    lib.spread_int(counts, ends, out, threads=4)
+    assert out.tolist() == [0, 0, 2, 2, 2, 3]
+
+
+def test_helper_with_a_simd_group_function_passed_as_a_template_argument():
+    # ggml's mul_mv_id: `template <kernel_mul_mv2_disp_t disp_fn> void mmv_fn(...)` with a
+    # helper that calls simd_sum as the argument, while kernels call that helper directly.
+    lib = compile_shader(HEAD + """
+typedef void (row_sum_t)(device const float * x, device float * out, ushort lane);
+template <int N>
+void row_sum(device const float * x, device float * out, ushort lane) {
+  float s = simd_sum(x[lane] * N);
+  if (lane == 0) out[0] = s;
+}
+template <row_sum_t f>
+void through(device const float * x, device float * out, ushort lane) { f(x, out, lane); }
+kernel void sums(device const float * x [[buffer(0)]], device float * out [[buffer(1)]],
+                 ushort lane [[thread_index_in_simdgroup]]) {
+  through<row_sum<2>>(x, out, lane);
+  row_sum<3>(x, out + 1, lane);
+}
+""")
+    x = torch.arange(32, dtype=torch.float32)
+    out = torch.zeros(2)
+    lib.sums(x, out, threads=32, group_size=32)
+    assert out.tolist() == [2 * 496.0, 3 * 496.0]
+
+
+def test_member_specialisation_and_array_parameters():
+    # MLX: an explicit specialisation of a member template inside its class (binary_ops.h's
+    # FloorDivide), and `constant const int64_t strides[2]` parameters (utils.h's elem_to_loc_2).
+    lib = compile_shader(HEAD + """
+struct Halve {
+  template <typename T>
+  T operator()(T x) thread { return x / 2; }
+  template <>
+  float operator()(float x) thread { return x * 0.25f; }
+};
+template <typename IdxT>
+IdxT location(uint2 elem, constant const int64_t strides[2]) {
+  return elem.x * IdxT(strides[1]) + elem.y * IdxT(strides[0]);
+}
+kernel void strided(device const float * x [[buffer(0)]], device float * out [[buffer(1)]],
+                    device int * halves [[buffer(2)]], constant const int64_t strides[2] [[buffer(3)]],
+                    uint2 index [[thread_position_in_grid]], uint2 grid [[threads_per_grid]]) {
+  out[index.x + grid.x * index.y] = Halve()(x[location<int64_t>(index, strides)]);
+  halves[index.x + grid.x * index.y] = Halve()(int(index.x + grid.x * index.y));
+}
+""")
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    out, halves = torch.zeros(4, 3), torch.zeros(12, dtype=torch.int32)
+    lib.strided(x, out, halves, torch.tensor([1, 4], dtype=torch.int64), threads=(3, 4), group_size=(3, 4))
+    np.testing.assert_array_equal(out.numpy(), x.numpy().T * 0.25)  # the float specialisation
+    np.testing.assert_array_equal(halves.numpy(), np.arange(12) // 2)  # the template
+
+
+def test_braced_list_assigned_to_a_vector():
+    # ggml's iq4_nl mat-vec: `qf1 = {shmem_f32[q8[0]], ..., shmem_f32[q8[3]]};`, components
+    # read through checked pointers; `q = {}` gives zeros.
+    lib = compile_shader(HEAD + """
+kernel void gather4(device const float * x [[buffer(0)]], device const uchar * idx [[buffer(1)]],
+                    device float4 * out [[buffer(2)]], threadgroup float * table [[threadgroup(0)]],
+                    uint i [[thread_position_in_grid]]) {
+  table[i] = x[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float4 q = float4(-1.0f);
+  q = {table[idx[4 * i]], table[idx[4 * i + 1]], table[idx[4 * i + 2]], float(i)};
+  out[i] = q;
+  if (i == 0) { q = {}; out[4] = q; }
+}
+""")
+    x = torch.tensor([10.0, 20.0, 30.0, 40.0])
+    idx = torch.tensor([3, 2, 1, 0, 0, 0, 1, 1, 2, 3, 0, 0, 1, 1, 1, 1], dtype=torch.uint8)
+    out = torch.full((5, 4), 7.0)
+    lib.gather4(x, idx, out, threads=4, group_size=4, threadgroup_memory=[16])
+    expected = x.numpy()[idx.numpy().reshape(4, 4)[:, :3]]
+    np.testing.assert_array_equal(out.numpy()[:4, :3], expected)
+    np.testing.assert_array_equal(out.numpy()[:4, 3], [0, 1, 2, 3])
+    np.testing.assert_array_equal(out.numpy()[4], [0, 0, 0, 0])

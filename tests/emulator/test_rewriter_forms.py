@@ -116,3 +116,17 @@ def test_a_long_loop_is_not_a_hang():
     out = torch.zeros(1)
     lib.long_sum(torch.ones(n), out, n, threads=1, group_size=1)
     assert out.item() == n
+
+
+def test_parenthesised_program_scope_expression_without_collective_helpers():
+    # With no helper reaching a collective, `(2 + 1);` at program scope was once taken for a
+    # helper's prototype and given a call-site parameter.
+    lib = compile_shader("""#include <metal_stdlib>
+using namespace metal;
+constant int K = (2 + 1);
+typedef float (unary_t)(float);
+kernel void k(device int * out [[buffer(0)]], uint i [[thread_position_in_grid]]) { out[i] = K; }
+""")
+    out = torch.zeros(2, dtype=torch.int32)
+    lib.k(out, threads=2)
+    assert out.tolist() == [3, 3]

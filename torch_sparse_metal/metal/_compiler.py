@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
-from . import _access_rewrite, _cache, _frontend, _function_constants, _includes, _regions, _rewrite
+from . import (_access_rewrite, _cache, _designators, _frontend, _function_constants, _includes,
+               _program_constants, _regions, _rewrite)
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -187,9 +188,8 @@ def _toolchain_fingerprint() -> str:
             h.update(str(path.relative_to(EMULATOR_DIR)).encode())
             h.update(path.read_bytes())
     # The Python translation and the front end decide the generated code too.
-    for path in (Path(_rewrite.__file__), Path(_access_rewrite.__file__), Path(_frontend.__file__),
-                 Path(_regions.__file__)):
-        h.update(path.read_bytes())
+    for module in (_rewrite, _access_rewrite, _frontend, _regions, _designators, _program_constants):
+        h.update(Path(module.__file__).read_bytes())
     h.update(" ".join(cxx_flags() + METAL_PREDEFINED + EMULATOR_PREDEFINED + (CXX_STANDARD,)).encode())
     return h.hexdigest()
 

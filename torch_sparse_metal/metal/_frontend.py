@@ -1092,15 +1092,21 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
       erases) get a name per overload, and each call the overload clang chose; constructors,
       conversion functions and operators, which have no name to call, keep one definition
       when the overloads' bodies are the same (MLX's pattern), and are an error otherwise;
+    * array designators in local initialisers (``float s[N] = { [0 ... N-1] = 0 };``,
+      which g++ has in C only) become calls after the declaration (see _designators);
+    * program-scope ``constant`` arrays and structs are registered as regions for the
+      checked pointers that point into them (see _program_constants);
     * with ``regions``, kernels whose only synchronisation is threadgroup barriers in their
       own bodies get a group function that runs a threadgroup as a loop (see _regions).
     """
-    from . import _regions  # it builds on this module
+    from . import _designators, _program_constants, _regions  # they build on this module
     cindex = _cindex()
     prepared, tu, path = _parse(preprocessed, language_version_number(language_version), main_file,
                                 emulator=True)
     source = prepared.source
     edits = _address_space_overloads(tu, path, prepared, preprocessed)
+    edits += _designators.edits(tu, path, source, preprocessed)
+    edits += _program_constants.registrations(tu, path, source, preprocessed)
     kind_of = cindex.conf.lib.clang_getCursorBinaryOperatorKind
     binary = (cindex.CursorKind.BINARY_OPERATOR, cindex.CursorKind.COMPOUND_ASSIGNMENT_OPERATOR)
     openers: Dict[int, List[Tuple[int, str]]] = {}
@@ -1130,9 +1136,16 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
             end = source.original(rhs.extent.end.offset, end=True)
             if "__tsm" in preprocessed[start:end] or start >= end:
                 continue
+            o_start = source.original(token.extent.start.offset)
+            o_end = source.original(token.extent.end.offset, end=True)
+            if preprocessed[o_start:o_end] != token.spelling:
+                # Text the check wrote itself, such as the two copies of a threadgroup
+                # array's size in its declaration for clang: the emulator's C++ has the
+                # declaration's own text, whose size is a constant expression (its `/`
+                # needs no call: division by zero is a compile error there, as in Metal).
+                continue
             openers.setdefault(start, []).append((end - start, f"::tsm_emu::{name}("))
-            edits.append((source.original(token.extent.start.offset),
-                          source.original(token.extent.end.offset, end=True), ","))
+            edits.append((o_start, o_end, ","))
             edits.append((end, end, ")"))
     # Nested divisions open at one offset: the outer call first.
     for offset, calls in openers.items():

@@ -53,7 +53,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from . import _frontend, _rewrite
+from . import _designators, _frontend, _rewrite
 
 Edit = Tuple[int, int, str]
 
@@ -491,6 +491,8 @@ class _GroupFunction:
                     raise _Unsupported("declaration")
                 if _frontend._type_kind(var.type).endswith("Reference"):
                     raise _Unsupported("reference across a barrier")
+                if _designators.lowers(var):  # its lowering names the variable the slot renames
+                    raise _Unsupported("array designators across a barrier")
                 f = _Frame(var, statement, scope, len(self.frames), f"{var.spelling}__tsm{len(self.frames)}")
                 self.frames.append(f)
                 self.frame_of[var.canonical.hash] = f

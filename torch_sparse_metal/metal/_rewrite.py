@@ -21,7 +21,7 @@ import bisect
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional, Set, Tuple
+from typing import Iterator, List, Optional, Set, Tuple
 
 from .._paths import EMULATOR_INCLUDE_DIR
 
@@ -228,11 +228,13 @@ def find_kernels(src: str) -> List[Kernel]:
         else:
             kernels.append(Kernel(host_name or name, name, params))
     for host_name, base, cxx, offset, params in instantiations:
-        if params is None:
-            if base not in templates:
-                raise ParseError(f"instantiation {host_name!r} of {base!r}: no template kernel "
-                                 f"named {base!r} is defined before it", offset)
+        if base in templates:
+            # The parameters' bindings are the template's: an instantiation that repeats
+            # the parameter list need not repeat its attributes (PyTorch's Repeat.metal).
             params = templates[base]
+        elif params is None:
+            raise ParseError(f"instantiation {host_name!r} of {base!r}: no template kernel "
+                             f"named {base!r} is defined before it", offset)
         kernels.append(Kernel(host_name, cxx, params))
     seen = set()
     for k in kernels:
@@ -259,6 +261,41 @@ def _cv(*qualifiers: str) -> str:
 _POINTER_TO_POINTER = re.compile(
     _ADDRESS_SPACE_POINTER.pattern + r"\s*((?:(?:const|volatile)\s+)*)(?:device|constant|threadgroup)\b\s*"
     r"((?:(?:const|volatile)\b\s*)*)\*")
+
+
+# `constant const int64_t strides[2]` as a parameter (MLX's elem_to_loc_2): a pointer.
+_ADDRESS_SPACE_ARRAY_PARAMETER = re.compile(
+    r"(?<=[(,])\s*" + _QUALIFIERS + r"(?:device|constant|threadgroup)\s+" + _QUALIFIERS + r"(" + _TYPE +
+    r")\s*(\w+)\s*\[[^\[\];{}]*\](?=\s*[,)])")
+
+
+def _array_parameters_as_pointers(src: str) -> str:
+    """``constant T name[N]`` in a parameter list -> ``constant T* name``, as C++ adjusts it,
+    so that the pointer rewrite below checks it like any other."""
+    masked = _mask_strings_and_directives(src)
+    return _apply(src, [(m.end(3), m.end(), f"* {m.group(4)}")
+                        for m in _ADDRESS_SPACE_ARRAY_PARAMETER.finditer(masked)])
+
+
+def _class_scope_specialisations(src: str) -> str:
+    """``template <>`` before a member function in a class (MLX's FloorDivide: an explicit
+    specialisation of a member template, which clang takes and g++ does not) is dropped: the
+    member becomes a plain overload, which overload resolution prefers over the template for
+    those argument types, as the specialisation was chosen. One with explicit template
+    arguments (``f<int>(...)``) is left to the C++ compiler."""
+    masked = _mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"\btemplate\s*<\s*>", masked):
+        depth, i = 0, m.start() - 1
+        while i >= 0 and not (masked[i] == "{" and depth == 0):
+            depth += {"}": 1, "{": -1}.get(masked[i], 0)
+            i -= 1
+        if i < 0 or not re.search(r"\b(?:struct|class|union)\s+[\w:]+[^;{}()]*$", masked[:i]):
+            continue
+        head = re.match(r"[^;{]*", masked[m.end():]).group()
+        if "(" in head and not re.search(r">\s*\(", head):
+            edits.append((m.start(), m.end(), blank(m.group())))
+    return _apply(src, edits)
 
 
 def _checked_pointers(src: str) -> str:
@@ -327,21 +364,26 @@ def _apply(src: str, edits: List[Tuple[int, int, str]]) -> str:
 
 
 _REFERENCE_PARAM = re.compile(
-    r"(?<![\w:])((?:const\s+)?)(?:device|threadgroup)\s+((?:const\s+)?)(" + _TYPE + r")\s*&\s*(\w+)")
+    r"(?<![\w:])((?:const\s+)?)(?:device|threadgroup)\s+((?:const\s+)?)(" + _TYPE + r")\s*&\s*(?:(\w+)|(?=[,)]))")
 
 
 def _checked_references(src: str) -> str:
     """``device T& x`` (and threadgroup) -> ``ptr<T> x`` and each later use of ``x`` ->
     ``(*x)``, so accesses through a reference are checked at every use, not only where it
     was bound: parameters (a buffer bound by reference) and local references
-    (``device float& r = out[i];`` becomes ``ptr<float> r = &out[i];``)."""
+    (``device float& r = out[i];`` becomes ``ptr<float> r = &out[i];``); an unnamed one in a
+    function type becomes ``ptr<T>`` too, so that the functions it is matched with fit."""
     masked = _mask_strings_and_directives(src)
     edits = []
     for m in _REFERENCE_PARAM.finditer(masked):
         quals = " ".join((m.group(1) + " " + m.group(2)).split())
         pointee = " ".join(src[m.start(3):m.end(3)].split())
         name = m.group(4)
-        checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}> {name}"
+        checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}>"
+        if name is None:  # a function type's parameter (ggml: `void (*q)(device block &)`)
+            edits.append((m.start(), m.end(), checked))
+            continue
+        checked += f" {name}"
         local = re.match(r"\s*=", masked[m.end():])
         if local:  # a local reference: point at what it binds, in the rest of its block
             end = masked.find(";", m.end())
@@ -381,7 +423,8 @@ def _threadgroup_array_sizes(src: str) -> str:
     """``sizeof(t...)`` of a threadgroup array -> ``sizeof(t.storage()...)``: sanitized, the
     array is a tg_var (a checked pointer in front of the storage) and ``t[0]`` a pointer."""
     masked = _mask_strings_and_directives(src)
-    names = set(re.findall(r"\bthreadgroup\s+" + _TYPE + r"\s+(\w+)\s*\[", masked))
+    names = {name for _, _, _, declarators in _threadgroup_declarations(masked)
+             for name, dims in declarators if dims}
     if not names:
         return src
     pattern = re.compile(r"\bsizeof\s*\(\s*(" + "|".join(map(re.escape, sorted(names))) + r")\b(?!\s*\.)")
@@ -451,10 +494,10 @@ def _checked_threadgroup_scalars(src: str) -> str:
     return _apply(src, edits)
 
 
-def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
-    """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup: a
-    ``tsm_emu::tg_var`` per array, whose accesses are checked, a ``tg_scalar`` per scalar."""
-    out, last = [], 0
+def _threadgroup_declarations(masked: str) -> Iterator[Tuple[int, int, str, List[Tuple[str, str]]]]:
+    """(start, end of the `;`, element type, [(name, array dimensions or "")]) of each
+    ``threadgroup T a[N], b;`` declaration statement of ``masked`` (not pointers,
+    references, parameters or casts)."""
     for m in re.finditer(r"\bthreadgroup\b(?!_)", masked):
         start = m.start()
         i = start - 1
@@ -470,24 +513,29 @@ def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
             continue  # pointer/reference/function: only the qualifier goes (macro)
         # An initialiser (accepted by Apple's compiler: MLX's layer_norm) is dropped: the
         # memory starts uninitialised, as every threadgroup variable's does.
-        declarators = _split_top_level(decl)
-        parts = [part.split("=", 1)[0] for part in declarators]
+        parts = [part.split("=", 1)[0] for part in _split_top_level(decl)]
         names = [re.search(r"(\w+)\s*(?:\[|$)", part.strip()) for part in parts]
         if not names or not all(names):
             continue
+        type_text = parts[0].strip()[:names[0].start(1)].strip()
+        yield start, end, type_text, [(name.group(1), part.strip()[name.end(1):].strip())
+                                      for part, name in zip(parts, names)]
+
+
+def _rewrite_threadgroup_declarations(src: str, masked: str) -> str:
+    """``threadgroup T name[N];`` in a body -> storage shared by one threadgroup: a
+    ``tsm_emu::tg_var`` per array, whose accesses are checked, a ``tg_scalar`` per scalar."""
+    out, last = [], 0
+    for start, end, type_text, declarators in _threadgroup_declarations(masked):
         out.append(src[last:start])
         # `float a[4], b[8]` -> one checked array per declarator.
-        type_text = parts[0].strip()[:names[0].start(1)].strip()
-        for part, name in zip(parts, names):
-            dims = part.strip()[name.end(1):].strip()
+        for name, dims in declarators:
             if dims:
-                out.append(f"static thread_local ::tsm_emu::tg_var<{type_text}{dims}> {name.group(1)};")
+                out.append(f"static thread_local ::tsm_emu::tg_var<{type_text}{dims}> {name};")
             else:
-                out.append(f"static thread_local ::tsm_emu::tg_scalar<{type_text}> {name.group(1)};")
-        for name in names:  # every declarator counts towards the 32 KB
-            out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name.group(1)}, "
-                       f"sizeof({name.group(1)}), \"{name.group(1)}\");")
-
+                out.append(f"static thread_local ::tsm_emu::tg_scalar<{type_text}> {name};")
+        for name, _ in declarators:  # every declarator counts towards the 32 KB
+            out.append(f" ::tsm_emu::register_static_threadgroup_memory(&{name}, sizeof({name}), \"{name}\");")
         last = end + 1
     out.append(src[last:])
     return "".join(out)
@@ -673,6 +721,27 @@ def _loop_frames(masked: str, bodies, reaches, lines, starts, per_line) -> List[
     return edits
 
 
+def _named_as_value(masked: str, name: str) -> bool:
+    """Whether ``name`` (with or without template arguments) occurs other than called or
+    declared: followed by anything but ``(``."""
+    for m in re.finditer(r"(?<![\w.])" + re.escape(name) + r"\b", masked):
+        i = m.end()
+        while i < len(masked) and masked[i].isspace():
+            i += 1
+        if i < len(masked) and masked[i] == "<":  # its template arguments
+            depth = 0
+            while i < len(masked):
+                depth += {"<": 1, ">": -1}.get(masked[i], 0)
+                i += 1
+                if depth == 0 or masked[i - 1] in ";{}":
+                    break
+            while i < len(masked) and masked[i].isspace():
+                i += 1
+        if i < len(masked) and masked[i] != "(":
+            return True
+    return False
+
+
 def _add_collective_sites(src: str) -> str:
     """Give every barrier and SIMD-group call its own site: line << 12 | k, the k-th such
     call on its line, so two collectives on one line stay apart even without a column.
@@ -685,11 +754,15 @@ def _add_collective_sites(src: str) -> str:
     defs = _function_definitions(masked)
     # A group function (_regions) is a kernel's second translation, not a helper it calls.
     helpers = [d for d in defs if not d.is_kernel and not d.name.endswith("__tsm_group")]
+    # A helper the source also names as a value (ggml: `mmv_fn<kernel_mul_mv_t_t_disp<half,
+    # half>>`, a template argument of a function type it spells) keeps its type: its
+    # collectives get their own sites, but not one per call.
+    valued = {d.name for d in helpers if _named_as_value(masked, d.name)}
     reaching = set()
     while True:  # helpers that reach a collective, directly or through other helpers
         pattern = _call_pattern(set(collective_names()) | reaching)
         grown = {d.name for d in helpers
-                 if pattern.search(masked[d.body_open:d.body_close])} | reaching
+                 if d.name not in valued and pattern.search(masked[d.body_open:d.body_close])} | reaching
         if grown == reaching:
             break
         reaching = grown
@@ -704,7 +777,7 @@ def _add_collective_sites(src: str) -> str:
                  any("=" in p for p in _split_top_level(masked[d.open_paren + 1:d.close_paren]))}
     # Prototypes of the helpers take the added parameter too, with its default there only.
     prototypes = []
-    for m in _call_pattern(reaching).finditer(masked):
+    for m in _call_pattern(reaching).finditer(masked) if reaching else ():  # (an empty pattern matches any `(`)
         open_paren = m.end() - 1
         if open_paren in definitions or any(a < m.start() < b for a, b in bodies):
             continue
@@ -753,7 +826,7 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     checked types (tsm_emu/sanitize.h), so that no access leaves its buffer or variable;
     ``sanitize`` also marks stores and field accesses for the sanitizer.
     """
-    src = _add_collective_sites(_braced_loops(src))
+    src = _add_collective_sites(_braced_loops(_class_scope_specialisations(src)))
     src = _checked_threadgroup_scalars(src)
     src = _checked_references(src)
     src = _threadgroup_array_sizes(src)
@@ -761,7 +834,7 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     if sanitize:
         from ._access_rewrite import checked_members, marked_stores  # it builds on this module
         src = marked_stores(checked_members(src))
-    src = _checked_pointers(src)
+    src = _checked_pointers(_array_parameters_as_pointers(src))
     masked = _mask_strings_and_directives(src)
     src = _rewrite_threadgroup_declarations(src, masked)
     masked = _mask_strings_and_directives(src)

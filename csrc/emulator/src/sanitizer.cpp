@@ -62,6 +62,8 @@ std::string describe_region(const Region& r) {
       return "[[threadgroup(" + std::to_string(r.index) + ")]]" + (r.name.empty() ? " memory" : " `" + r.name + "`");
     case R_THREADGROUP_VAR:
       return "threadgroup variable `" + r.name + "`";
+    case R_PROGRAM_CONSTANT:
+      return "constant `" + r.name + "`";
   }
   return "memory";
 }
@@ -115,9 +117,24 @@ const Region* Regions::threadgroup_arg(int index) const {
                                                                  : nullptr;
 }
 
+namespace {
+// Program-scope `constant` variables: registered while the library loads, before any
+// dispatch reads the list, and part of every dispatch's regions.
+std::vector<std::unique_ptr<Region>>& program_constants() {
+  static std::vector<std::unique_ptr<Region>> constants;
+  return constants;
+}
+}  // namespace
+
+void register_program_constant(const void* address, size_t bytes, const char* name) {
+  program_constants().push_back(make_region(const_cast<void*>(address), bytes, R_PROGRAM_CONSTANT,
+                                            int(program_constants().size()), name));
+}
+
 const Region* Regions::find(const void* address) const {
   const char* a = static_cast<const char*>(address);
-  for (const auto* list : {&buffers_, &threadgroup_args_, &threadgroup_vars_})
+  const auto& constants = program_constants();
+  for (const auto* list : {&buffers_, &threadgroup_args_, &threadgroup_vars_, &constants})
     for (const auto& r : *list)
       if (a >= r->begin && a < r->end) return r.get();
   return nullptr;
@@ -168,6 +185,7 @@ void Sanitizer::access(const Region* region, const void* element, size_t element
                             out_of_bounds_message(region, e, element_bytes);
     fault("out_of_bounds", msg.c_str());
   }
+  if (region->kind == R_PROGRAM_CONSTANT) return;  // read-only: no race, no device transaction
   log_access(log, region, e, element_bytes, static_cast<const char*>(address), bytes, atomic, who);
   if (atomic) return;  // an instruction of its own, logged by note_atomic
   const bool device = region->kind == R_BUFFER;

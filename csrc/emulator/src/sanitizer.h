@@ -35,7 +35,7 @@
 
 namespace tsm_emu {
 
-enum RegionKind { R_BUFFER, R_THREADGROUP_ARG, R_THREADGROUP_VAR };
+enum RegionKind { R_BUFFER, R_THREADGROUP_ARG, R_THREADGROUP_VAR, R_PROGRAM_CONSTANT };
 
 // Who accessed, and the ordering epochs in force for that memory when it did.
 struct Access {

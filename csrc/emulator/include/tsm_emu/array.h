@@ -3,6 +3,8 @@
 // Metal. Sanitized builds check accesses through the pointers that reach it, not here.
 #pragma once
 
+#include <cstddef>
+
 #include "tsm_emu/types.h"
 
 namespace metal {
@@ -21,3 +23,34 @@ struct array {
 };
 
 }  // namespace metal
+
+namespace tsm_emu {
+
+// An array's designated initialisers, lowered by the rewriter (torch_sparse_metal/metal/
+// _designators.py): `float s[N] = { [0 ... N-1] = v, w };` becomes
+// `float s[N] = {}; designated(s).range(0, N-1, v).next(w);`. Each step sets elements in
+// the order C initialises them, and the next one without a designator follows the last.
+template <class T, std::size_t N>
+class designated_array {
+ public:
+  explicit designated_array(T (&a)[N]) : a_(a) {}
+  template <class V>
+  designated_array& range(std::ptrdiff_t first, std::ptrdiff_t last, const V& value) {
+    for (std::ptrdiff_t i = first; i <= last; ++i) a_[i] = value;
+    next_ = last + 1;
+    return *this;
+  }
+  template <class V>
+  designated_array& at(std::ptrdiff_t i, const V& value) { return range(i, i, value); }
+  template <class V>
+  designated_array& next(const V& value) { return range(next_, next_, value); }
+
+ private:
+  T (&a_)[N];
+  std::ptrdiff_t next_ = 0;
+};
+
+template <class T, std::size_t N>
+designated_array<T, N> designated(T (&a)[N]) { return designated_array<T, N>(a); }
+
+}  // namespace tsm_emu

@@ -154,6 +154,18 @@ struct ptr_data : ptr_marker {
 };
 template <class T>
 using ptr_base = std::conditional_t<std::is_const<T>::value, ptr_data<T>, ptr<const T>>;
+
+// What `device T&` names, for ptr's constructor from an element: a `device void*` has no
+// element, so its constructor takes a type no argument has.
+struct no_element {};
+template <class T, bool = std::is_void<T>::value>
+struct element_ref {
+  using type = T&;
+};
+template <class T>
+struct element_ref<T, true> {
+  using type = no_element&;
+};
 }  // namespace sanitize_detail
 
 template <class T>
@@ -169,7 +181,7 @@ class ptr : public sanitize_detail::ptr_base<T> {
   // From a raw pointer, such as &buffer[i]: its region is found by address.
   ptr(T* p) : base(p, p ? region_of(p) : nullptr) {}
   // From an element, for a `device T&` parameter of a helper given `out[i]`.
-  ptr(T& element) : ptr(&element) {}
+  ptr(typename sanitize_detail::element_ref<T>::type element) : ptr(&element) {}
   // A C-style cast of a raw pointer to another pointee type, (device uint*)&out[i].
   template <class U, class = std::enable_if_t<!std::is_convertible<U*, T*>::value>>
   explicit ptr(U* p) : ptr(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(p))) {}
@@ -236,6 +248,16 @@ class tg_var : public ptr<std::remove_extent_t<A>> {
 };
 
 void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name);
+
+// A program-scope `constant` variable (ggml's lookup tables), which a `constant T*` may
+// point into: the rewriter declares one of these after it, which registers its bytes as a
+// region of every dispatch of the library as the library loads.
+void register_program_constant(const void* address, size_t bytes, const char* name);
+struct program_constant {
+  program_constant(const volatile void* address, size_t bytes, const char* name) {
+    register_program_constant(untyped(address), bytes, name);
+  }
+};
 
 // The array's region is its storage, not the pointer in front of it.
 template <class A>

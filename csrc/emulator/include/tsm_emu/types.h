@@ -409,6 +409,17 @@ struct vcore : vstore<T, N, S, A> {
 
 }  // namespace tsm_detail
 
+namespace tsm_detail {
+// The right-hand side of `v = {a, b, c, d}`, constructed as `V(a, b, c, d)` (the check
+// has already rejected a narrowing list, as Apple's compiler does).
+template <class V>
+struct braced {
+  template <class... A>
+  braced(const A&... components) : value(components...) {}
+  V value;
+};
+}  // namespace tsm_detail
+
 // vec<T, N>: Metal's vector, size and alignment N * sizeof(T) (3-vectors like 4-vectors).
 // Value-initialisation (float4(), float4{}) gives zeros; default-initialisation leaves the
 // components indeterminate, as in Metal.
@@ -428,6 +439,8 @@ struct vec : tsm_detail::vcore<T, N, tsm_detail::storage_count<N>(), tsm_detail:
     for (int i = 0; i < N; ++i) this->d_[i] = v.d_[i];
     return *this;
   }
+  // v = {a, b, c, d} (ggml): a braced list deduces no U above.
+  vec& operator=(const tsm_detail::braced<vec>& list) { return *this = list.value; }
 };
 
 // packed_vec<T, N>: N * sizeof(T) bytes, aligned like T (packed_float3 is 12 bytes).
