@@ -34,6 +34,7 @@
 #include "sanitizer.h"
 #include "tsm_emu/regions.h"
 #include "tsm_emu/runtime.h"
+#include "tsm_emu/thread_array.h"
 
 extern "C" {
 // Defined by the generated part of every kernel library.
@@ -1119,6 +1120,16 @@ void out_of_bounds(const Bounds* region, const void* address, size_t bytes) {
   raise("out_of_bounds", (t ? where_info(*t) + " " : std::string()) +
                              out_of_bounds_message(static_cast<const Region*>(region),
                                                    static_cast<const char*>(address), bytes));
+}
+
+void array_out_of_bounds(const char* array, long long index, unsigned long long length, const char* file,
+                         int line) {
+  RuntimeScope scope;
+  const ThreadInfo* t = current_thread_or_null();
+  raise("out_of_bounds", (t ? where_info(*t) + " " : std::string()) + "accesses array `" + array +
+                             "` at element " + std::to_string(index) + " but it holds " +
+                             std::to_string(length) + " elements" +
+                             (file ? std::string(" (") + file + ":" + std::to_string(line) + ")" : ""));
 }
 
 void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
