@@ -78,6 +78,21 @@ kernel void across_barriers(device float* out [[buffer(0)]], constant int& extra
   }
   out[lid] = hist[0] + 2.0f * hist[1] + 4.0f * hist[extra + 2];
 }
+// MLX's form: the length a template parameter, the array kept across a barrier, its end's
+// address taken (one past the end is an address, not an access).
+template <typename T, int N_READS>
+kernel void templated(device T* out [[buffer(0)]], constant int& extra [[buffer(1)]],
+                      uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup T t[8];
+  T x[2][N_READS];
+  for (int i = 0; i < N_READS; ++i) { x[0][i] = T(i); x[1][i] = T(lid); }
+  t[lid] = x[1][N_READS - 1];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  T s = t[(lid + 1) % 8];
+  for (thread T* p = &x[0][0]; p != &x[0][N_READS]; ++p) s += *p;
+  out[lid] = s + x[extra / 8][N_READS - 1 + extra % 8];
+}
+template [[host_name("templated_f4")]] kernel void templated<float, 4>(device float*, constant int&, uint);
 """
 LINES = SOURCE.splitlines()
 
@@ -151,3 +166,20 @@ def test_arrays_across_barriers_are_checked_as_barrier_regions_and_as_fibers(lib
     values, message = results[0]
     assert values[0] == 1.0 + 2.0 * 2.0 + 4.0 * 3.0  # thread 0: hist[k] += k + 1
     assert "accesses array `hist` at element 3 but it holds 3 elements" in message
+
+
+def test_a_length_from_a_template_parameter_is_checked_as_barrier_regions_and_as_fibers(lib, monkeypatch, tmp_path):
+    path = tmp_path / "shader.metal"
+    path.write_text(SOURCE)
+    assert "templated" in _compiler.generated_cxx(path).grouped
+    results = []
+    for regions in ("1", "0"):
+        monkeypatch.setenv("TSM_EMU_REGIONS", regions)
+        build = compile_shader(SOURCE + f"// regions={regions}\n", sanitize=lib.sanitize)
+        results.append((run(build, "templated_f4", 0, 8, 8).tolist(),
+                        fault(build, "templated_f4", 1, 8, 8), fault(build, "templated_f4", 16, 8, 8)))
+    assert results[0] == results[1]
+    values, past_the_row, past_the_rows = results[0]
+    assert values == [float((lid + 1) % 8 + 6 + 3) for lid in range(8)]
+    assert "accesses array `x[extra / 8]` at element 4 but it holds 4 elements" in past_the_row
+    assert "accesses array `x` at element 2 but it holds 2 elements" in past_the_rows

@@ -9,13 +9,15 @@ wrapped in a check against the array's length::
     x[i]     ->  x[::tsm_emu::in_bounds<N>(i, "x", __FILE__, __LINE__)]
     x[i][j]  ->  each of the two subscripts against its own dimension
 
-(a length that depends on a template parameter is read from the array's type with
-``std::extent``). Being a C array still, the array initialises, copies (into a barrier
+(a length that depends on a template parameter, MLX's ``thread_x[N_READS]``, is the text of
+the declaration's bound, which names it where the array is declared and used). Being a C array still, the array initialises, copies (into a barrier
 region's slot too), decays to a ``thread T*`` and passes to a ``thread T (&)[N]``
 parameter as before; ``sizeof`` is unchanged. An index outside the array raises
 ``KernelFault("out_of_bounds")`` naming the array, the element, its length and the
 source line (tsm_emu/thread_array.h), in every build. Not checked: accesses through a
-pointer into such an array (``thread float* p = x; p[5]``), which are raw pointers.
+pointer into such an array (``thread float* p = x; p[5]``), which are raw pointers;
+``&x[i]``, an address (one past the end is one); and a member array whose length depends on
+a template parameter.
 """
 from __future__ import annotations
 
@@ -38,14 +40,26 @@ def edits(tu, path: str, source, preprocessed: str) -> List[Edit]:
         if top.location.file is None or top.location.file.name != path:
             continue
         for cursor in top.walk_preorder():
+            # `&x[i]` (in a template, an operator call on a dependent operand)
+            if cursor.kind in (k.UNARY_OPERATOR, k.CALL_EXPR) and _is_address_of(cursor):
+                seen.update(_span(c) for c in cursor.get_children() if c.kind == k.ARRAY_SUBSCRIPT_EXPR)
             if cursor.kind != k.ARRAY_SUBSCRIPT_EXPR:
                 continue
-            span = (cursor.extent.start.offset, cursor.extent.end.offset)
+            span = _span(cursor)
             if span in seen:
                 continue
             seen.add(span)
             out += _checked_subscript(cursor, source, preprocessed)
     return out
+
+
+def _span(cursor) -> Tuple[int, int]:
+    return cursor.extent.start.offset, cursor.extent.end.offset
+
+
+def _is_address_of(unary) -> bool:
+    tokens = list(unary.get_tokens())
+    return bool(tokens) and tokens[0].spelling == "&"
 
 
 def _array_of(base):
@@ -85,10 +99,45 @@ def _checked_subscript(cursor, source, preprocessed: str) -> List[Edit]:
     if _type_kind(array.type) == "ConstantArray":
         length = str(array.type.get_array_size())
     else:
-        length = f"::std::extent<::std::remove_reference_t<decltype({text})>>::value"
+        length = _declared_bound(array, source, preprocessed)
+        if length is None:
+            return []
     name = " ".join(text.split()).replace("\\", "\\\\").replace('"', '\\"')
     # `[` is replaced, so an insertion at the index's start (an integer division's call)
     # nests inside the check; the check closes after the insertions at the index's end,
     # as its edits come after theirs (emulator_edits) and sort after `)`.
     return [(open_, open_ + 1, f"[::tsm_emu::in_bounds<{length}>("),
             (close, close, f', "{name}", __FILE__, __LINE__)')]
+
+
+def _declared_bound(array, source, preprocessed: str) -> Optional[str]:
+    """The text of the bound in the declaration of ``array`` (a variable or parameter, or a
+    row of one) for the dimension it is, or None. Not ``decltype`` of the expression: a
+    barrier region renames the variables it keeps in slots, in the kernel's text only."""
+    depth = 0
+    while array.kind.name == "ARRAY_SUBSCRIPT_EXPR":
+        array = _array_of(next(array.get_children()))
+        if array is None:
+            return None
+        depth += 1
+    declaration = array.referenced if array.kind.name == "DECL_REF_EXPR" else None
+    if declaration is None or declaration.kind.name not in ("VAR_DECL", "PARM_DECL"):
+        return None
+    at = source.original(declaration.location.offset)
+    name = declaration.spelling
+    if preprocessed[at:at + len(name)] != name:
+        return None
+    pos, bounds = at + len(name), []
+    while pos < len(preprocessed) and (preprocessed[pos].isspace() or preprocessed[pos] == ")"):
+        pos += 1  # `thread T (&a)[N]`
+    while pos < len(preprocessed) and preprocessed[pos] == "[":
+        level, end = 0, pos
+        for end in range(pos, len(preprocessed)):
+            level += {"[": 1, "]": -1}.get(preprocessed[end], 0)
+            if level == 0:
+                break
+        bounds.append(preprocessed[pos + 1:end].strip())
+        pos = end + 1
+        while pos < len(preprocessed) and preprocessed[pos].isspace():
+            pos += 1
+    return f"({bounds[depth]})" if depth < len(bounds) and bounds[depth] else None
