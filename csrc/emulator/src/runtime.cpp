@@ -167,18 +167,25 @@ void stop_here_if_requested() {
   if (stop_requested() && t_crash_jump) jump_out_to_stop();
 }
 
-// Every runtime service kernel code calls holds one for its duration.
+void enter_runtime() {
+  if (t_runtime_depth == 0) stop_here_if_requested();
+  t_runtime_depth = t_runtime_depth + 1;
+}
+void leave_runtime() {
+  t_runtime_depth = t_runtime_depth - 1;
+  if (t_runtime_depth == 0) stop_here_if_requested();
+}
+
+// Every runtime service kernel code calls holds one for its duration (or, in the services
+// called once per access, enter_runtime() and leave_runtime() on the way out: a throw
+// skips the latter, as the destructor below does).
 struct RuntimeScope {
-  RuntimeScope() {
-    if (t_runtime_depth == 0) stop_here_if_requested();
-    t_runtime_depth = t_runtime_depth + 1;
-  }
+  RuntimeScope() { enter_runtime(); }
   ~RuntimeScope() {
     // While an exception unwinds (to a catch in the runtime, which resets the depth), the
     // code below is still the runtime's: the unwinder may hold the loader's lock.
     if (std::uncaught_exceptions() > 0) return;
-    t_runtime_depth = t_runtime_depth - 1;
-    if (t_runtime_depth == 0) stop_here_if_requested();
+    leave_runtime();
   }
   RuntimeScope(const RuntimeScope&) = delete;
   RuntimeScope& operator=(const RuntimeScope&) = delete;
@@ -1123,14 +1130,16 @@ void out_of_bounds(const Bounds* region, const void* address, size_t bytes) {
 
 void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
                       const void* field, size_t field_bytes, bool atomic) {
-  RuntimeScope scope;
+  enter_runtime();
   const ThreadInfo* info;
   AccessLog* touches;
-  if (!t_sanitizer || !current_accesses(&info, &touches)) return;
+  Sanitizer* s = t_sanitizer;
   // The caller's return address tells the access's place in the kernel's code apart: the
   // checked accesses of sanitize.h are always inlined into it.
-  t_sanitizer->access(static_cast<const Region*>(region), element, element_bytes, field, field_bytes, atomic,
-                      thread_id(*info), *touches, uintptr_t(__builtin_return_address(0)));
+  if (s && current_accesses(&info, &touches))
+    s->access(static_cast<const Region*>(region), element, element_bytes, field, field_bytes, atomic,
+              thread_id(*info), *touches, uintptr_t(__builtin_return_address(0)));
+  leave_runtime();
 }
 
 void sanitizer_note_atomic(const void* address, size_t bytes) {
@@ -1142,10 +1151,11 @@ void sanitizer_note_atomic(const void* address, size_t bytes) {
 }
 
 void sanitizer_note_store(const void* address, size_t bytes, bool updates) {
-  RuntimeScope scope;
+  enter_runtime();
   const ThreadInfo* info;
   AccessLog* touches;
   if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->note_store(address, bytes, updates, *touches);
+  leave_runtime();
 }
 
 void inactive_lane_read(uint32_t lane) {
