@@ -463,8 +463,9 @@ void Sanitizer::pair_instructions(std::vector<LaneAccess>& log) {
   }
   size_t offset = 0;
   for (size_t& c : place_counts_) offset += std::exchange(c, offset);  // counts -> starts
-  by_place_.resize(log.size());
-  for (size_t i = 0; i < log.size(); ++i) by_place_[place_counts_[place_of_[i]]++] = log[i];
+  by_place_.resize(log.size());  // indices, not copies: the log may hold a million accesses
+  for (size_t i = 0; i < log.size(); ++i) by_place_[place_counts_[place_of_[i]]++] = uint32_t(i);
+  auto lane = [&](size_t i) { return log[by_place_[i]].lane; };
   for (size_t begin = 0, p = 0; p < place_counts_.size(); begin = place_counts_[p++]) {
     const size_t end = place_counts_[p];
     // Each lane's accesses at one place are one run when its threads ran one after
@@ -472,22 +473,22 @@ void Sanitizer::pair_instructions(std::vector<LaneAccess>& log) {
     uint32_t closed = 0;
     bool runs = true;
     for (size_t i = begin + 1; i < end && runs; ++i) {
-      if (by_place_[i].lane == by_place_[i - 1].lane) continue;
-      closed |= uint32_t(1) << by_place_[i - 1].lane;
-      runs = !(closed >> by_place_[i].lane & 1);
+      if (lane(i) == lane(i - 1)) continue;
+      closed |= uint32_t(1) << lane(i - 1);
+      runs = !(closed >> lane(i) & 1);
     }
     if (!runs)
       std::stable_sort(by_place_.begin() + ptrdiff_t(begin), by_place_.begin() + ptrdiff_t(end),
-                       [](const LaneAccess& a, const LaneAccess& b) { return a.lane < b.lane; });
+                       [&](uint32_t a, uint32_t b) { return log[a].lane < log[b].lane; });
     lane_runs_.clear();
     for (size_t i = begin, j; i < end; i = j) {
-      for (j = i; j < end && by_place_[j].lane == by_place_[i].lane;) ++j;
+      for (j = i; j < end && lane(j) == lane(i);) ++j;
       lane_runs_.emplace_back(i, j);
     }
     for (size_t k = 0;; ++k) {
       step_.clear();
       for (const auto& run : lane_runs_)
-        if (run.first + k < run.second) step_.push_back(&by_place_[run.first + k]);
+        if (run.first + k < run.second) step_.push_back(&log[by_place_[run.first + k]]);
       if (step_.empty()) break;
       count_instruction(step_);
     }

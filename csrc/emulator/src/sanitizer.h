@@ -294,7 +294,7 @@ class Sanitizer : public Regions {
   std::vector<uintptr_t> place_keys_;                     // per place: its site and memory
   std::vector<size_t> place_counts_;                      // per place: its accesses, then where they start
   std::vector<uint32_t> place_of_;                        // per access: its place
-  std::vector<LaneAccess> by_place_;
+  std::vector<uint32_t> by_place_;                        // the log's indices, by place
   std::vector<std::pair<size_t, size_t>> lane_runs_;
   std::vector<const LaneAccess*> step_;
   std::vector<uintptr_t> words_;
