@@ -441,8 +441,8 @@ void Sanitizer::pair_instructions(std::vector<LaneAccess>& log) {
   // Instruction k of a place (a site, device or threadgroup memory apart: a helper function
   // may take either) is the k-th access each lane made there. So: the log's accesses by
   // place, each lane's in program order (a counting sort by place, in order of first
-  // appearance; no comparison sort, which was a third of the sanitizer's time), then per
-  // place the lanes' runs side by side.
+  // appearance: a stable sort of the log took a tenth of a sanitized matmul's time), then
+  // per place the lanes' runs side by side.
   place_keys_.clear();
   place_counts_.clear();
   place_of_.resize(log.size());

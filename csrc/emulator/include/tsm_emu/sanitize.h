@@ -147,12 +147,11 @@ namespace sanitize_detail {
 // class, as `device const T*` deduces from a `device float*` in MSL.
 struct ptr_marker {};  // every ptr<T> (and so every tg_var) derives from it
 
-//
-// It also keeps a copy of the region's bounds (a region does not move while a pointer into
-// it lives: a dispatch's buffers, a threadgroup's memory): the unsanitized check then
-// compares with values the compiler can keep in registers and hoist out of loops, instead
-// of loading them through the region pointer at every access, which it may not hoist (the
-// pointer may be null, and stores through float pointers may alias the region).
+// With a copy of the region's bounds (a region does not move while a pointer into it
+// lives: a dispatch's buffers, a threadgroup's memory), the unsanitized check compares with
+// values the compiler can keep in registers and hoist out of loops, instead of loading them
+// through the region pointer at every access, which it may not hoist (the pointer may be
+// null, and stores through float pointers may alias the region).
 template <class T>
 struct ptr_data : ptr_marker {
   ptr_data() = default;
