@@ -182,7 +182,7 @@ inline void construct(T& slot, U& value) {
 }
 
 // A thread's copy of a slot while it runs (R: a reference to the slot): a local the compiler
-// can keep in registers when the type is trivially copyable, else the slot itself.
+// can keep in registers when the type copies as bytes, else the slot itself.
 template <class R>
 struct local_ {
   using T = std::remove_reference_t<R>;
