@@ -9,7 +9,6 @@ the matrix."""
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -45,22 +44,12 @@ def expected_transactions(m: int, n: int, k: int, ta: bool, tb: bool, tile: int)
 
 SHAPES = [(128, 128, 128), (70, 96, 40)]  # whole tiles; partial tiles in M, N and K
 
-# An emulator defect, not the kernel's: run as barrier regions (the default), the register
-# rung's A^T copy of the edge tiles counts more transactions than its instructions touch
-# (770 here; the plain loop, TSM_EMU_REGIONS=0, counts 690, and device_instructions and
-# device_min_transactions are the same in both modes). Strict, so a fix shows up here.
-REGIONS_MISCOUNT = pytest.mark.xfail(os.environ.get("TSM_EMU_REGIONS", "1") != "0", strict=True,
-                                     reason="barrier regions pair this copy's lanes wrongly")
-
-
 @pytest.mark.parametrize("rung", list(TILE))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("ta, tb", [(False, False), (False, True), (True, False), (True, True)])
-def test_rungs_touch_each_segment_once_per_copy(rung, dtype, shape, ta, tb, request):
+def test_rungs_touch_each_segment_once_per_copy(rung, dtype, shape, ta, tb):
     m, n, k = shape
-    if rung == "register" and ta and not tb and shape == (70, 96, 40):
-        request.applymarker(REGIONS_MISCOUNT)
     a = _operand(m, k, ta, ld=160, dtype=dtype, seed=1)
     b = _operand(k, n, tb, ld=192, dtype=dtype, seed=2)
     with tsm.use_backend("emulator"), instrumented(), record() as launches:

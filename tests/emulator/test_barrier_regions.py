@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -531,6 +532,36 @@ def test_a_kernel_the_translation_cannot_compile_runs_as_fibers_with_a_warning(m
     np.testing.assert_array_equal(out.numpy(), (lid + 1) % 32 + lid)
 
 
+MATRIX_ARRAY = HEADER + r"""
+kernel void matrix_array(device float* out [[buffer(0)]], uint lid [[thread_index_in_threadgroup]]) {
+  threadgroup float t[32];
+  simdgroup_float8x8 m[2];
+  m[0] = make_filled_simdgroup_matrix<float, 8, 8>(2.0f);
+  m[1] = m[0];
+  t[lid] = float(lid);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[lid] = t[(lid + 1) % 32];
+  simdgroup_store(m[1], out + 32, 8);
+}
+"""
+
+
+def test_an_array_of_simdgroup_matrices_lives_across_a_barrier_as_regions(monkeypatch):
+    """simdgroup_matrix (through Metal's vectors, whose assignment is user-provided) may not
+    count as trivially copyable where the kernel is instantiated, but its copy constructor,
+    all a slot uses, is trivial: an array of them across a barrier (the simdgroup GEMM's
+    accumulators) must not send the kernel back to fibers."""
+    monkeypatch.setenv("TSM_EMU_REGIONS", "1")
+    nonce = f"constant uint nonce = {random.getrandbits(31)};\n"  # a fresh build: its warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        lib = compile_shader(MATRIX_ARRAY + nonce)
+    out = torch.zeros(32 + 64)
+    lib.matrix_array(out, threads=32, group_size=32)
+    np.testing.assert_array_equal(out.numpy()[:32], ((np.arange(32) + 1) % 32).astype(np.float32))
+    np.testing.assert_array_equal(out.numpy()[32:], np.full(64, 2.0, np.float32))
+
+
 def test_threadgroup_variables_keep_their_bounds_across_dispatches(monkeypatch):
     """Each dispatch runs on new worker threads, whose threadgroup variables may sit where
     another variable of an earlier dispatch was: the bounds of every access must be this
@@ -538,7 +569,7 @@ def test_threadgroup_variables_keep_their_bounds_across_dispatches(monkeypatch):
     monkeypatch.delenv("TSM_EMU_WORKERS", raising=False)  # one worker, then two
     lib = compile_shader((SHADERS_DIR / "bench" / "barrier_heavy.metal").read_text())
     torch.manual_seed(0)
-    for n in (128, 256, 512, 512, 512):
+    for n in (64, 256, 512, 512, 512):
         a, b, c = torch.randn(n, n), torch.randn(n, n), torch.zeros(n, n)
         lib.tiled_matmul(a, b, c, n, threads=(n, n), group_size=(16, 16))
         torch.testing.assert_close(c, a @ b, rtol=1e-4, atol=1e-3)

@@ -65,6 +65,9 @@ def test_member_access_rewrite(msl, cxx):
     ("m.ref() = v;", "::tsm_emu::stored(m.ref()) = v;"),
     ("t[i]++; --t[j];", "::tsm_emu::updated(t[i])++; --::tsm_emu::updated(t[j]);"),
     ("if (c) t[i] = v;", "if (c) ::tsm_emu::stored(t[i]) = v;"),
+    # a name ending in a digit is no number: all of it is the target (barrier regions'
+    # renamed variables end in one)
+    ("c__tsm2.thread_elements()[i] = v; x = 1.f;", "::tsm_emu::stored(c__tsm2.thread_elements()[i]) = v; x = 1.f;"),
     # plain variables, declarations, comparisons, template defaults: unchanged
     ("x = t[i]; x += 1; i++; --i;", "x = t[i]; x += 1; i++; --i;"),
     ("float a[4] = {0}; device float* p = x; float *q = &y;", "float a[4] = {0}; device float* p = x; float *q = &y;"),

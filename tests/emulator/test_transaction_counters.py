@@ -87,6 +87,21 @@ kernel void copy_simd(device const float* x [[buffer(0)]], device float* y [[buf
   const float v = x[gid * 2];
   y[gid] = v + 0.0f * simd_sum(v);
 }
+// A helper called twice (not declared inline, so g++ at -O1 would keep it out of line and
+// serve both calls from one place): Metal inlines each call, so its load is one
+// instruction per call, and lanes with nothing to load in the first are inactive for it.
+void load_first(device const float* x, uint n, uint lane, thread float& s) {
+  if (lane < n) {
+    s += x[lane];
+  }
+}
+kernel void helper_twice(device const float* x [[buffer(0)]], device const float* z [[buffer(1)]],
+                         device float* y [[buffer(2)]], uint gid [[thread_position_in_grid]]) {
+  float s = 0.0f;
+  load_first(x, 8, gid, s);
+  load_first(z, 32, gid, s);
+  y[gid] = s;
+}
 """
 
 
@@ -230,6 +245,18 @@ def test_threadgroup_atomics(lib):
     # load of lane 0 one lane each.
     assert c["atomic_conflicts"] == 2 * 31
     assert c["atomic_instructions"] == 2 + 1 + 1
+
+
+def test_each_call_of_a_helper_is_its_own_instruction(lib):
+    x, z = torch.randn(32), torch.randn(32)
+    y = torch.full((32,), -1.0)
+    c = counted(lib, "helper_twice", x, z, y, threads=32)
+    assert torch.equal(y[:8], x[:8] + z[:8]) and torch.equal(y[8:], z[8:])
+    # 8 lanes load x[0..7], 32 lanes z[0..31], 32 store: one segment each. Paired across
+    # the calls, lanes 8-31's load of z would share an instruction with lanes 0-7's of x.
+    assert c["device_instructions"] == 3
+    assert c["active_lanes"] == 8 + 32 + 32
+    assert c["device_transactions"] == c["device_min_transactions"] == 3
 
 
 @pytest.mark.parametrize("kernel", ["copy_barrier", "copy_simd"])

@@ -108,7 +108,9 @@ def _operand_start(masked: str, end: int) -> int:
                 start = i - 1  # ::tsm_emu::f(...): the global qualifier belongs to it
                 break
             i = _back(masked, i - 2)
-        elif i >= 0 and masked[i] == "." and not masked[_back(masked, i - 1)].isdigit():
+        elif i >= 0 and masked[i] == "." and not re.search(r"(?<![\w.])\d[\w.]*$", masked[:_back(masked, i - 1) + 1]):
+            # a member of what precedes, unless that is a number (1.f); a name may end in a
+            # digit (v2.x, and the barrier regions' renamed variables, c__tsm2.x)
             i = _back(masked, i - 1)
         else:
             break

@@ -51,10 +51,22 @@ BASE_CXX_FLAGS = ("-O3", "-fPIC", "-fno-strict-aliasing", "-fvisibility=hidden",
                   "-fsigned-char", "-Wno-attributes", "-Wno-ignored-attributes", "-Wno-unused-result")
 # Sanitized (instrumented) libraries: the counters tell a SIMD-group instruction by the
 # place in the machine code its lanes' checks return to, so one access of the source must
-# stay one place. -O2 and -O3 duplicate code along paths (loop unswitching, peeling, jump
-# threading): lanes that took different copies of one access would pair with the wrong
-# iterations (measured: 34 false bank conflicts in a matmul's edge tiles at -O3, none at -O1).
+# be one place, and one place one access of the source. -O2 and -O3 duplicate code along
+# paths (loop unswitching, peeling, jump threading): lanes that took different copies of
+# one access would pair with the wrong iterations (measured: 34 false bank conflicts in a
+# matmul's edge tiles at -O3, none at -O1). And a helper left out of line serves all its
+# calls from one place, where Metal inlines every call: lanes with nothing to copy in one
+# call paired with the next call's accesses (the register GEMM's A^T and B copies, one
+# helper, 770 transactions for 690 instructions as barrier regions, whose larger
+# functions the inliner had declined). So every helper is inlined, by the first spelling
+# the compiler accepts.
 SANITIZED_OPTIMIZATION = "-O1"
+INLINE_EVERYTHING_SPELLINGS = (
+    ("-finline-small-functions", "-finline-functions", "--param=max-inline-insns-single=1000000",
+     "--param=max-inline-insns-auto=1000000", "--param=large-function-growth=1000000",
+     "--param=inline-unit-growth=1000000", "--param=large-stack-frame-growth=1000000"),  # g++
+    ("-mllvm", "-inline-threshold=1000000"),  # clang
+)
 # Used where the compiler accepts them. Stack-clash protection probes every page of a large
 # frame, so a fiber that overflows its stack hits the guard region below it instead of
 # writing over a neighbouring fiber's stack. -fexcess-precision=16 rounds `half` arithmetic
@@ -164,6 +176,19 @@ def cxx_flags(command: Tuple[str, ...] = ()) -> Tuple[str, ...]:
                      if compiles(command, "int main() { return 0; }\n", ["-Werror", flag]))
     isa = ("-mfma",) if native and _host_has_fma() else ()
     return BASE_CXX_FLAGS + accepted + isa
+
+
+@functools.lru_cache(maxsize=None)
+def sanitized_flags(command: Tuple[str, ...] = ()) -> Tuple[str, ...]:
+    """What a sanitized library adds to :func:`compile_flags` for the compiler ``command``
+    (default :func:`compiler`): -O1, and every helper inlined (see SANITIZED_OPTIMIZATION)."""
+    command = command or (compiler(),)
+    for spelling in INLINE_EVERYTHING_SPELLINGS:
+        if compiles(command, "int main() { return 0; }\n", ["-Werror", *spelling]):
+            return (SANITIZED_OPTIMIZATION, *spelling)
+    raise MetalCompileError(f"{command[0]}: accepts none of the spellings that inline every function "
+                            f"({'; '.join(' '.join(s) for s in INLINE_EVERYTHING_SPELLINGS)}), which the "
+                            "sanitizer's instruction counters need")
 
 
 def compile_flags(command: Sequence[str] = ()) -> Tuple[str, ...]:
@@ -289,7 +314,7 @@ def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_
     text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
             _rewrite.rewrite(emulated, sanitize=sanitize) +
             _rewrite.binding_table(views.kernels, translation.grouped, translation.synchronising))
-    flags = compile_flags(command) + ((SANITIZED_OPTIMIZATION,) if sanitize else ())
+    flags = compile_flags(command) + (sanitized_flags(tuple(command)) if sanitize else ())
     return GeneratedCxx(text, flags, views.kernels, translation.grouped)
 
 
@@ -326,7 +351,7 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
     views = _views(path, include_dirs, origin, language_version, function_constants)
     # Keyed by what went in, so a cache hit needs neither the check nor the translation.
     key = hashlib.sha256("\0".join((_toolchain_fingerprint(), language_version,
-                                    SANITIZED_OPTIMIZATION if sanitize else "plain",
+                                    " ".join(sanitized_flags()) if sanitize else "plain",
                                     str(regions_enabled()), views.metal, views.emulator)).encode()).hexdigest()[:24]
 
     def link(cxx: GeneratedCxx, out: Path) -> None:

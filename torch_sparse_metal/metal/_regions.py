@@ -102,6 +102,13 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
             names_cache[key] = names
         return names_cache[key]
 
+    # Where clang's parse of the emulator's view has errors (a simdgroup_matrix<double>, which
+    # Metal's declarations reject, inside #ifdef __METAL_EMULATOR__): there it drops what it
+    # could not make sense of, references included, so a kernel's group function would lose
+    # some. (A template's errors are its instantiations', kmeans<double>'s: its own AST, the
+    # one translated, is whole.)
+    troubled = [n.location.offset for d in tu.diagnostics if d.severity >= cindex.Diagnostic.Error
+                for n in (d, *d.children) if n.location.file is not None and n.location.file.name == path]
     instantiated: Dict[str, List[_rewrite.Kernel]] = defaultdict(list)
     for kernel in kernels:
         instantiated[_rewrite.function_name(kernel.cxx)].append(kernel)
@@ -129,6 +136,10 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
             continue
         if definitions[0].kind == k.FUNCTION_TEMPLATE and any("<" not in e.cxx for e in entries):
             continue  # instantiated by deduction: no template arguments to name the copy with
+        extent = definitions[0].extent
+        if definitions[0].kind == k.FUNCTION_DECL and any(extent.start.offset <= at < extent.end.offset
+                                                          for at in troubled):
+            continue  # runs as fibers, which need no AST
         try:
             out.edits += _GroupFunction(definitions[0], entries[0], prepared, original, base_edits).edits()
         except _Unsupported:

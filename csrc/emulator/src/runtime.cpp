@@ -118,10 +118,19 @@ struct Worker {
   }
 };
 
-thread_local Worker* t_worker = nullptr;
-thread_local const ThreadInfo* t_plain_thread = nullptr;  // plain-loop mode
-thread_local Group* t_group = nullptr;                     // barrier-region mode
-thread_local Sanitizer* t_sanitizer = nullptr;            // sanitized dispatches only
+// The thread-locals a sanitized dispatch reads at every access: local-dynamic, one look-up of
+// this library's TLS block per function, where g++ otherwise calls __tls_get_addr once per
+// variable (seven calls per access; macOS has a single TLS model).
+#if defined(__linux__)
+#define TSM_RUNTIME_TLS __attribute__((tls_model("local-dynamic")))
+#else
+#define TSM_RUNTIME_TLS
+#endif
+
+thread_local Worker* t_worker TSM_RUNTIME_TLS = nullptr;
+thread_local const ThreadInfo* t_plain_thread TSM_RUNTIME_TLS = nullptr;  // plain-loop mode
+thread_local Group* t_group TSM_RUNTIME_TLS = nullptr;                     // barrier-region mode
+thread_local Sanitizer* t_sanitizer TSM_RUNTIME_TLS = nullptr;            // sanitized dispatches only
 
 // The regions of the running dispatch as this worker sees them: the sanitizer's, or the
 // worker's own table in an unsanitized dispatch.
@@ -140,8 +149,8 @@ Regions* regions() {
 // where it returns to kernel code, or at the next check of the scheduling loops.
 enum StopReason : int { kRunning = 0, kInterrupted = 1, kTimedOut = 2 };
 std::atomic<int> g_stop{kRunning};
-thread_local volatile sig_atomic_t t_runtime_depth = 1;
-thread_local sigjmp_buf* t_crash_jump = nullptr;  // this worker's way out (set per dispatch)
+thread_local volatile sig_atomic_t t_runtime_depth TSM_RUNTIME_TLS = 1;
+thread_local sigjmp_buf* t_crash_jump TSM_RUNTIME_TLS = nullptr;  // this worker's way out (set per dispatch)
 thread_local bool t_jumped_to_stop = false;       // why it took it: a stop, else a crash
 
 double g_time_limit_s = 0;  // of the current dispatch, for the message
@@ -168,18 +177,25 @@ void stop_here_if_requested() {
   if (stop_requested() && t_crash_jump) jump_out_to_stop();
 }
 
-// Every runtime service kernel code calls holds one for its duration.
+void enter_runtime() {
+  if (t_runtime_depth == 0) stop_here_if_requested();
+  t_runtime_depth = t_runtime_depth + 1;
+}
+void leave_runtime() {
+  t_runtime_depth = t_runtime_depth - 1;
+  if (t_runtime_depth == 0) stop_here_if_requested();
+}
+
+// Every runtime service kernel code calls holds one for its duration (or, in the services
+// called once per access, enter_runtime() and leave_runtime() on the way out: a throw
+// skips the latter, as the destructor below does).
 struct RuntimeScope {
-  RuntimeScope() {
-    if (t_runtime_depth == 0) stop_here_if_requested();
-    t_runtime_depth = t_runtime_depth + 1;
-  }
+  RuntimeScope() { enter_runtime(); }
   ~RuntimeScope() {
     // While an exception unwinds (to a catch in the runtime, which resets the depth), the
     // code below is still the runtime's: the unwinder may hold the loader's lock.
     if (std::uncaught_exceptions() > 0) return;
-    t_runtime_depth = t_runtime_depth - 1;
-    if (t_runtime_depth == 0) stop_here_if_requested();
+    leave_runtime();
   }
   RuntimeScope(const RuntimeScope&) = delete;
   RuntimeScope& operator=(const RuntimeScope&) = delete;
@@ -1134,14 +1150,16 @@ void array_out_of_bounds(const char* array, long long index, unsigned long long 
 
 void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
                       const void* field, size_t field_bytes, bool atomic) {
-  RuntimeScope scope;
+  enter_runtime();
   const ThreadInfo* info;
   AccessLog* touches;
-  if (!t_sanitizer || !current_accesses(&info, &touches)) return;
+  Sanitizer* s = t_sanitizer;
   // The caller's return address tells the access's place in the kernel's code apart: the
   // checked accesses of sanitize.h are always inlined into it.
-  t_sanitizer->access(static_cast<const Region*>(region), element, element_bytes, field, field_bytes, atomic,
-                      thread_id(*info), *touches, uintptr_t(__builtin_return_address(0)));
+  if (s && current_accesses(&info, &touches))
+    s->access(static_cast<const Region*>(region), element, element_bytes, field, field_bytes, atomic,
+              thread_id(*info), *touches, uintptr_t(__builtin_return_address(0)));
+  leave_runtime();
 }
 
 void sanitizer_note_atomic(const void* address, size_t bytes) {
@@ -1153,10 +1171,11 @@ void sanitizer_note_atomic(const void* address, size_t bytes) {
 }
 
 void sanitizer_note_store(const void* address, size_t bytes, bool updates) {
-  RuntimeScope scope;
+  enter_runtime();
   const ThreadInfo* info;
   AccessLog* touches;
   if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->note_store(address, bytes, updates, *touches);
+  leave_runtime();
 }
 
 void inactive_lane_read(uint32_t lane) {

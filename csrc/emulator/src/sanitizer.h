@@ -291,6 +291,10 @@ class Sanitizer : public Regions {
   // Per SIMD-group: its lanes' memory accesses since the last flush, in program order.
   std::vector<std::vector<LaneAccess>> instruction_log_;
   // Scratch of the flush, reused.
+  std::vector<uintptr_t> place_keys_;                     // per place: its site and memory
+  std::vector<size_t> place_counts_;                      // per place: its accesses, then where they start
+  std::vector<uint32_t> place_of_;                        // per access: its place
+  std::vector<uint32_t> by_place_;                        // the log's indices, by place
   std::vector<std::pair<size_t, size_t>> lane_runs_;
   std::vector<const LaneAccess*> step_;
   std::vector<uintptr_t> words_;

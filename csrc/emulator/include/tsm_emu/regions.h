@@ -161,13 +161,20 @@ class Slots {
   T* base_;
 };
 
+// A variable's value moves between its slot and a local only by copy construction, never
+// by assignment: a type whose copy constructor is trivial (Metal's vectors and
+// simdgroup_matrix, whose assignment operators are user-provided, included) copies as bytes.
+template <class T>
+constexpr bool copies_as_bytes = std::is_trivially_copy_constructible<std::remove_all_extents_t<T>>::value &&
+                                 std::is_trivially_destructible<std::remove_all_extents_t<T>>::value;
+
 // Construct the variable in `slot` (declared const, or an array, maybe) from `value`.
 template <class T, class U>
 inline void construct(T& slot, U& value) {
   using V = std::remove_cv_t<T>;
   void* p = const_cast<void*>(static_cast<const volatile void*>(&slot));
   if constexpr (std::is_array<V>::value) {
-    static_assert(std::is_trivially_copyable<V>::value, "array of a class type across a barrier");
+    static_assert(copies_as_bytes<V>, "array of a class type across a barrier");
     std::memcpy(p, const_cast<const void*>(static_cast<const volatile void*>(&value)), sizeof(V));
   } else {
     ::new (p) V(value);
@@ -175,11 +182,11 @@ inline void construct(T& slot, U& value) {
 }
 
 // A thread's copy of a slot while it runs (R: a reference to the slot): a local the compiler
-// can keep in registers when the type is trivially copyable, else the slot itself.
+// can keep in registers when the type copies as bytes, else the slot itself.
 template <class R>
 struct local_ {
   using T = std::remove_reference_t<R>;
-  static constexpr bool copy = std::is_trivially_copyable<T>::value && !std::is_array<T>::value;
+  static constexpr bool copy = copies_as_bytes<T> && !std::is_array<T>::value;
   using type = std::conditional_t<copy, std::remove_cv_t<T>, T&>;
 };
 template <class R>

@@ -128,14 +128,16 @@ template <class E>
 struct element_access {
   // p[i] of a pointer to E: a checked reference, or for an array E (a row of a 2-D array)
   // a checked pointer to its first element, as the array would decay to.
-  TSM_ACCESS_INLINE static E& get(E* p, const Bounds* r) {
-    check_access(r, untyped(p), sizeof(E), false);
+  template <class P>
+  TSM_ACCESS_INLINE static E& get(E* p, const P& from) {
+    from.check(untyped(p), sizeof(E));
     return *p;
   }
 };
 template <class U, size_t M>
 struct element_access<U[M]> {
-  static ptr<U> get(U (*p)[M], const Bounds* r) { return ptr<U>(&(*p)[0], r); }
+  template <class P>
+  static ptr<U> get(U (*p)[M], const P& from) { return ptr<U>(&(*p)[0], from); }
 };
 }  // namespace sanitize_detail
 
@@ -145,12 +147,33 @@ namespace sanitize_detail {
 // class, as `device const T*` deduces from a `device float*` in MSL.
 struct ptr_marker {};  // every ptr<T> (and so every tg_var) derives from it
 
+// With a copy of the region's bounds (a region does not move while a pointer into it
+// lives: a dispatch's buffers, a threadgroup's memory), the unsanitized check compares with
+// values the compiler can keep in registers and hoist out of loops, instead of loading them
+// through the region pointer at every access, which it may not hoist (the pointer may be
+// null, and stores through float pointers may alias the region).
 template <class T>
 struct ptr_data : ptr_marker {
   ptr_data() = default;
-  ptr_data(T* p, const Bounds* r) : p_(p), r_(r) {}
+  ptr_data(T* p, const Bounds* r) : p_(p), r_(r), begin_(r ? r->begin : nullptr), end_(r ? r->end : nullptr) {}
+  template <class U>
+  ptr_data(T* p, const ptr_data<U>& bounds) : p_(p), r_(bounds.r_), begin_(bounds.begin_), end_(bounds.end_) {}
+
+  // An access of `bytes` at `address` (see check_access): a region of none, null, has
+  // empty bounds, so every access through it faults.
+  TSM_ACCESS_INLINE void check(const void* address, size_t bytes) const {
+#ifdef __TSM_SANITIZE__
+    check_access(r_, address, bytes, false);
+#else
+    const char* a = static_cast<const char*>(address);
+    if (__builtin_expect(a < begin_ || a + bytes > end_, 0)) out_of_bounds(r_, address, bytes);
+#endif
+  }
+
   T* p_ = nullptr;
   const Bounds* r_ = nullptr;
+  const char* begin_ = nullptr;
+  const char* end_ = nullptr;
 };
 template <class T>
 using ptr_base = std::conditional_t<std::is_const<T>::value, ptr_data<T>, ptr<const T>>;
@@ -178,6 +201,9 @@ class ptr : public sanitize_detail::ptr_base<T> {
   ptr() = default;
   ptr(std::nullptr_t) {}
   ptr(T* p, const Bounds* r) : base(p, r) {}
+  // At `p`, in the region of `other` (pointer arithmetic, casts).
+  template <class U>
+  ptr(T* p, const sanitize_detail::ptr_data<U>& other) : base(p, other) {}
   // From a raw pointer, such as &buffer[i]: its region is found by address.
   ptr(T* p) : base(p, p ? region_of(p) : nullptr) {}
   // From an element, for a `device T&` parameter of a helper given `out[i]`.
@@ -188,27 +214,27 @@ class ptr : public sanitize_detail::ptr_base<T> {
   // ptr<float> -> ptr<volatile float> (to ptr<const float> it is its own base class).
   template <class U, class = std::enable_if_t<std::is_convertible<U*, T*>::value &&
                                               !std::is_base_of<ptr, ptr<U>>::value>>
-  ptr(const ptr<U>& other) : base(other.get(), other.region()) {}
+  ptr(const ptr<U>& other) : base(other.get(), other) {}
   // A cast between pointee types, (device uint*)float_ptr, keeps the region.
   template <class U, class = std::enable_if_t<!std::is_convertible<U*, T*>::value>, class = void>
   explicit ptr(const ptr<U>& other)
-      : base(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(other.get())), other.region()) {}
+      : base(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(other.get())), other) {}
 
   T* get() const { return const_cast<T*>(this->p_); }
   const Bounds* region() const { return this->r_; }
   explicit operator bool() const { return this->p_ != nullptr; }
 
   TSM_ACCESS_INLINE decltype(auto) operator[](ptrdiff_t i) const {
-    return sanitize_detail::element_access<T>::get(get() + i, region());
+    return sanitize_detail::element_access<T>::get(get() + i, *this);
   }
   TSM_ACCESS_INLINE decltype(auto) operator*() const { return (*this)[0]; }
   TSM_ACCESS_INLINE T* operator->() const {
-    check_access(region(), untyped(get()), sizeof(T), false);
+    this->check(untyped(get()), sizeof(T));
     return get();
   }
 
-  ptr operator+(ptrdiff_t n) const { return ptr(get() + n, region()); }
-  ptr operator-(ptrdiff_t n) const { return ptr(get() - n, region()); }
+  ptr operator+(ptrdiff_t n) const { return ptr(get() + n, *this); }
+  ptr operator-(ptrdiff_t n) const { return ptr(get() - n, *this); }
   ptrdiff_t operator-(const ptr& o) const { return get() - o.get(); }
   ptr& operator+=(ptrdiff_t n) { return *this = *this + n; }
   ptr& operator-=(ptrdiff_t n) { return *this = *this - n; }

@@ -104,6 +104,11 @@ inline vec<W, 2> widen(const vec<T, 2>& v) {
   return vec<W, 2>(W(v[0]), W(v[1]));
 }
 
+// One rounding per step in the accumulator's own type: __builtin_fma on floats would compute
+// in double and round twice, and g++ narrows that pattern or not depending on inlining.
+inline float fused(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+inline double fused(double a, double b, double c) { return __builtin_fma(a, b, c); }
+
 // d = a * b + c for the calling lane's two elements of d, gathering a, b and c from the
 // whole SIMD-group. Products accumulate in float (double for double matrices).
 // False when the exchange is only pending (see SimdExchange): d is then not written.
@@ -133,7 +138,7 @@ inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const ve
   for (unsigned i = 0; i < 2; ++i) {
     Acc acc = Acc(Cm[p.row][p.col + i]);
     for (unsigned k = 0; k < 8; ++k)
-      acc = __builtin_fma(Acc(A[p.row][k]), Acc(B[k][p.col + i]), acc);
+      acc = fused(Acc(A[p.row][k]), Acc(B[k][p.col + i]), acc);
     d[i] = T(acc);
   }
   tsm_emu::count_fmas(16);  // this lane's share of the 512 of an 8x8x8 product
