@@ -14,6 +14,7 @@ from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
 SOURCE = r"""#include <metal_stdlib>
 using namespace metal;
 struct Acc { float v[3]; int n; };
+constant float TABLE[3] = {1.0f, 2.0f, 3.0f};
 template <int N> float total(thread const float (&a)[N]) {
   float s = 0.0f;
   for (int i = 0; i < N; ++i) s += a[i];
@@ -57,12 +58,13 @@ kernel void forms(device float* out [[buffer(0)]], constant int& which [[buffer(
   Acc many[2] = {};
   many[1].v[2] = 10.0f;
   float r = total(a.v) + at(a.v, 2) + v[1].y + m[2] + many[1].v[2] + float(sizeof(v) + sizeof(a.v))
-            + helper_local(1);
+            + helper_local(1) + TABLE[1];
   if (which == 1) r += a.v[a.n];
   if (which == 2) r += v[2].x;
   if (which == 3) r += m[m.size()];
   if (which == 4) r += many[-1].v[0];
   if (which == 5) r += helper_local(2);
+  if (which == 6) r += TABLE[which - 3];
   out[i] = r;
 }
 // A thread array kept across barriers (a barrier region's per-thread slot).
@@ -142,10 +144,10 @@ def test_each_dimension_of_a_two_dimensional_array_is_checked(lib):
 
 
 def test_valid_forms_run_and_each_bad_index_names_its_array(lib):
-    # total 6 + at 3 + v[1].y 4 + m[2] 9 + many 10 + sizeof 16 + 12 + helper 6
-    assert run(lib, "forms", 0).tolist() == [66.0] * 4
+    # total 6 + at 3 + v[1].y 4 + m[2] 9 + many 10 + sizeof 16 + 12 + helper 6 + TABLE 2
+    assert run(lib, "forms", 0).tolist() == [68.0] * 4
     expected = {1: ("a.v", 3, 3), 2: ("v", 2, 2), 3: ("metal::array", 3, 3), 4: ("many", -1, 2),
-                5: ("h", 2, 2)}
+                5: ("h", 2, 2), 6: ("TABLE", 3, 3)}
     for which, (name, index, length) in expected.items():
         message = fault(lib, "forms", which)
         assert f"accesses array `{name}` at element {index} but it holds {length} elements" in message, message

@@ -10,9 +10,10 @@ wrapped in a check against the array's length::
     x[i][j]  ->  each of the two subscripts against its own dimension
 
 (a length that depends on a template parameter, MLX's ``thread_x[N_READS]``, is the text of
-the declaration's bound, which names it where the array is declared and used). Being a C array still, the array initialises, copies (into a barrier
-region's slot too), decays to a ``thread T*`` and passes to a ``thread T (&)[N]``
-parameter as before; ``sizeof`` is unchanged. An index outside the array raises
+the declaration's bound, which names it where the array is declared and used). Being a C
+array still, the array initialises, copies (into a barrier region's slot too), decays to a
+``thread T*`` and passes to a ``thread T (&)[N]`` parameter as before; ``sizeof`` is
+unchanged. An index outside the array raises
 ``KernelFault("out_of_bounds")`` naming the array, the element, its length and the
 source line (tsm_emu/thread_array.h), in every build. Not checked: accesses through a
 pointer into such an array (``thread float* p = x; p[5]``), which are raw pointers;

@@ -1138,6 +1138,13 @@ void out_of_bounds(const Bounds* region, const void* address, size_t bytes) {
                                                    static_cast<const char*>(address), bytes));
 }
 
+// `file` is the path the kernel's line markers give; messages name the file alone, as the
+// compile errors do.
+static const char* base_name(const char* file) {
+  const char* slash = strrchr(file, '/');
+  return slash ? slash + 1 : file;
+}
+
 void array_out_of_bounds(const char* array, long long index, unsigned long long length, const char* file,
                          int line) {
   RuntimeScope scope;
@@ -1145,7 +1152,7 @@ void array_out_of_bounds(const char* array, long long index, unsigned long long 
   raise("out_of_bounds", (t ? where_info(*t) + " " : std::string()) + "accesses array `" + array +
                              "` at element " + std::to_string(index) + " but it holds " +
                              std::to_string(length) + " elements" +
-                             (file ? std::string(" (") + file + ":" + std::to_string(line) + ")" : ""));
+                             (file ? std::string(" (") + base_name(file) + ":" + std::to_string(line) + ")" : ""));
 }
 
 void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
