@@ -307,8 +307,8 @@ def dispatch(shader: str, kernel: str, args: Sequence[Arg], *, threads,
     ints; dispatchThreads semantics). ``args[i]`` binds ``[[buffer(i)]]``: contiguous MPS
     tensors at their storage offset, typed NumPy scalars as their bytes, checked against
     the parameter's declared type; ``None`` where the kernel's indices have a gap (no
-    ``[[buffer(i)]]`` there), which binds nothing. ``threadgroup_memory[n]`` is the byte length of
-    ``[[threadgroup(n)]]`` (a multiple of 16); every declared one needs a length. The
+    ``[[buffer(i)]]`` there), which binds nothing. ``threadgroup_memory[n]`` is the byte
+    length of ``[[threadgroup(n)]]`` (a multiple of 16); every declared one needs a length. The
     dispatch is encoded, not committed: torch commits when it synchronises. An empty grid
     encodes nothing.
     """
