@@ -140,6 +140,14 @@ kernel void scratch(device float* x [[buffer(0)]], threadgroup float* a [[thread
   a[l] = x[l];
   b[l] = x[l];
 }
+
+// MLX's copy_g* binding: indices 0, 1 and 3, none at 2.
+kernel void split_copy(device const float* src [[buffer(0)]], device float* dst [[buffer(1)]],
+                       constant int& n [[buffer(3)]], uint i [[thread_position_in_grid]]) {
+  if (i < uint(n)) {
+    dst[i] = src[i];
+  }
+}
 """
 
 # (ParamInfo.scalar, size) -> MTLDataType, as Metal's reflection reports a pointee.
@@ -172,7 +180,7 @@ class FakeExtension:
 
     def __init__(self, reflections=None, compile_log=None):
         self.reflections = reflections or {k: reflection_of(FAKE_SHADER, k)
-                                           for k in ("kern", "pair", "scratch")}
+                                           for k in ("kern", "pair", "scratch", "split_copy")}
         self.compile_log = compile_log
         self.calls = []
         self.info_calls = []
@@ -287,6 +295,14 @@ BIND_CASES = [
               np.bool_(1)], {"threadgroup_memory": [16, 16]},
      r"^kern: argument 3 .*`[^`]*\bc\b[^`]*`\): got a NumPy int32 \(4 bytes\), the kernel "
      r"declares float of 4 bytes$"),
+    ("split_copy", ["f", "f", np.int32(4)], {},
+     r"^split_copy: expected 4 arguments \(one per \[\[buffer\(i\)\]\]; None at 2, where it has "
+     r"none\), got 3$"),
+    ("split_copy", ["f", "f", np.int32(4), np.int32(4)], {},
+     r"^split_copy: argument 2 has no \[\[buffer\(2\)\]\] parameter; pass None there$"),
+    ("split_copy", ["f", None, None, np.int32(4)], {},
+     r"^split_copy: argument 1 \(\[\[buffer\(1\)\]\] `[^`]*\bdst\b[^`]*`\): got None; only an index "
+     r"the kernel declares no \[\[buffer\(i\)\]\] for takes None$"),
     ("scratch", ["f"], {"threadgroup_memory": [64, 0]},
      r"^scratch: threadgroup_memory must give the byte length of each of its 3 "
      r"\[\[threadgroup\(n\)\]\] parameters, got \[64, 0\]$"),
@@ -315,6 +331,15 @@ def test_bind_checks_are_the_emulators(fake_ext, kernel, args, kwargs, match):
         mb.dispatch("s.metal", kernel,
                     _args_for(args, lambda: torch.zeros(4).as_subclass(PretendMps)), **launch)
     assert fake_ext.calls == []
+
+
+def test_none_at_a_gap_in_the_buffer_indices_reaches_the_extension_unbound(fake_ext):
+    src, dst = (torch.zeros(4).as_subclass(PretendMps) for _ in range(2))
+    mb.dispatch("s.metal", "split_copy", [src, dst, None, np.int32(4)], threads=4, group_size=4)
+    (_, kernel, packed, _, _, _), = fake_ext.calls
+    assert kernel == "split_copy"
+    assert packed[0] is src and packed[1] is dst and packed[2] is None
+    assert packed[3] == np.int32(4).tobytes()
 
 
 def test_threadgroup_memory_is_limited_by_the_device_less_static_memory(monkeypatch):
@@ -353,11 +378,11 @@ def test_a_simd_width_other_than_32_is_refused(monkeypatch):
 def test_unknown_kernel_is_the_same_error_on_both_backends(fake_ext):
     from torch_sparse_metal.metal import LaunchError, UnknownKernelError, compile_shader
     with pytest.raises(UnknownKernelError, match=r"no kernel named 'nope' in s.metal; kernels: "
-                                                 r"kern, pair, scratch$") as metal:
+                                                 r"kern, pair, scratch, split_copy$") as metal:
         mb.dispatch("s.metal", "nope", [], threads=1, group_size=1)
     lib = compile_shader(FAKE_SHADER)
     with pytest.raises(UnknownKernelError, match=r"no kernel named 'nope' in .*; kernels: "
-                                                 r"kern, pair, scratch$"):
+                                                 r"kern, pair, scratch, split_copy$"):
         lib.nope
     assert isinstance(metal.value, LaunchError) and isinstance(metal.value, ValueError)
     assert isinstance(metal.value, AttributeError)
@@ -637,6 +662,19 @@ def test_launcher_reflects_each_pipeline_and_checks_bindings_against_it(launcher
     assert re.search(r"tg\.size\(\)\s*<\s*k\.threadgroup_slots", check)
     dispatch = launcher_code[launcher_code.index("void py_dispatch("):]
     assert dispatch.index("check_bindings(") < dispatch.index("dispatch_sync(")
+
+
+def test_launcher_binds_nothing_at_a_gap_and_only_there(launcher_code):
+    parse = launcher_code[launcher_code.index("std::vector<Binding> parse_args("):]
+    assert re.search(r"item\.is_none\(\)\s*\)\s*\{\s*b\.is_none\s*=\s*true", parse)
+    check = launcher_code[launcher_code.index("void check_bindings("):]
+    check = check[:_block_end(check, check.index("{"))]
+    # None exactly where the reflection declares no [[buffer(i)]], before any size check.
+    assert re.search(r"\(\s*p\s*==\s*nullptr\s*\)\s*!=\s*bindings\[i\]\.is_none", check)
+    assert check.index("is_none") < check.index("bytes.size() != p->size")
+    block = _dispatch_block(launcher_code)
+    skip = re.search(r"if\s*\(\s*b\.is_none\s*\)\s*\{\s*continue;", block)
+    assert skip and skip.start() < block.index("setBuffer:") and skip.start() < block.index("setBytes:")
 
 
 def test_launcher_module_exposes_reflection_and_compile_errors(launcher_code):

@@ -264,11 +264,13 @@ def kernel_info(shader: str, kernel: str) -> PipelineInfo:
 # Dispatch
 
 
-Arg = Union[torch.Tensor, np.generic]
+Arg = Union[torch.Tensor, np.generic, None]
 
 
-def _pack(info: PipelineInfo, index: int, arg: Arg) -> Union[torch.Tensor, bytes]:
+def _pack(info: PipelineInfo, index: int, arg: Arg) -> Union[torch.Tensor, bytes, None]:
     kernel = info.kernel
+    if arg is None:  # a gap in the [[buffer(i)]] indices, checked by _binding.check_arguments
+        return None
     if isinstance(arg, torch.Tensor):
         if arg.device.type != "mps":
             raise ValueError(f"dispatch({kernel}): argument {index} is on {arg.device}; the "
@@ -283,7 +285,7 @@ def _pack(info: PipelineInfo, index: int, arg: Arg) -> Union[torch.Tensor, bytes
 
 def _check_scalar_type(kernel: str, index: int, arg: Arg) -> None:
     """Scalars must be typed NumPy scalars Metal has a type for (no double)."""
-    if isinstance(arg, torch.Tensor):
+    if arg is None or isinstance(arg, torch.Tensor):  # None: a gap, see _binding.check_arguments
         return
     if not isinstance(arg, np.generic):
         raise TypeError(f"dispatch({kernel}): argument {index} must be a torch.Tensor or a typed "
@@ -304,8 +306,9 @@ def dispatch(shader: str, kernel: str, args: Sequence[Arg], *, threads,
     ``threads`` is the grid in threads and ``group_size`` the threadgroup (ints or 1-3
     ints; dispatchThreads semantics). ``args[i]`` binds ``[[buffer(i)]]``: contiguous MPS
     tensors at their storage offset, typed NumPy scalars as their bytes, checked against
-    the parameter's declared type. ``threadgroup_memory[n]`` is the byte length of
-    ``[[threadgroup(n)]]`` (a multiple of 16); every declared one needs a length. The
+    the parameter's declared type; ``None`` where the kernel's indices have a gap (no
+    ``[[buffer(i)]]`` there), which binds nothing. ``threadgroup_memory[n]`` is the byte
+    length of ``[[threadgroup(n)]]`` (a multiple of 16); every declared one needs a length. The
     dispatch is encoded, not committed: torch commits when it synchronises. An empty grid
     encodes nothing.
     """
@@ -326,7 +329,7 @@ def dispatch(shader: str, kernel: str, args: Sequence[Arg], *, threads,
         _check_scalar_type(kernel, i, a)
     info = kernel_info(shader, kernel)
     _binding.check_group(kernel, group3, info.max_total_threads_per_threadgroup)
-    _binding.check_argument_count(kernel, info.buffers, len(args))
+    _binding.check_arguments(kernel, info.buffers, args)
     limit = device_capabilities()["max_threadgroup_memory"] - info.static_threadgroup_memory
     _binding.check_threadgroup_memory(kernel, info.threadgroups, tg_memory, limit)
     packed = [_pack(info, i, a) for i, a in enumerate(args)]

@@ -466,6 +466,7 @@ const Kernel& kernel_for(id<MTLDevice> device, Library* lib, const std::string& 
 // ---------------------------------------------------------------------------------------
 
 struct Binding {
+  bool is_none = false;  // None: a gap in the kernel's [[buffer(i)]] indices, bound to nothing
   bool is_tensor = false;
   at::Tensor tensor;  // keeps the storage alive until the dispatch is encoded
   NSUInteger offset = 0;
@@ -487,7 +488,9 @@ std::vector<Binding> parse_args(const std::string& kernel, const py::list& args)
   size_t i = 0;
   for (const py::handle item : args) {
     Binding b;
-    if (THPVariable_Check(item.ptr())) {
+    if (item.is_none()) {
+      b.is_none = true;
+    } else if (THPVariable_Check(item.ptr())) {
       const at::Tensor& t = THPVariable_Unpack(item.ptr());
       if (!t.defined()) {
         throw py::value_error(where(kernel, i) + " is an undefined tensor");
@@ -541,10 +544,12 @@ void check_bindings(const std::string& kernel, const Kernel& k,
   }
   for (size_t i = 0; i < bindings.size(); ++i) {
     const Parameter* p = declared[i];
-    if (p == nullptr) {
-      throw py::value_error(where(kernel, i) + " has no [[buffer(" + std::to_string(i) +
-                            ")]] parameter");
+    if ((p == nullptr) != bindings[i].is_none) {
+      throw py::value_error(where(kernel, i) + (p ? " is None; the kernel declares [[buffer("
+                                                  : " is not None; the kernel declares no [[buffer(") +
+                            std::to_string(i) + ")]]");
     }
+    if (p == nullptr) continue;
     if (!bindings[i].is_tensor && bindings[i].bytes.size() != p->size) {
       throw py::value_error(where(kernel, i) + " (`" + p->name + "`) is " +
                             std::to_string(bindings[i].bytes.size()) +
@@ -695,7 +700,9 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
           [encoder setComputePipelineState:pipeline];
           for (size_t i = 0; i < bound->size(); ++i) {
             const Binding& b = (*bound)[i];
-            if (b.is_tensor) {
+            if (b.is_none) {
+              continue;  // no parameter reads this index (check_bindings)
+            } else if (b.is_tensor) {
               // The storage's data pointer is its id<MTLBuffer> (nil for an empty storage,
               // which binds a null pointer the kernel must not dereference).
               id<MTLBuffer> buffer = __builtin_bit_cast(id<MTLBuffer>, b.tensor.storage().data());

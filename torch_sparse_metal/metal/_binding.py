@@ -76,20 +76,27 @@ def check_group(kernel: str, group: Tuple[int, int, int], max_threads: int) -> N
                           "maxTotalThreadsPerThreadgroup)")
 
 
-def check_argument_count(kernel: str, buffers: Mapping[int, ParamInfo], count: int) -> None:
-    """One argument per ``[[buffer(i)]]``, in index order, and none where no parameter is:
-    torch's command encoder is shared, so a slot left unbound would silently hand the
-    kernel whatever the previous dispatch bound there."""
+def check_arguments(kernel: str, buffers: Mapping[int, ParamInfo], args: Sequence[object]) -> None:
+    """One argument per ``[[buffer(i)]]``, in index order, and ``None`` where the indices
+    have a gap (MLX's copy kernels use 0, 1 and 3): torch's command encoder is shared, so
+    every slot is named, and a slot left unbound is one no parameter reads."""
+    count = len(args)
     if count > MAX_BUFFERS:
         raise LaunchError(f"{kernel}: {count} arguments; Metal binds at most {MAX_BUFFERS} "
                           "buffers")
     expected = max(buffers) + 1 if buffers else 0
+    gaps = [i for i in range(expected) if i not in buffers]
     if count != expected:
-        raise LaunchError(f"{kernel}: expected {expected} arguments (one per [[buffer(i)]]), "
+        gap_note = f"; None at {', '.join(map(str, gaps))}, where it has none" if gaps else ""
+        raise LaunchError(f"{kernel}: expected {expected} arguments (one per [[buffer(i)]]{gap_note}), "
                           f"got {count}")
-    for i in range(count):
-        if i not in buffers:
-            raise LaunchError(f"{kernel}: argument {i} has no [[buffer({i})]] parameter")
+    for i, arg in enumerate(args):
+        if i in buffers and arg is None:
+            raise LaunchError(f"{where(kernel, i, buffers[i])}: got None; only an index the kernel "
+                              "declares no [[buffer(i)]] for takes None")
+        if i not in buffers and arg is not None:
+            raise LaunchError(f"{kernel}: argument {i} has no [[buffer({i})]] parameter; pass None "
+                              "there")
 
 
 def check_threadgroup_memory(kernel: str, declared: Mapping[int, ParamInfo],

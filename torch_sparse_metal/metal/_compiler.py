@@ -37,7 +37,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
 from . import (_access_rewrite, _cache, _designators, _frontend, _function_constants, _includes,
-               _program_constants, _regions, _rewrite)
+               _program_constants, _regions, _rewrite, _thread_arrays)
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -213,7 +213,8 @@ def _toolchain_fingerprint() -> str:
             h.update(str(path.relative_to(EMULATOR_DIR)).encode())
             h.update(path.read_bytes())
     # The Python translation and the front end decide the generated code too.
-    for module in (_rewrite, _access_rewrite, _frontend, _regions, _designators, _program_constants):
+    for module in (_rewrite, _access_rewrite, _frontend, _regions, _designators, _program_constants,
+                   _thread_arrays):
         h.update(Path(module.__file__).read_bytes())
     h.update(" ".join(cxx_flags() + METAL_PREDEFINED + EMULATOR_PREDEFINED + (CXX_STANDARD,)).encode())
     return h.hexdigest()

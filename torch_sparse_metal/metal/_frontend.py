@@ -1099,7 +1099,7 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     * with ``regions``, kernels whose only synchronisation is threadgroup barriers in their
       own bodies get a group function that runs a threadgroup as a loop (see _regions).
     """
-    from . import _designators, _program_constants, _regions  # they build on this module
+    from . import _designators, _program_constants, _regions, _thread_arrays  # they build on this module
     cindex = _cindex()
     prepared, tu, path = _parse(preprocessed, language_version_number(language_version), main_file,
                                 emulator=True)
@@ -1150,6 +1150,7 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     # Nested divisions open at one offset: the outer call first.
     for offset, calls in openers.items():
         edits.append((offset, offset, "".join(text for _, text in sorted(calls, reverse=True))))
+    edits += _thread_arrays.edits(tu, path, source, preprocessed)  # after the divisions: see there
     translation = _regions.plan(tu, path, prepared, preprocessed, edits, kernels, enabled=regions)
     translation.edits += edits
     return translation

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from . import _binding, _cache, _rewrite
-from ._binding import (MAX_BUFFERS, MAX_THREADS_PER_THREADGROUP, ParamInfo, check_argument_count,
+from ._binding import (MAX_BUFFERS, MAX_THREADS_PER_THREADGROUP, ParamInfo, check_arguments,
                        check_group, check_threadgroup_memory, scalar_bytes)
 from ._compiler import CompiledLibrary
 from ._errors import FAULT_KINDS, KernelFault, LaunchError, UnknownKernelError
@@ -130,10 +130,12 @@ class Kernel:
             group_size = min(grid[0], 256) or 1
         group = as_dim3(group_size, f"{self.name}: group_size")
         check_group(self.name, group, self.max_total_threads_per_threadgroup)
-        check_argument_count(self.name, self._buffers, len(args))
+        check_arguments(self.name, self._buffers, args)
         launch = _Launch()
         keepalive = []
         for i, arg in enumerate(args):
+            if arg is None:  # a gap in the kernel's [[buffer(i)]] indices: nothing to bind
+                continue
             ptr, nbytes, keep = self._bind(i, self._buffers[i], arg)
             launch.buffers[i] = ptr
             launch.buffer_bytes[i] = nbytes

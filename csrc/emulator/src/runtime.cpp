@@ -34,6 +34,7 @@
 #include "sanitizer.h"
 #include "tsm_emu/regions.h"
 #include "tsm_emu/runtime.h"
+#include "tsm_emu/thread_array.h"
 
 extern "C" {
 // Defined by the generated part of every kernel library.
@@ -1135,6 +1136,23 @@ void out_of_bounds(const Bounds* region, const void* address, size_t bytes) {
   raise("out_of_bounds", (t ? where_info(*t) + " " : std::string()) +
                              out_of_bounds_message(static_cast<const Region*>(region),
                                                    static_cast<const char*>(address), bytes));
+}
+
+// `file` is the path the kernel's line markers give; messages name the file alone, as the
+// compile errors do.
+static const char* base_name(const char* file) {
+  const char* slash = strrchr(file, '/');
+  return slash ? slash + 1 : file;
+}
+
+void array_out_of_bounds(const char* array, long long index, unsigned long long length, const char* file,
+                         int line) {
+  RuntimeScope scope;
+  const ThreadInfo* t = current_thread_or_null();
+  raise("out_of_bounds", (t ? where_info(*t) + " " : std::string()) + "accesses array `" + array +
+                             "` at element " + std::to_string(index) + " but it holds " +
+                             std::to_string(length) + " elements" +
+                             (file ? std::string(" (") + base_name(file) + ":" + std::to_string(line) + ")" : ""));
 }
 
 void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,

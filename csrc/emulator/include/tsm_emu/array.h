@@ -1,10 +1,11 @@
 // <metal_array>: metal::array<T, N>, a fixed-size array that is an aggregate (brace
-// initialisation) and copies by value, with size() and bounds-unchecked operator[] as in
-// Metal. Sanitized builds check accesses through the pointers that reach it, not here.
+// initialisation) and copies by value, with size() and operator[] as in Metal; an index
+// outside it is an out_of_bounds fault (tsm_emu/thread_array.h), in every build.
 #pragma once
 
 #include <cstddef>
 
+#include "tsm_emu/thread_array.h"
 #include "tsm_emu/types.h"
 
 namespace metal {
@@ -13,8 +14,10 @@ template <class T, size_t N>
 struct array {
   T elems_[N > 0 ? N : 1];
 
-  constexpr T& operator[](size_t i) { return elems_[i]; }
-  constexpr const T& operator[](size_t i) const { return elems_[i]; }
+  constexpr T& operator[](size_t i) { return elems_[tsm_emu::in_bounds<N>(i, "metal::array", nullptr, 0)]; }
+  constexpr const T& operator[](size_t i) const {
+    return elems_[tsm_emu::in_bounds<N>(i, "metal::array", nullptr, 0)];
+  }
   constexpr size_t size() const { return N; }
   constexpr T* begin() { return elems_; }
   constexpr const T* begin() const { return elems_; }

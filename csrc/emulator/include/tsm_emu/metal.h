@@ -16,6 +16,7 @@
 #include "tsm_emu/simdgroup_matrix.h"
 #include "tsm_emu/logging.h"
 #include "tsm_emu/array.h"
+#include "tsm_emu/thread_array.h"
 #include "tsm_emu/matrix.h"
 #include "tsm_emu/pack.h"
 #include "tsm_emu/builtins.h"
