@@ -264,7 +264,7 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
         # An initialiser (MLX's layer_norm: `threadgroup float b[32] = {0};`) is accepted by
         # Apple's compiler, and does not initialise the memory in the emulator (it stays
         # uninitialised, as every threadgroup variable is): it is not part of the check.
-        parts = [_declarator(part) for part in _rewrite._split_top_level(src[m.end():end])]
+        parts = [_rewrite.declarator(part) for part in _rewrite._split_top_level(src[m.end():end])]
         names = [re.search(r"(\w+)\s*((?:\[[^\]]*\]\s*)*)$", p.strip()) for p in parts]
         if not names or not all(names):
             continue
@@ -278,18 +278,6 @@ def _threadgroup_declarations(src: str, kernel_bodies: Sequence[Tuple[int, int]]
                        f"::metal::__tsm_threadgroup_storage<{target}>();")
         edits.append((m.start(), end + 1, " ".join(out)))
     return edits
-
-
-def _declarator(declaration: str) -> str:
-    """``declaration`` without its initialiser: up to the first ``=`` outside brackets that
-    is an assignment (MLX's gemv sizes an array ``[n == 0 ? 1 : n]``)."""
-    depth = 0
-    for i, c in enumerate(declaration):
-        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(c, 0)
-        if c == "=" and depth == 0 and declaration[i - 1:i] not in ("=", "!", "<", ">") \
-                and declaration[i + 1:i + 2] != "=":
-            return declaration[:i]
-    return declaration
 
 
 def _braced_arguments(src: str) -> List[Tuple[int, int, str]]:
@@ -1105,6 +1093,7 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
                                 emulator=True)
     source = prepared.source
     edits = _address_space_overloads(tu, path, prepared, preprocessed)
+    edits += _address_space_specialisations(tu, path, prepared, preprocessed)
     edits += _designators.edits(tu, path, source, preprocessed)
     edits += _program_constants.registrations(tu, path, source, preprocessed)
     kind_of = cindex.conf.lib.clang_getCursorBinaryOperatorKind
@@ -1233,6 +1222,35 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
             at = source.original(ref.location.offset)
             if preprocessed.startswith(ref.spelling, at):
                 edits.append((at, at + len(ref.spelling), new_name))
+    return edits
+
+
+def _address_space_specialisations(tu, path: str, prepared: _Prepared, preprocessed: str
+                                   ) -> List[Tuple[int, int, str]]:
+    """Specialisations of a class template for pointers that differ only in address spaces
+    the emulator erases (MLX's ``pointer_element<device T*>`` and ``<threadgroup T*>``, both
+    ``tsm_emu::ptr<T>`` there) keep one definition when their bodies agree."""
+    k = _cindex().CursorKind
+    specialisation = _cindex().conf.lib.clang_getSpecializedCursorTemplate
+    groups: Dict[Tuple[str, str], Dict[int, List[object]]] = {}
+    for cursor in tu.cursor.walk_preorder():
+        if cursor.location.file is None or cursor.location.file.name != path or not cursor.is_definition():
+            continue
+        partial = cursor.kind == k.CLASS_TEMPLATE_PARTIAL_SPECIALIZATION
+        if not partial and not (cursor.kind in (k.STRUCT_DECL, k.CLASS_DECL) and "<" in cursor.displayname
+                                and not specialisation(cursor).kind.is_invalid()):
+            continue
+        # device, threadgroup and constant pointers are all checked pointers; a `constant`
+        # one is const in clang's spelling as in the emulator's.
+        arguments = re.sub(r"\b__(global|local|constant)\b", "__checked", cursor.displayname)
+        parent = cursor.semantic_parent
+        key = (parent.get_usr() if parent is not None else "", arguments)
+        groups.setdefault(key, {}).setdefault(cursor.location.offset, []).append(cursor)
+    edits: List[Tuple[int, int, str]] = []
+    for specialisations in groups.values():
+        if len(specialisations) > 1:
+            name = next(iter(specialisations.values()))[0].displayname
+            edits += _keep_one_definition(name, specialisations, prepared.source, preprocessed)
     return edits
 
 

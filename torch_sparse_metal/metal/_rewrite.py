@@ -126,6 +126,18 @@ def _split_top_level(text: str) -> List[str]:
     return parts
 
 
+def declarator(declaration: str) -> str:
+    """``declaration`` without its initialiser: up to the first ``=`` outside brackets that
+    is an assignment (MLX's gemv sizes an array ``[n == 0 ? 1 : n]``)."""
+    depth = 0
+    for i, c in enumerate(declaration):
+        depth += {"[": 1, "(": 1, "]": -1, ")": -1}.get(c, 0)
+        if c == "=" and depth == 0 and declaration[i - 1:i] not in ("=", "!", "<", ">") \
+                and declaration[i + 1:i + 2] != "=":
+            return declaration[:i]
+    return declaration
+
+
 def _param_attributes(piece: str) -> List[Tuple[str, str]]:
     """(name, argument) of every entry of a parameter's attribute lists:
     ``[[buffer(5), function_constant(has_mask)]]`` -> [("buffer", "5"), ("function_constant", "has_mask")]."""
@@ -320,7 +332,8 @@ def _checked_pointers(src: str) -> str:
                 and src[m.start(3):m.end(3)] != "void":
             quals = _cv("const", quals)
         pointee = " ".join(src[m.start(3):m.end(3)].split())
-        checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}>"
+        # `const device auto* p = q + i;` (MLX's gemv): the initialiser is a checked pointer.
+        checked = "auto" if pointee == "auto" else f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}>"
         start, end = m.start(), m.end()
         # reinterpret_cast<device T*>(p) cannot name a class type: use ptr_cast<T>(p).
         cast = re.search(r"\b(?:reinterpret|static|const)_cast\s*<\s*$", masked[max(0, start - 40):start])
@@ -365,6 +378,19 @@ def _apply(src: str, edits: List[Tuple[int, int, str]]) -> str:
 
 _REFERENCE_PARAM = re.compile(
     r"(?<![\w:])((?:const\s+)?)(?:device|threadgroup)\s+((?:const\s+)?)(" + _TYPE + r")\s*&\s*(?:(\w+)|(?=[,)]))")
+
+
+_CONSTANT_REFERENCE = re.compile(
+    r"(?<![\w:])((?:const\s+)?)constant\s+((?:const\s+)?)(" + _TYPE + r")\s*&")
+
+
+def _read_only_constant_references(src: str) -> str:
+    """``constant T& x`` -> ``const constant T& x``: what it designates is read-only whether
+    it says const or not (MLX passes a kernel's ``const constant int&`` on to a helper's
+    ``constant int&``), as for constant pointers."""
+    masked = _mask_strings_and_directives(src)
+    return _apply(src, [(m.start(), m.start(), "const ") for m in _CONSTANT_REFERENCE.finditer(masked)
+                        if not (m.group(1) or m.group(2))])
 
 
 def _checked_references(src: str) -> str:
@@ -431,6 +457,21 @@ def _threadgroup_array_sizes(src: str) -> str:
     return _apply(src, [(m.end(1), m.end(1), ".storage()") for m in pattern.finditer(masked)])
 
 
+def _threadgroup_arrays_in_conditionals(src: str) -> str:
+    """A threadgroup array as an operand of ``?:`` -> a pointer to its first element, to
+    which it decays in Metal (MLX's gemv: ``n == 0 ? nullptr : tgp_memory``); the
+    emulator's array is a class, which C++ does not convert to the other operand's type."""
+    masked = _mask_strings_and_directives(src)
+    names = {name for _, _, _, declarators in _threadgroup_declarations(masked)
+             for name, dims in declarators if dims}
+    if not names:
+        return src
+    operand = re.compile(r"(?:\?|(?<!:):(?!:))\s*(" + "|".join(map(re.escape, sorted(names))) +
+                         r")\b(?=\s*(?:[:),;]|$))")
+    return _apply(src, [(m.start(1), m.end(1), f"::tsm_emu::element_address({m.group(1)}, 0)")
+                        for m in operand.finditer(masked)])
+
+
 def _unary_ampersand(masked: str, pos: int) -> bool:
     """Whether the ``&`` at ``pos`` takes an address (rather than being a binary and)."""
     i = pos - 1
@@ -453,7 +494,8 @@ def _addresses_without_access(src: str) -> str:
     masked = _mask_strings_and_directives(src)
     edits = []
     for m in _SUBSCRIPTED_NAME.finditer(masked):
-        if not _unary_ampersand(masked, m.start()):
+        # `[[` opens an attribute, never a subscript: `MLXConvParams<2>& params [[buffer(3)]]`.
+        if masked.startswith("[[", m.end() - 1) or not _unary_ampersand(masked, m.start()):
             continue
         groups = []  # the [...] subscripts, in order
         pos = m.end() - 1
@@ -513,7 +555,7 @@ def _threadgroup_declarations(masked: str) -> Iterator[Tuple[int, int, str, List
             continue  # pointer/reference/function: only the qualifier goes (macro)
         # An initialiser (accepted by Apple's compiler: MLX's layer_norm) is dropped: the
         # memory starts uninitialised, as every threadgroup variable's does.
-        parts = [part.split("=", 1)[0] for part in _split_top_level(decl)]
+        parts = [declarator(part) for part in _split_top_level(decl)]
         names = [re.search(r"(\w+)\s*(?:\[|$)", part.strip()) for part in parts]
         if not names or not all(names):
             continue
@@ -592,12 +634,13 @@ def _function_definitions(masked: str) -> List[_Definition]:
         if masked[i] != "{":
             i += 1
             continue
-        j = i - 1
-        while j >= 0 and masked[j].isspace():
-            j -= 1
-        if j < 0 or masked[j] != ")":
+        # A member function's qualifiers stand between its `)` and `{` (steel's `void mma(...) thread {`).
+        qualifiers = re.search(r"\)((?:\s*\b(?:const|volatile|thread|device|constant|threadgroup|noexcept)\b"
+                               r"|\s*&{1,2})*)\s*$", masked[max(0, i - 200):i])
+        if not qualifiers:
             i += 1
             continue
+        j = i - len(qualifiers.group())  # the `)`
         k = _match_open(masked, j)
         name = re.search(r"(\w+)\s*(?:<[^<>;{}()]*>)?\s*$", masked[max(0, k - 200):k])
         if k < 0 or not name or name.group(1) in _NOT_FUNCTIONS:
@@ -828,8 +871,8 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     """
     src = _add_collective_sites(_braced_loops(_class_scope_specialisations(src)))
     src = _checked_threadgroup_scalars(src)
-    src = _checked_references(src)
-    src = _threadgroup_array_sizes(src)
+    src = _checked_references(_read_only_constant_references(src))
+    src = _threadgroup_arrays_in_conditionals(_threadgroup_array_sizes(src))
     src = _addresses_without_access(src)
     if sanitize:
         from ._access_rewrite import checked_members, marked_stores  # it builds on this module
