@@ -743,3 +743,27 @@ template <typename T> struct size_of {};
 template <typename T> struct size_of<device T*> { static constant constexpr int value = 1; };
 template <typename T> struct size_of<threadgroup T*> { static constant constexpr int value = 2; };
 kernel void k(device float* out [[buffer(0)]]) { out[0] = size_of<device float*>::value; }""")
+
+
+def test_instantiations_that_name_no_template_arguments_select_by_parameters():
+    # MLX's conv: `template [[host_name("...")]] [[kernel]] void naive_unfold_Nd(const device
+    # float* in [[buffer(0)]], const constant Params<1>* p [[buffer(2)]], ...);`, T and N
+    # deduced from the parameter list.
+    lib = compile_shader(HEAD + """
+template <int N> struct Params { int scale[N]; };
+template <typename T, int N>
+[[kernel]] void scale(const device T* in [[buffer(0)]], device T* out [[buffer(1)]],
+                      const constant Params<N>* p [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  out[i] = in[i] * T(p->scale[N - 1]);
+}
+template [[host_name("scale_f1")]] [[kernel]] void scale(const device float* in [[buffer(0)]],
+    device float* out [[buffer(1)]], const constant Params<1>* p [[buffer(2)]], uint i [[thread_position_in_grid]]);
+template [[host_name("scale_i2")]] [[kernel]] void scale(const device int* in [[buffer(0)]],
+    device int* out [[buffer(1)]], const constant Params<2>* p [[buffer(2)]], uint i [[thread_position_in_grid]]);
+""")
+    out = torch.zeros(4)
+    lib.scale_f1(torch.arange(4, dtype=torch.float32), out, torch.tensor([3], dtype=torch.int32), threads=4)
+    np.testing.assert_array_equal(out.numpy(), [0, 3, 6, 9])
+    out = torch.zeros(4, dtype=torch.int32)
+    lib.scale_i2(torch.arange(4, dtype=torch.int32), out, torch.tensor([3, 5], dtype=torch.int32), threads=4)
+    np.testing.assert_array_equal(out.numpy(), [0, 5, 10, 15])
