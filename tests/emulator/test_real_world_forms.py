@@ -767,3 +767,21 @@ template [[host_name("scale_i2")]] [[kernel]] void scale(const device int* in [[
     out = torch.zeros(4, dtype=torch.int32)
     lib.scale_i2(torch.arange(4, dtype=torch.int32), out, torch.tensor([3, 5], dtype=torch.int32), threads=4)
     np.testing.assert_array_equal(out.numpy(), [0, 5, 10, 15])
+
+
+def test_bfloat_from_a_class_that_converts_to_bool():
+    # MLX's gemv_masked: `out_scale = T(mask_out);` with T = bfloat and a mask type whose
+    # only conversion is `operator bool()`.
+    lib = compile_shader(HEAD + """
+struct Mask {
+  char on;
+  constexpr operator bool() thread { return on != 0; }
+};
+kernel void k(device const char* on [[buffer(0)]], device float* out [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  Mask m{on[i]};
+  out[i] = float(bfloat(m)) * 3.0f + float(half(m));
+}""")
+    out = torch.zeros(3)
+    lib.k(torch.tensor([1, 0, 7], dtype=torch.int8), out, threads=3)
+    np.testing.assert_array_equal(out.numpy(), [4, 0, 4])
