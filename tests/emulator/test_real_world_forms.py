@@ -785,3 +785,22 @@ kernel void k(device const char* on [[buffer(0)]], device float* out [[buffer(1)
     out = torch.zeros(3)
     lib.k(torch.tensor([1, 0, 7], dtype=torch.int8), out, threads=3)
     np.testing.assert_array_equal(out.numpy(), [4, 0, 4])
+
+
+def test_a_simd_group_function_reached_through_a_dependent_type_runs_as_fibers():
+    # MLX's gemv and sort: the kernel calls `gemv_kernel::run(...)` with `gemv_kernel` an
+    # alias of a class template's specialisation; run reduces with simd_sum.
+    lib = compile_shader(HEAD + """
+template <typename T> struct Reduce {
+  static void run(device T* out, uint lane) { out[lane] = simd_sum(out[lane]); }
+};
+template <typename T>
+kernel void k(device T* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  using reduce = Reduce<T>;
+  reduce::run(out, lane);
+}
+template [[host_name("sum_f")]] kernel void k<float>(device float*, uint);
+""")
+    out = torch.arange(32, dtype=torch.float32)
+    lib.sum_f(out, threads=32, group_size=32)
+    np.testing.assert_array_equal(out.numpy(), np.full(32, 496.0))

@@ -98,7 +98,7 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
             names = set()
             for c in f.walk_preorder():
                 if c.kind in (k.CALL_EXPR, k.DECL_REF_EXPR, k.OVERLOADED_DECL_REF, k.MEMBER_REF_EXPR):
-                    names.add(c.spelling)
+                    names.add(c.spelling or _dependent_name(c))
             names_cache[key] = names
         return names_cache[key]
 
@@ -926,6 +926,18 @@ class _GroupFunction:
         end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]
         return (f"\n{_line_marker(line, file)}\n" + " ".join(head) + " " + body +
                 f" }} return -1; }}); }}\n{_line_marker(end_line, end_file)}\n")
+
+
+def _dependent_name(ref) -> str:
+    """The name a reference through a dependent type spells (MLX's `gemv_kernel::run(...)`,
+    `tile.template load<T>(...)` in a template), which clang gives only in its tokens."""
+    name = ""
+    for token in ref.get_tokens():
+        if token.spelling == "<":
+            break
+        if token.kind.name == "IDENTIFIER":
+            name = token.spelling
+    return name
 
 
 def _callee_name(call) -> str:
