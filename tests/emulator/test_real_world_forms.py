@@ -789,18 +789,33 @@ kernel void k(device const char* on [[buffer(0)]], device float* out [[buffer(1)
 
 def test_a_simd_group_function_reached_through_a_dependent_type_runs_as_fibers():
     # MLX's gemv and sort: the kernel calls `gemv_kernel::run(...)` with `gemv_kernel` an
-    # alias of a class template's specialisation; run reduces with simd_sum.
+    # alias of a class template's specialisation (sort's member is named like its kernel,
+    # `sort_kernel::block_sort`); the members reduce with simd_sum, or across a barrier.
     lib = compile_shader(HEAD + """
 template <typename T> struct Reduce {
   static void run(device T* out, uint lane) { out[lane] = simd_sum(out[lane]); }
+  static void block_sum(device T* out, threadgroup T* t, uint i) {
+    t[i] = out[i];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[i] = t[0] + t[1] + t[2] + t[3];
+  }
 };
 template <typename T>
 kernel void k(device T* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
   using reduce = Reduce<T>;
   reduce::run(out, lane);
 }
+template <typename T>
+kernel void block_sum(device T* out [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+  threadgroup T t[4];
+  Reduce<T>::block_sum(out, t, i);
+}
 template [[host_name("sum_f")]] kernel void k<float>(device float*, uint);
+template [[host_name("block_sum_f")]] [[kernel]] decltype(block_sum<float>) block_sum<float>;
 """)
     out = torch.arange(32, dtype=torch.float32)
     lib.sum_f(out, threads=32, group_size=32)
     np.testing.assert_array_equal(out.numpy(), np.full(32, 496.0))
+    out = torch.arange(4, dtype=torch.float32)
+    lib.block_sum_f(out, threads=4, group_size=4)
+    np.testing.assert_array_equal(out.numpy(), np.full(4, 6.0))

@@ -113,7 +113,9 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
             f = frontier.pop()
             for n in referenced_names(f):
                 for g in by_name.get(n, ()):
-                    if g.hash not in reached and g.spelling not in instantiated:
+                    # (not into other kernels; a member named like one is a helper: MLX's sort)
+                    kernel = g.spelling in instantiated and g.kind in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE)
+                    if g.hash not in reached and not kernel:
                         reached[g.hash] = g
                         frontier.append(g)
         own = set()
@@ -930,12 +932,12 @@ class _GroupFunction:
 
 def _dependent_name(ref) -> str:
     """The name a reference through a dependent type spells (MLX's `gemv_kernel::run(...)`,
-    `tile.template load<T>(...)` in a template), which clang gives only in its tokens."""
-    name = ""
-    for token in ref.get_tokens():
-        if token.spelling == "<":
-            break
-        if token.kind.name == "IDENTIFIER":
+    `Reduce<T>::run`, `tile.template load<T>(...)` in a template), which clang gives only in
+    its tokens."""
+    name, depth = "", 0
+    for token in ref.get_tokens():  # the last identifier outside template arguments
+        depth += {"<": 1, ">": -1, ">>": -2}.get(token.spelling, 0)
+        if depth == 0 and token.kind.name == "IDENTIFIER":
             name = token.spelling
     return name
 

@@ -473,7 +473,28 @@ def _threadgroup_arrays_in_conditionals(src: str) -> str:
     operand = re.compile(r"(?:\?|(?<!:):(?!:))\s*(" + "|".join(map(re.escape, sorted(names))) +
                          r")\b(?=\s*(?:[:),;]|$))")
     return _apply(src, [(m.start(1), m.end(1), f"::tsm_emu::element_address({m.group(1)}, 0)")
-                        for m in operand.finditer(masked)])
+                        for m in operand.finditer(masked)
+                        if masked[m.start()] == "?" or _closes_conditional(masked, m.start())])
+
+
+def _closes_conditional(masked: str, colon: int) -> bool:
+    """Whether the ``:`` at ``colon`` is a conditional's (not a range-for's, a label's...):
+    a ``?`` precedes it in the same expression."""
+    depth, i = 0, colon - 1
+    while i >= 0:
+        c = masked[i]
+        if c in ")]":
+            depth += 1
+        elif c in "([":
+            if depth == 0:
+                return False
+            depth -= 1
+        elif depth == 0 and c in ";{},":
+            return False
+        elif depth == 0 and c == "?":
+            return True
+        i -= 1
+    return False
 
 
 def _unary_ampersand(masked: str, pos: int) -> bool:
