@@ -297,21 +297,24 @@ def check_only(tmp_path, source: str, version: str = "4.0") -> None:
 
 def test_a_threadgroup_array_sized_by_a_comparison_over_two_lines(tmp_path):
     # MLX's gemv: `threadgroup T tgp_memory\n [k::tgp_mem_size == 0 ? 1 : k::tgp_mem_size];`
-    # (the check only: the emulator's rewriter takes the `==` for an initialiser).
+    # (the `==` is no initialiser), and the array passed as `size == 0 ? nullptr : tgp_memory`.
     source = HEAD + """
 template <int N> struct Shape { static constant constexpr const int size = N; };
+void fill(threadgroup float* t, uint i) { if (t) t[i] = float(i); }
 template <int N>
 kernel void reverse(device float* out [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
   using shape = Shape<N>;
   threadgroup float tile
       [shape::size == 0 ? 1 : shape::size];
-  tile[i] = float(i);
+  fill(shape::size == 0 ? nullptr : tile, i);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   out[i] = tile[N - 1 - i];
 }
 template [[host_name("reverse8")]] kernel void reverse<8>(device float*, uint);
 """
-    check_only(tmp_path, source)
+    out = torch.zeros(8)
+    compile_shader(source).reverse8(out, threads=8, group_size=8)
+    np.testing.assert_array_equal(out.numpy(), np.arange(8)[::-1])
     with pytest.raises(MetalCompileError, match="no variable-length arrays"):
         check_only(tmp_path, source.replace("[shape::size == 0 ?", "[i == 0 ?"))
 
@@ -364,11 +367,10 @@ kernel void k(device float* out [[buffer(0)]], device const float* in [[buffer(1
     np.testing.assert_array_equal(out.numpy(), [42, 21, 1, 3, 5, 7])
 
 
-def test_simdgroup_matrix_products_and_function_pointer_aliases_pass_the_check(tmp_path):
-    # MLX's Winograd conv: `(G * g) * Gt` of simdgroup matrices; fft: `using RadixFunc =
-    # void (*)(...)` as the type of a template parameter. (The check only: the emulator
-    # has no simdgroup_matrix operator* yet, and its call-site parameter changes the
-    # function's type.)
+def test_simdgroup_matrix_products_and_function_pointer_aliases(tmp_path):
+    # MLX's Winograd conv: `(G * g) * Gt` of simdgroup matrices passes the check (the
+    # emulator has no simdgroup_matrix operator* yet); fft: `using RadixFunc = void (*)(...)`
+    # as the type of a template parameter, which also runs.
     scale = HEAD + """
 template <typename T> using Scale = T (*)(T);
 template <typename T> T twice(T x) { return 2 * x; }
@@ -379,8 +381,12 @@ kernel void k(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdg
   simdgroup_float8x8 a = make_filled_simdgroup_matrix<float, 8, 8>(1.0f);
   simdgroup_float8x8 c = make_filled_simdgroup_matrix<float, 8, 8>(0.5f);
   simdgroup_float8x8 ac = (a * c) * a;
-  out[lane] = ac.thread_elements()[0] + apply<float, twice<float>>(3.0f);
+  out[lane] = ac.thread_elements()[0];
 }""")
+    out = torch.zeros(1)
+    compile_shader(scale + """
+kernel void k(device float* out [[buffer(0)]]) { out[0] = apply<float, twice<float>>(3.0f); }""").k(out, threads=1)
+    assert out.item() == 6.0
     with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):
         check_only(tmp_path, scale + """
 kernel void k(device float* out [[buffer(0)]]) {
@@ -689,3 +695,127 @@ kernel void gather4(device const float * x [[buffer(0)]], device const uchar * i
     np.testing.assert_array_equal(out.numpy()[:4, :3], expected)
     np.testing.assert_array_equal(out.numpy()[:4, 3], [0, 1, 2, 3])
     np.testing.assert_array_equal(out.numpy()[4], [0, 0, 0, 0])
+
+
+# ---- fourth pass: what the emulator lacked to build MLX's gemv, quantized, conv and steel files
+
+
+def test_pointer_traits_specialised_per_address_space_and_qualified_members():
+    # MLX's steel type_traits: `pointer_element<device T*>`, `<threadgroup T*>`, ... (one
+    # checked pointer type in the emulator); `void mma(...) thread {` calling a helper that
+    # reaches a SIMD-group function; `constant int&` helper parameters given a kernel's
+    # `const constant int&`; `const device auto* p = ...`; a `constant` reference to a class
+    # template's specialisation followed by its attribute (`Params<2>& p [[buffer(2)]]`).
+    lib = compile_shader(HEAD + """
+template <typename T> struct pointer_element {};
+template <typename T> struct pointer_element<thread T*> { using type = remove_cv_t<T>; };
+template <typename T> struct pointer_element<device T*> { using type = remove_cv_t<T>; };
+template <typename T> struct pointer_element<constant T*> { using type = remove_cv_t<T>; };
+template <typename T> struct pointer_element<threadgroup T*> { using type = remove_cv_t<T>; };
+template <typename P> using element_t = typename pointer_element<remove_cv_t<P>>::type;
+template <int N> struct Params { int stride[N]; };
+template <typename T> T lane_sum(T x) { return simd_sum(x); }
+struct Summer {
+  float total;
+  void add(float x) thread { total += lane_sum(x); }
+};
+float scaled(float x, constant int& factor) { return x * factor; }
+kernel void k(device const float* in [[buffer(0)]], device float* out [[buffer(1)]],
+              const constant Params<2>& params [[buffer(2)]], const constant int& factor [[buffer(3)]],
+              uint lane [[thread_index_in_simdgroup]]) {
+  const device auto* row = in + params.stride[1];
+  element_t<device const float*> x = row[lane];
+  Summer s{0.0f};
+  s.add(x);
+  out[lane] = scaled(s.total, factor);
+}""")
+    data = torch.arange(64, dtype=torch.float32)
+    params = torch.tensor([0, 32], dtype=torch.int32)
+    out = torch.zeros(32)
+    lib.k(data, out, params, torch.tensor([2], dtype=torch.int32), threads=32, group_size=32)
+    np.testing.assert_array_equal(out.numpy(), np.full(32, 2.0 * np.arange(32, 64).sum()))
+
+
+def test_address_space_specialisations_with_different_bodies_are_refused():
+    with pytest.raises(MetalCompileError, match="with different bodies"):
+        compile_shader(HEAD + """
+template <typename T> struct size_of {};
+template <typename T> struct size_of<device T*> { static constant constexpr int value = 1; };
+template <typename T> struct size_of<threadgroup T*> { static constant constexpr int value = 2; };
+kernel void k(device float* out [[buffer(0)]]) { out[0] = size_of<device float*>::value; }""")
+
+
+def test_instantiations_that_name_no_template_arguments_select_by_parameters():
+    # MLX's conv: `template [[host_name("...")]] [[kernel]] void naive_unfold_Nd(const device
+    # float* in [[buffer(0)]], const constant Params<1>* p [[buffer(2)]], ...);`, T and N
+    # deduced from the parameter list.
+    lib = compile_shader(HEAD + """
+template <int N> struct Params { int scale[N]; };
+template <typename T, int N>
+[[kernel]] void scale(const device T* in [[buffer(0)]], device T* out [[buffer(1)]],
+                      const constant Params<N>* p [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  out[i] = in[i] * T(p->scale[N - 1]);
+}
+template [[host_name("scale_f1")]] [[kernel]] void scale(const device float* in [[buffer(0)]],
+    device float* out [[buffer(1)]], const constant Params<1>* p [[buffer(2)]], uint i [[thread_position_in_grid]]);
+template [[host_name("scale_i2")]] [[kernel]] void scale(const device int* in [[buffer(0)]],
+    device int* out [[buffer(1)]], const constant Params<2>* p [[buffer(2)]], uint i [[thread_position_in_grid]]);
+""")
+    out = torch.zeros(4)
+    lib.scale_f1(torch.arange(4, dtype=torch.float32), out, torch.tensor([3], dtype=torch.int32), threads=4)
+    np.testing.assert_array_equal(out.numpy(), [0, 3, 6, 9])
+    out = torch.zeros(4, dtype=torch.int32)
+    lib.scale_i2(torch.arange(4, dtype=torch.int32), out, torch.tensor([3, 5], dtype=torch.int32), threads=4)
+    np.testing.assert_array_equal(out.numpy(), [0, 5, 10, 15])
+
+
+def test_bfloat_from_a_class_that_converts_to_bool():
+    # MLX's gemv_masked: `out_scale = T(mask_out);` with T = bfloat and a mask type whose
+    # only conversion is `operator bool()`.
+    lib = compile_shader(HEAD + """
+struct Mask {
+  char on;
+  constexpr operator bool() thread { return on != 0; }
+};
+kernel void k(device const char* on [[buffer(0)]], device float* out [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  Mask m{on[i]};
+  out[i] = float(bfloat(m)) * 3.0f + float(half(m));
+}""")
+    out = torch.zeros(3)
+    lib.k(torch.tensor([1, 0, 7], dtype=torch.int8), out, threads=3)
+    np.testing.assert_array_equal(out.numpy(), [4, 0, 4])
+
+
+def test_a_simd_group_function_reached_through_a_dependent_type_runs_as_fibers():
+    # MLX's gemv and sort: the kernel calls `gemv_kernel::run(...)` with `gemv_kernel` an
+    # alias of a class template's specialisation (sort's member is named like its kernel,
+    # `sort_kernel::block_sort`); the members reduce with simd_sum, or across a barrier.
+    lib = compile_shader(HEAD + """
+template <typename T> struct Reduce {
+  static void run(device T* out, uint lane) { out[lane] = simd_sum(out[lane]); }
+  static void block_sum(device T* out, threadgroup T* t, uint i) {
+    t[i] = out[i];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[i] = t[0] + t[1] + t[2] + t[3];
+  }
+};
+template <typename T>
+kernel void k(device T* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]]) {
+  using reduce = Reduce<T>;
+  reduce::run(out, lane);
+}
+template <typename T>
+kernel void block_sum(device T* out [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+  threadgroup T t[4];
+  Reduce<T>::block_sum(out, t, i);
+}
+template [[host_name("sum_f")]] kernel void k<float>(device float*, uint);
+template [[host_name("block_sum_f")]] [[kernel]] decltype(block_sum<float>) block_sum<float>;
+""")
+    out = torch.arange(32, dtype=torch.float32)
+    lib.sum_f(out, threads=32, group_size=32)
+    np.testing.assert_array_equal(out.numpy(), np.full(32, 496.0))
+    out = torch.arange(4, dtype=torch.float32)
+    lib.block_sum_f(out, threads=4, group_size=4)
+    np.testing.assert_array_equal(out.numpy(), np.full(4, 6.0))

@@ -98,7 +98,7 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
             names = set()
             for c in f.walk_preorder():
                 if c.kind in (k.CALL_EXPR, k.DECL_REF_EXPR, k.OVERLOADED_DECL_REF, k.MEMBER_REF_EXPR):
-                    names.add(c.spelling)
+                    names.add(c.spelling or _dependent_name(c))
             names_cache[key] = names
         return names_cache[key]
 
@@ -120,7 +120,9 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
             f = frontier.pop()
             for n in referenced_names(f):
                 for g in by_name.get(n, ()):
-                    if g.hash not in reached and g.spelling not in instantiated:
+                    # (not into other kernels; a member named like one is a helper: MLX's sort)
+                    kernel = g.spelling in instantiated and g.kind in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE)
+                    if g.hash not in reached and not kernel:
                         reached[g.hash] = g
                         frontier.append(g)
         own = set()
@@ -937,6 +939,18 @@ class _GroupFunction:
         end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]
         return (f"\n{_line_marker(line, file)}\n" + " ".join(head) + " " + body +
                 f" }} return -1; }}); }}\n{_line_marker(end_line, end_file)}\n")
+
+
+def _dependent_name(ref) -> str:
+    """The name a reference through a dependent type spells (MLX's `gemv_kernel::run(...)`,
+    `Reduce<T>::run`, `tile.template load<T>(...)` in a template), which clang gives only in
+    its tokens."""
+    name, depth = "", 0
+    for token in ref.get_tokens():  # the last identifier outside template arguments
+        depth += {"<": 1, ">": -1, ">>": -2}.get(token.spelling, 0)
+        if depth == 0 and token.kind.name == "IDENTIFIER":
+            name = token.spelling
+    return name
 
 
 def _callee_name(call) -> str:

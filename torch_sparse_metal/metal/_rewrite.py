@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, List, Optional, Set, Tuple
 
 from .._paths import EMULATOR_INCLUDE_DIR
@@ -60,6 +60,9 @@ class Kernel:
     host_name: str
     cxx: str  # expression naming the C++ function (e.g. ``f<float>``)
     params: List[Param] = field(default_factory=list)
+    # An instantiation that names no template arguments (MLX's `template [[kernel]] void
+    # f(const device float* in, ...);`): its parameter list, which selects the function.
+    signature: Optional[str] = None
 
 
 _ATTRIBUTE = re.compile(r"\[\[(?:[^\[\]]|\[[^\[\]]*\])*?\]\]")
@@ -205,7 +208,7 @@ def find_kernels(src: str) -> List[Kernel]:
     # The same length, attributes blanked too: what follows a kernel mark, read once.
     unattributed = _ATTRIBUTE.sub(lambda m: blank(m.group()), masked)
     templates = {}  # name -> params of a template kernel definition
-    instantiations: List[Tuple[str, str, str, int, Optional[str]]] = []
+    instantiations: List[Tuple[str, str, str, int, Optional[List[Param]], Optional[str]]] = []
     kernels: List[Kernel] = []
     for mark in _KERNEL_MARK.finditer(masked):
         head_start = _head_start(masked, mark.start())
@@ -224,7 +227,7 @@ def find_kernels(src: str) -> List[Kernel]:
         if m_decltype and is_instantiation:
             name = re.sub(r"\s+", "", m_decltype.group(2))
             base = name.split("<", 1)[0]
-            instantiations.append((host_name or name, base, name, mark.start(), None))
+            instantiations.append((host_name or name, base, name, mark.start(), None, None))
             continue
         if not m_func:
             raise ParseError("cannot parse the kernel declaration after `kernel`", mark.start())
@@ -236,10 +239,11 @@ def find_kernels(src: str) -> List[Kernel]:
         if is_template:
             templates[name] = params
         elif is_instantiation or targs:
-            instantiations.append((host_name or name + targs, name, name + targs, mark.start(), params))
+            signature = None if targs else src[open_paren + 1:close_paren]
+            instantiations.append((host_name or name + targs, name, name + targs, mark.start(), params, signature))
         else:
             kernels.append(Kernel(host_name or name, name, params))
-    for host_name, base, cxx, offset, params in instantiations:
+    for host_name, base, cxx, offset, params, signature in instantiations:
         if base in templates:
             # The parameters' bindings are the template's: an instantiation that repeats
             # the parameter list need not repeat its attributes (PyTorch's Repeat.metal).
@@ -247,7 +251,7 @@ def find_kernels(src: str) -> List[Kernel]:
         elif params is None:
             raise ParseError(f"instantiation {host_name!r} of {base!r}: no template kernel "
                              f"named {base!r} is defined before it", offset)
-        kernels.append(Kernel(host_name, cxx, params))
+        kernels.append(Kernel(host_name, cxx, params, signature))
     seen = set()
     for k in kernels:
         if k.host_name in seen:
@@ -469,7 +473,28 @@ def _threadgroup_arrays_in_conditionals(src: str) -> str:
     operand = re.compile(r"(?:\?|(?<!:):(?!:))\s*(" + "|".join(map(re.escape, sorted(names))) +
                          r")\b(?=\s*(?:[:),;]|$))")
     return _apply(src, [(m.start(1), m.end(1), f"::tsm_emu::element_address({m.group(1)}, 0)")
-                        for m in operand.finditer(masked)])
+                        for m in operand.finditer(masked)
+                        if masked[m.start()] == "?" or _closes_conditional(masked, m.start())])
+
+
+def _closes_conditional(masked: str, colon: int) -> bool:
+    """Whether the ``:`` at ``colon`` is a conditional's (not a range-for's, a label's...):
+    a ``?`` precedes it in the same expression."""
+    depth, i = 0, colon - 1
+    while i >= 0:
+        c = masked[i]
+        if c in ")]":
+            depth += 1
+        elif c in "([":
+            if depth == 0:
+                return False
+            depth -= 1
+        elif depth == 0 and c in ";{},":
+            return False
+        elif depth == 0 and c == "?":
+            return True
+        i -= 1
+    return False
 
 
 def _unary_ampersand(masked: str, pos: int) -> bool:
@@ -910,6 +935,16 @@ def group_function_name(cxx: str) -> str:
     return base + "__tsm_group" + cxx[len(base):]
 
 
+def _address(kernel: Kernel) -> str:
+    """C++ for the address of ``kernel``'s function; the specialisation an instantiation
+    without template arguments selects is named through its parameters' emulated types."""
+    if kernel.signature is None:
+        return f"&{kernel.cxx}"
+    declaration = rewrite(f"void f({kernel.signature});")
+    types = declaration[declaration.index("(") + 1:declaration.rindex(")")]
+    return f"static_cast<void (*)({' '.join(types.split())})>(&{kernel.cxx})"
+
+
 def binding_table(kernels: List[Kernel], grouped: Set[str] = frozenset(),
                   synchronising: Set[str] = frozenset()) -> str:
     """C++ that registers ``kernels`` with the runtime (appended to the rewritten source):
@@ -919,8 +954,7 @@ def binding_table(kernels: List[Kernel], grouped: Set[str] = frozenset(),
              "namespace tsm_emu_generated {"]
     # Qualified, so a kernel named like a Metal library function (`divide`, `clamp`) is
     # not ambiguous with it under `using namespace metal`.
-    kernels = [Kernel(k.host_name, k.cxx if k.cxx.startswith("::") else "::" + k.cxx, k.params)
-               for k in kernels]
+    kernels = [replace(k, cxx=k.cxx if k.cxx.startswith("::") else "::" + k.cxx) for k in kernels]
     entries = []
     for i, k in enumerate(kernels):
         specs = ", ".join(f"{{{p.kind}, {p.index}}}" for p in k.params) or "{0, 0}"
@@ -932,10 +966,10 @@ def binding_table(kernels: List[Kernel], grouped: Set[str] = frozenset(),
             invoke, group = "nullptr", f"tsm_emu_generated::group_{i}"
         else:
             lines.append(f"static void invoke_{i}(const ::tsm_emu::DispatchArgs& d, const ::tsm_emu::ThreadInfo& t) "
-                         f"{{ ::tsm_emu::invoke(&{k.cxx}, params_{i}, d, t); }}")
+                         f"{{ ::tsm_emu::invoke({_address(k)}, params_{i}, d, t); }}")
             invoke, group = f"tsm_emu_generated::invoke_{i}", "nullptr"
-        entries.append(f'  {{"{k.host_name}", {invoke}, ::tsm_emu::fn_params<decltype(&{k.cxx})>::count, '
-                       f"tsm_emu_generated::params_{i}, ::tsm_emu::fn_params<decltype(&{k.cxx})>::types, "
+        entries.append(f'  {{"{k.host_name}", {invoke}, ::tsm_emu::fn_params<decltype({_address(k)})>::count, '
+                       f"tsm_emu_generated::params_{i}, ::tsm_emu::fn_params<decltype({_address(k)})>::types, "
                        f"{group}, {int(name in synchronising)}}}")
     lines.append("}  // namespace tsm_emu_generated")
     if not entries:

@@ -167,13 +167,4 @@ inline void simdgroup_multiply(simdgroup_matrix<Td, C, R>& d, const simdgroup_ma
   simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<Td, C, R>(Td(0)), site_);
 }
 
-// `a * b` (MLX's Winograd conv, `(G * g) * Gt`): an operator has no call site to take, so
-// every product shares this one; the lanes of a SIMD-group still meet at each in turn.
-template <class T, int C, int R>
-inline simdgroup_matrix<T, C, R> operator*(const simdgroup_matrix<T, C, R>& a, const simdgroup_matrix<T, C, R>& b) {
-  simdgroup_matrix<T, C, R> d;
-  simdgroup_multiply(d, a, b, TSM_EMU_SITE_HERE);
-  return d;
-}
-
 }  // namespace metal

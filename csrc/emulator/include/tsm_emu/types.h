@@ -114,6 +114,12 @@ struct bfloat {
                                           std::is_same<U, _Float16>::value,
                                       int> = 0>
   constexpr bfloat(U v) : bits_(tsm_detail::float_to_bfloat_bits(static_cast<float>(v))) {}
+  // `bfloat(mask)` of a class with `operator bool()` (MLX's gemv_masked), as Metal's
+  // constructors from arithmetic types take it; explicit, so overloads keep their ranking.
+  template <class U, std::enable_if_t<std::is_class<U>::value && !std::is_same<U, bfloat>::value &&
+                                          std::is_convertible<U, float>::value,
+                                      int> = 0>
+  explicit constexpr bfloat(U v) : bfloat(static_cast<float>(v)) {}
   constexpr operator float() const { return tsm_detail::bfloat_bits_to_float(bits_); }
 
   static constexpr bfloat from_bits(std::uint16_t b) {
