@@ -11,7 +11,9 @@ into one is reported as pointing into no region).
 """
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Tuple
+
+from ._rewrite import semicolon_end
 
 Edit = Tuple[int, int, str]
 
@@ -32,7 +34,7 @@ def registrations(tu, path: str, source, preprocessed: str) -> List[Edit]:
                 visit(cursor)
             elif (cursor.kind == k.VAR_DECL and _type_kind(cursor.type.get_canonical()) in tables
                   and "__constant" in cursor.type.spelling):
-                end = _statement_end(preprocessed, source.original(cursor.extent.end.offset, end=True))
+                end = semicolon_end(preprocessed, source.original(cursor.extent.end.offset, end=True))
                 if end is not None:
                     name = cursor.spelling
                     out.append((end, end, f" static const ::tsm_emu::program_constant __tsm_constant_{len(out)}_"
@@ -41,17 +43,3 @@ def registrations(tu, path: str, source, preprocessed: str) -> List[Edit]:
     visit(tu.cursor)
     return out
 
-
-def _statement_end(text: str, start: int) -> Optional[int]:
-    """The offset just past the ``;`` that ends the declaration statement going on at
-    ``start`` (later declarators' braced initialisers skipped), or None."""
-    depth = 0
-    for i in range(start, len(text)):
-        c = text[i]
-        if c in "({[":
-            depth += 1
-        elif c in ")}]":
-            depth -= 1
-        elif c == ";" and depth == 0:
-            return i + 1
-    return None

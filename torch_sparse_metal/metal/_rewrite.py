@@ -704,16 +704,25 @@ def _statement_end(masked: str, pos: int) -> int:
         tail = re.match(r"\s*while\s*\(", masked[end:])
         close = _match_close(masked, end + tail.end() - 1, "(", ")")
         return close + 1 + re.match(r"\s*;", masked[close + 1:]).end()
+    end = semicolon_end(masked, i)
+    if end is None:
+        raise ParseError("cannot find the end of a statement", pos)
+    return end
+
+
+def semicolon_end(text: str, start: int) -> Optional[int]:
+    """The offset just past the first ``;`` from ``start`` outside brackets (a declaration's
+    braced initialisers, a call's arguments), or None."""
     depth = 0
-    for j in range(i, len(masked)):
-        c = masked[j]
+    for j in range(start, len(text)):
+        c = text[j]
         if c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1
         elif c == ";" and depth == 0:
             return j + 1
-    raise ParseError("cannot find the end of a statement", pos)
+    return None
 
 
 def _braced_loops(src: str) -> str:
