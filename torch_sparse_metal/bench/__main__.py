@@ -5,6 +5,8 @@ import argparse
 import json
 import sys
 
+from .dims import parse_dims
+
 
 def _checked(convert):
     """An argparse ``type`` from ``convert`` (text -> value, ValueError naming the problem):
@@ -58,17 +60,7 @@ def _chip(text: str):
 @_checked
 def _size(text: str):
     """``IxO`` (in_features x out_features) or ``S`` for ``S x S``."""
-    try:
-        dims = [int(x) for x in text.lower().split("x")]
-    except ValueError:
-        dims = []
-    if len(dims) == 1:
-        dims = dims * 2
-    if len(dims) != 2:
-        raise ValueError(f"size {text!r}: expected S or IxO")
-    if min(dims) < 1:
-        raise ValueError(f"size {text!r}: every dimension must be at least 1")
-    return tuple(dims)
+    return parse_dims(text, "size", "IxO")
 
 
 def _add_chip(parser, default=None):

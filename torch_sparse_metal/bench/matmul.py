@@ -31,6 +31,7 @@ from .. import _backend
 from ..metal import instrumented, record
 from ..ops import matmul as mmops
 from . import roofline
+from .dims import parse_dims
 from .chips import FP32_PEAKS, Chip
 
 Shape = Tuple[str, int, int, int]  # (label, M, N, K)
@@ -58,16 +59,7 @@ CSV_FIELDS = ("shape", "m", "n", "k", "dtype", "kernel", "ms", "tflops", "pct_pe
 
 def parse_shape(spec: str) -> Shape:
     """``"MxNxK"``, or ``"S"`` for a square ``S x S x S``; every dimension a positive int."""
-    try:
-        dims = [int(x) for x in spec.lower().split("x")]
-    except ValueError:
-        dims = []
-    if len(dims) == 1:
-        dims = dims * 3
-    if len(dims) != 3:
-        raise ValueError(f"shape {spec!r}: expected S or MxNxK")
-    if min(dims) < 1:
-        raise ValueError(f"shape {spec!r}: every dimension must be at least 1")
+    dims = parse_dims(spec, "shape", "MxNxK")
     return (f"{dims[0]}x{dims[1]}x{dims[2]}", *dims)
 
 
