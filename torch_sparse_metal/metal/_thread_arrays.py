@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+from ._rewrite import ParseError, _match_close
+
 Edit = Tuple[int, int, str]
 
 _ARRAY_KINDS = ("ConstantArray", "DependentSizedArray")
@@ -132,11 +134,10 @@ def _declared_bound(array, source, preprocessed: str) -> Optional[str]:
     while pos < len(preprocessed) and (preprocessed[pos].isspace() or preprocessed[pos] == ")"):
         pos += 1  # `thread T (&a)[N]`
     while pos < len(preprocessed) and preprocessed[pos] == "[":
-        level, end = 0, pos
-        for end in range(pos, len(preprocessed)):
-            level += {"[": 1, "]": -1}.get(preprocessed[end], 0)
-            if level == 0:
-                break
+        try:
+            end = _match_close(preprocessed, pos, "[", "]")
+        except ParseError:
+            return None
         bounds.append(preprocessed[pos + 1:end].strip())
         pos = end + 1
         while pos < len(preprocessed) and preprocessed[pos].isspace():
