@@ -829,3 +829,91 @@ def test_a_fault_at_a_simdgroup_barrier_leaves_nothing_for_the_next_dispatch(mon
         out = torch.zeros(32, dtype=torch.int32)
         call_with_timeout(lib.inactive, out, threads=32, group_size=32)
         assert out[16:].tolist() == list(range(16, 32)), regions
+
+
+# ---- what a stop stores: only what a thread may read after it --------------------------------
+# Each kernel keeps a variable whose every use is before a stop in the source, but inside a
+# loop around it: the next iteration reads it, so the stop must store it (a rule that looked
+# only at uses after the stop would lose every update but the first).
+LIVE_IN_LOOPS = HEADER + r"""
+kernel void live_in_for(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[32];
+  float v = float(lid);
+  for (uint i = 0; i < 4; ++i) {
+    t[lid] = v;
+    v += 1.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[i * 32 + lid] = t[31 - lid];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+}
+kernel void live_in_while(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[32];
+  float v = float(lid);
+  uint i = 0;
+  while (i < 4) {
+    t[lid] = v;
+    v *= 2.0f;
+    out[i * 32 + lid] = float(i);
+    i++;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+}
+kernel void live_in_do(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[32];
+  uint i = 0;
+  float v = float(lid);
+  do {
+    const float before = v;
+    v = before + t[lid] * 0.0f + 3.0f;
+    out[i * 32 + lid] = before;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    t[lid] = 0.0f;
+  } while (++i < 4);
+}
+kernel void header_only(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[32];
+  uint n = 0;
+  for (uint k = 0; k < 128; k += 32) {
+    t[lid] = float(k + lid);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    out[n * 32 + lid] = t[(lid + 1) % 32];
+    n++;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+}
+"""
+
+
+def test_variables_read_in_a_later_iteration_survive_the_stop(monkeypatch):
+    regions, fibers = both_ways(LIVE_IN_LOOPS, monkeypatch, sanitize=False)
+    lid = np.arange(32, dtype=np.float32)
+    expected = {
+        "live_in_for": np.concatenate([31 - lid + i for i in range(4)]),
+        "live_in_while": np.repeat(np.arange(4, dtype=np.float32), 32),
+        "live_in_do": np.concatenate([lid + 3 * i for i in range(4)]),
+        "header_only": np.concatenate([k + (lid + 1) % 32 for k in range(0, 128, 32)]),
+    }
+    for kernel, want in expected.items():
+        for lib in (regions, fibers):
+            out = torch.full((128,), float("nan"))
+            lib[kernel](out, threads=32, group_size=32)
+            np.testing.assert_array_equal(out.numpy(), want, err_msg=kernel)
+
+
+def test_a_stop_stores_only_what_may_be_read_after_it(tmp_path):
+    """tiled_matmul's ak and bk are declared in the K loop's body and read only before its
+    first barrier: neither barrier stores them; acc and the loop's k0 and counter, both."""
+    cxx = _compiler.generated_cxx(SHADERS_DIR / "bench" / "barrier_heavy.metal").text
+    group = cxx[cxx.index("tiled_matmul__tsm_group"):cxx.index("tree_reduce__tsm_group")]
+    saves = dict(re.findall(r"auto (__tsm_save\d+) = \[&\]\(\) \{([^}]*)\}", group))
+    assert set(saves) == {"__tsm_save1", "__tsm_save2"}
+    for stored in saves.values():
+        names = re.findall(r"store_local\(__tsm_r\d+, (\w+)\)", stored)
+        assert sorted(names) == ["__tsm_it0", "acc__tsm0", "k0__tsm1"], names
+    # Its threadgroup arrays are found once per group, not through thread_local at each use.
+    assert "auto& __tsm_h0 = a_tile;" in group and "auto& __tsm_h1 = b_tile;" in group
+
+
+def test_liveness_kernels_run_as_regions(tmp_path):
+    assert grouped(LIVE_IN_LOOPS, tmp_path) == {"live_in_for", "live_in_while", "live_in_do", "header_only"}

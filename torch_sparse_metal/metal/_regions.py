@@ -51,7 +51,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _designators, _frontend, _rewrite
 
@@ -494,9 +494,10 @@ class _GroupFunction:
                                                             not re.search(r"\bconst(?:expr)?\b", text)):
                     # Not threadgroup scalars: the rewriter turns each use of one, a
                     # declaration's name included, into an access through its checked wrapper.
+                    # (Told by type: in the view clang parsed, a threadgroup declaration is a
+                    # reference to its storage, and its declarators' offsets map to its start.)
                     self.shared_vars += [c.spelling for c in variables if not (
-                        re.match(r"\s*threadgroup\b", text) and not re.match(
-                            r"\s*\[", self.masked[self.source.original(c.location.offset) + len(c.spelling):]))]
+                        re.match(r"\s*threadgroup\b", text) and not _threadgroup_array(c))]
                 continue
             frames = []
             for var in statement.get_children():
@@ -511,6 +512,11 @@ class _GroupFunction:
                 self.frame_of[var.canonical.hash] = f
                 frames.append(f)
             self.frame_statements[offset] = (statement, scope, frames)
+        self.uses: Dict[int, List[int]] = defaultdict(list)  # slot variable -> offsets of its uses
+        for ref, _ in self.refs:
+            target = ref.referenced
+            if target is not None and target.canonical.hash in self.frame_of:
+                self.uses[target.canonical.hash].append(self.span(ref)[0])
         # Variables (and parameters) whose address the kernel takes: a pointer to one may
         # outlive the segment that took it.
         self.pinned: Set[int] = set()
@@ -689,7 +695,7 @@ class _GroupFunction:
             if open_paren < 0 or open_paren >= c_end:
                 raise _Unsupported("call")
             args = list(call.get_arguments())
-            resume = f" __tsm_save(); return {number}; case {number}:;"
+            resume = f" __tsm_save{number}(); return {number}; case {number}:;"
             depth = len(point.pairs)
             where = "".join(f", {self.loop_site(self.loop_of[c], lines_start, lines)}u, __tsm_it{c}"
                             for c in point.loops)
@@ -735,6 +741,24 @@ class _GroupFunction:
 
         body = self.apply(fine, blocks, self.body_start, self.body_end)
         return [(self.end_of_kernel(), self.end_of_kernel(), self.group_text(fine, body))]
+
+    def live(self, frame: _Frame, point: _Point) -> bool:
+        """Whether a thread resuming at ``point`` may read ``frame``'s variable before its
+        declaration runs again: a use at or after the stop in the variable's scope, or one in a
+        loop of that scope around the stop (a later iteration's). A variable dead at a stop is
+        not stored back there (its slot keeps a stale value nobody reads). Consistent as
+        over-approximations go: a variable live at a stop is live at every stop that reaches
+        it without passing the declaration, so what is stored was loaded or computed."""
+        s_start, s_end = self.span(frame.scope)
+        at = self.span(point.statement)[0]
+        if not s_start <= at < s_end:
+            return False
+        uses = self.uses.get(frame.var.canonical.hash, ())
+        if any(u >= at for u in uses):
+            return True
+        loops = (self.span(a) for a in point.ancestors if a.kind in (self.k.FOR_STMT, self.k.WHILE_STMT, self.k.DO_STMT))
+        return any(s_start <= l_start and l_end <= s_end and any(l_start <= u < l_end for u in uses)
+                   for l_start, l_end in loops)
 
     def depth(self, node) -> int:
         """How many statements enclose ``node`` on the way to a stop."""
@@ -887,9 +911,11 @@ class _GroupFunction:
         # A thread's variables are copied out of their slots into locals when it resumes
         # (registers, for the compiler) and back when it reaches a barrier; a variable whose
         # address the kernel takes stays in its slot, where pointers to it stay valid.
-        saves = []
+        # At each stop only what a thread may read after it is stored (see live()).
+        saves: List[Tuple[str, Callable[[_Point], bool]]] = []
 
-        def per_thread(name: str, slot: str, pinned: bool = False, saved: bool = True) -> None:
+        def per_thread(name: str, slot: str, pinned: bool = False, saved: bool = True,
+                       live: Callable[[_Point], bool] = lambda point: True) -> None:
             if pinned:
                 bindings.append(f"auto& {name} = {slot}[__tsm_t];")
                 return
@@ -899,7 +925,7 @@ class _GroupFunction:
                 return
             n = len(saves)
             bindings.append(f"auto& __tsm_r{n} = {slot}[__tsm_t]; {local} {name} = __tsm_r{n};")
-            saves.append(f"::tsm_emu::store_local(__tsm_r{n}, {name});")
+            saves.append((f"::tsm_emu::store_local(__tsm_r{n}, {name});", live))
         for i, (param, builtin, modified) in enumerate(self.thread_params):
             p = param.spelling
             head.append(f"using __tsm_pt{i} = std::remove_cv_t<decltype({p})>;")
@@ -921,11 +947,12 @@ class _GroupFunction:
         for f in self.frames:
             head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_sb{f.index}; "
                         f"::tsm_emu::Slots<{types[f.index]}> __tsm_s{f.index}(__tsm_sb{f.index}, __tsm_g.n);")
-            per_thread(f.name, f"__tsm_s{f.index}", f.var.canonical.hash in self.pinned)
+            per_thread(f.name, f"__tsm_s{f.index}", f.var.canonical.hash in self.pinned,
+                       live=lambda point, f=f: self.live(f, point))
         for counter in range(len(self.loops)):
             head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_cb{counter}; "
                         f"::tsm_emu::Slots<unsigned> __tsm_c{counter}(__tsm_cb{counter}, __tsm_g.n);")
-            per_thread(f"__tsm_it{counter}", f"__tsm_c{counter}")
+            per_thread(f"__tsm_it{counter}", f"__tsm_c{counter}", live=lambda point, c=counter: c in point.loops)
         sites = ", ".join(["0u"] + [f"{s}u" for s in self.sites])
         kinds = ", ".join(["0"] + [str(p.kind) for p in self.points])
         head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
@@ -933,12 +960,22 @@ class _GroupFunction:
         head.append("::tsm_emu::run_regions(__tsm_g, __tsm_sites, __tsm_kinds, "
                     "[&](unsigned __tsm_t, int __tsm_at) -> int {")
         head += bindings
-        head.append(f"auto __tsm_save = [&]() {{ {' '.join(saves)} }};")
+        for number, point in enumerate(self.points, start=1):
+            stored = " ".join(text for text, live in saves if live(point))
+            head.append(f"auto __tsm_save{number} = [&]() {{ {stored} }};")
         head.append("switch (__tsm_at) { case 0:")
         file, line = self.where(self.body)
         end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]
         return (f"\n{_line_marker(line, file)}\n" + " ".join(head) + " " + body +
                 f" }} return -1; }}); }}\n{_line_marker(end_line, end_file)}\n")
+
+
+def _threadgroup_array(var) -> bool:
+    """Whether a threadgroup variable of the emulator's view (a reference to its storage) is an array."""
+    t = var.type
+    if _frontend._type_kind(t).endswith("Reference"):
+        t = t.get_pointee()
+    return _frontend._type_kind(t).endswith("Array")
 
 
 def _dependent_name(ref) -> str:
