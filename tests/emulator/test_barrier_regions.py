@@ -917,3 +917,31 @@ def test_a_stop_stores_only_what_may_be_read_after_it(tmp_path):
 
 def test_liveness_kernels_run_as_regions(tmp_path):
     assert grouped(LIVE_IN_LOOPS, tmp_path) == {"live_in_for", "live_in_while", "live_in_do", "header_only"}
+
+
+# A threadgroup array in a thread's segment is a copy of its checked pointer (tg_view): what
+# a kernel may do with the array itself still works -- a range-for, sizeof, passing it on.
+ARRAY_USES = HEADER + r"""
+float sum_of(threadgroup const float* t, uint n) {
+  float s = 0.0f;
+  for (uint i = 0; i < n; ++i) s += t[i];
+  return s;
+}
+kernel void array_uses(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[32];
+  threadgroup float grid[2][16];
+  t[lid] = float(lid);
+  grid[lid / 16][lid % 16] = 1.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float s = 0.0f;
+  for (threadgroup float& v : t) s += v;
+  out[lid] = s + float(sizeof(t) + sizeof(grid)) + sum_of(t, 32) + sum_of(grid[1], 16);
+}
+"""
+
+
+def test_threadgroup_arrays_keep_their_uses_in_regions(tmp_path, monkeypatch):
+    assert grouped(ARRAY_USES, tmp_path) == {"array_uses"}
+    out = torch.zeros(32)
+    compile_shader(ARRAY_USES).array_uses(out, threads=32, group_size=32)
+    np.testing.assert_array_equal(out.numpy(), np.full(32, 496.0 + 128 + 128 + 496 + 16, np.float32))

@@ -478,7 +478,8 @@ class _GroupFunction:
         self.loop_of = {counter: loop for loop, counter in self.loops.values()}
         self.hoisted: List[object] = []
         self.hoisted_vars: Set[int] = set()
-        self.shared_vars: List[str] = []  # hoisted variables the threads write: threadgroup, static
+        self.shared_vars: List[Tuple[str, bool]] = []  # hoisted variables the threads write, and
+        # whether each is a threadgroup array (else static)
         self.frames: List[_Frame] = []
         self.frame_of: Dict[int, _Frame] = {}   # VAR_DECL canonical hash -> frame
         self.frame_statements: Dict[int, Tuple[object, object, List[_Frame]]] = {}
@@ -496,8 +497,9 @@ class _GroupFunction:
                     # declaration's name included, into an access through its checked wrapper.
                     # (Told by type: in the view clang parsed, a threadgroup declaration is a
                     # reference to its storage, and its declarators' offsets map to its start.)
-                    self.shared_vars += [c.spelling for c in variables if not (
-                        re.match(r"\s*threadgroup\b", text) and not _threadgroup_array(c))]
+                    threadgroup = bool(re.match(r"\s*threadgroup\b", text))
+                    self.shared_vars += [(c.spelling, threadgroup) for c in variables
+                                         if not threadgroup or _threadgroup_array(c)]
                 continue
             frames = []
             for var in statement.get_children():
@@ -905,9 +907,13 @@ class _GroupFunction:
         bindings = []
         # Threadgroup and static variables are thread_local storage of the worker: found
         # once here, not at each use in the threads' loop (a call in a loaded library).
-        for i, name in enumerate(self.shared_vars):
+        # A threadgroup array's checked pointer is copied into the thread's segment, where the
+        # compiler keeps its bounds in registers (through a reference, it reloads them at each
+        # access of a loop: an access before may have left it).
+        for i, (name, array) in enumerate(self.shared_vars):
             head.append(f"auto& __tsm_h{i} = {name};")
-            bindings.append(f"auto& {name} = __tsm_h{i};")
+            bindings.append(f"auto {name} = ::tsm_emu::view_of(__tsm_h{i});" if array else
+                            f"auto& {name} = __tsm_h{i};")
         # A thread's variables are copied out of their slots into locals when it resumes
         # (registers, for the compiler) and back when it reaches a barrier; a variable whose
         # address the kernel takes stays in its slot, where pointers to it stay valid.

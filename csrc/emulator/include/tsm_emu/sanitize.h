@@ -273,6 +273,27 @@ class tg_var : public ptr<std::remove_extent_t<A>> {
   alignas(16) A storage_;
 };
 
+// The same array as a barrier region's threads use it (regions.h): a copy of its pointer,
+// which the compiler can keep in registers, bounds included, and what a kernel may ask of the
+// array besides (its storage, for sizeof; a range-for).
+template <class A>
+class tg_view : public ptr<std::remove_extent_t<A>> {
+  using E = std::remove_extent_t<A>;
+
+ public:
+  explicit tg_view(tg_var<A>& var) : ptr<E>(var), var_(&var) {}
+  A& storage() const { return var_->storage(); }
+  ptr<E> begin() const { return *this; }
+  ptr<E> end() const { return ptr<E>(*this) + ptrdiff_t(std::extent<A>::value); }
+
+ private:
+  tg_var<A>* var_;
+};
+template <class A>
+tg_view<A> view_of(tg_var<A>& var) {
+  return tg_view<A>(var);
+}
+
 void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name);
 
 // A program-scope `constant` variable (ggml's lookup tables), which a `constant T*` may
