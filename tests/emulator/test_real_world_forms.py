@@ -368,9 +368,9 @@ kernel void k(device float* out [[buffer(0)]], device const float* in [[buffer(1
 
 
 def test_simdgroup_matrix_products_and_function_pointer_aliases(tmp_path):
-    # MLX's Winograd conv: `(G * g) * Gt` of simdgroup matrices passes the check (the
-    # emulator has no simdgroup_matrix operator* yet); fft: `using RadixFunc = void (*)(...)`
-    # as the type of a template parameter, which also runs.
+    # MLX's Winograd conv: `(G * g) * Gt` of simdgroup matrices passes the check (it runs:
+    # test_simdgroup_matrix.py); fft: `using RadixFunc = void (*)(...)` as the type of a
+    # template parameter, which also runs.
     scale = HEAD + """
 template <typename T> using Scale = T (*)(T);
 template <typename T> T twice(T x) { return 2 * x; }
