@@ -282,3 +282,30 @@ kernel void k(device float* out [[buffer(0)]]) {
   simdgroup_float8x8 a = simdgroup_float8x8(1.0f);
   simdgroup_store(product(a, a), out, 8);
 }""")
+
+
+def test_a_dependent_call_with_a_matrix_and_a_product_of_scalars_is_no_product(tmp_path):
+    # In a template, `Scale<T>::first(m, s * s)` is an unresolved call whose arguments are a
+    # matrix and an unresolved `*` of scalars: no SIMD-group function, so the kernel runs
+    # its threads as a plain loop (not as barrier regions), and right.
+    from torch_sparse_metal.metal import _compiler
+    source = r"""
+#include <metal_stdlib>
+using namespace metal;
+template <typename T> struct Scale {
+  static T first(simdgroup_matrix<T, 8, 8> m, T s) { return m.thread_elements()[0] * s; }
+};
+template <typename T>
+kernel void k(device T* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  simdgroup_matrix<T, 8, 8> m = make_filled_simdgroup_matrix<T, 8, 8>(T(2));
+  T s = T(i);
+  out[i] = Scale<T>::first(m, s * s);
+}
+template [[host_name("k_float")]] kernel void k<float>(device float*, uint);
+"""
+    path = tmp_path / "shader.metal"
+    path.write_text(source)
+    assert _compiler.generated_cxx(path).grouped == set()
+    out = torch.zeros(5)
+    compile_shader(source).k_float(out, threads=5)
+    np.testing.assert_array_equal(out.numpy(), 2 * np.arange(5.0) ** 2)

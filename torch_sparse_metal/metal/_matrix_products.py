@@ -40,11 +40,11 @@ def operands(cursor) -> Optional[Tuple[object, object]]:
             return None  # a class's own operator*, or the code's
         args, matrices = list(cursor.get_arguments()), 2
     elif cursor.kind == k.CALL_EXPR and not cursor.spelling:  # unresolved: dependent operands
-        names = [d.spelling for c in cursor.get_children() for d in c.walk_preorder()
-                 if d.kind == k.OVERLOADED_DECL_REF]
-        if not names or names[0] != "operator*":
+        kids = list(cursor.get_children())  # a, the reference to the operator, b
+        if len(kids) != 3 or kids[1].kind == k.CALL_EXPR or not any(
+                d.kind == k.OVERLOADED_DECL_REF and d.spelling == "operator*" for d in kids[1].walk_preorder()):
             return None
-        args, matrices = list(cursor.get_arguments()), 1
+        args, matrices = [kids[0], kids[2]], 1
     elif cursor.kind == k.BINARY_OPERATOR and cindex.conf.lib.clang_getCursorBinaryOperatorKind(cursor) == _MULTIPLY:
         args, matrices = list(cursor.get_children()), 1
     else:
