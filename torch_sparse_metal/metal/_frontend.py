@@ -1089,7 +1089,8 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     * with ``regions``, kernels whose only synchronisation is threadgroup barriers in their
       own bodies get a group function that runs a threadgroup as a loop (see _regions).
     """
-    from . import _designators, _matrix_products, _program_constants, _regions, _thread_arrays  # they build on this module
+    # (they build on this module)
+    from . import _designators, _matrix_products, _program_constants, _regions, _thread_arrays
     cindex = _cindex()
     prepared, tu, path = _parse(preprocessed, language_version_number(language_version), main_file,
                                 emulator=True)

@@ -1,7 +1,7 @@
 """Threadgroups as loops between stops: the emulator's translation of kernels whose
 synchronisation (barriers, SIMD-group and quad-group functions, simdgroup_matrix products,
-``a * b`` of simdgroup matrices included)
-is all in their own body (the runtime side is csrc/emulator/include/tsm_emu/regions.h).
+``a * b`` of two matrices included) is all in their own body (the runtime side is
+csrc/emulator/include/tsm_emu/regions.h).
 
 Fibers give every Metal thread a stack and switch between them at each barrier; PoCL-style
 emulators instead run the code between two barriers as a loop over the threads. This module
@@ -251,8 +251,8 @@ class _GroupFunction:
                     raise _Unsupported("lambda")
                 if kind in stop:
                     continue
-                if (kind == k.CALL_EXPR and _callee_name(child) in collectives) or \
-                        _matrix_products.operands(child) is not None:
+                if ((kind == k.CALL_EXPR and _callee_name(child) in collectives)
+                        or _matrix_products.operands(child) is not None):
                     calls.append((child, ancestors + [node]))
                 elif kind == k.RETURN_STMT:
                     self.returns.append(child)
