@@ -704,6 +704,19 @@ kernel void matrices(device const float* a [[buffer(0)]], device const float* b 
   }
   simdgroup_store(mc, c + sg * 64, 8);
 }
+
+// `a * b` of simdgroup matrices is a SIMD-group function too; two on one line are two stops.
+kernel void products(device const float* a [[buffer(0)]], device const float* b [[buffer(1)]],
+                     device float* c [[buffer(2)]], uint sg [[simdgroup_index_in_threadgroup]]) {
+  simdgroup_float8x8 ma, mb, mc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  simdgroup_load(mb, b, 8);
+  for (uint k = 0; k < 2; ++k) {
+    simdgroup_load(ma, a + sg * 128 + k * 8, 16);
+    simdgroup_float8x8 p = ma * mb; simdgroup_float8x8 q = p * mb;
+    for (uint i = 0; i < 2; ++i) mc.thread_elements()[i] += q.thread_elements()[i];
+  }
+  simdgroup_store(mc, c + sg * 64, 8);
+}
 """
 
 SIMD_LAUNCHES = {
@@ -717,6 +730,8 @@ SIMD_LAUNCHES = {
     "loads": [(lambda: [torch.arange(64, dtype=torch.float32), torch.zeros(64)], 64, 64)],
     "matrices": [(lambda: [torch.arange(2 * 128, dtype=torch.float32).cos(),
                            torch.arange(128, dtype=torch.float32).sin(), torch.zeros(128)], 64, 64)],
+    "products": [(lambda: [torch.arange(2 * 128, dtype=torch.float32).cos(),
+                           torch.arange(64, dtype=torch.float32).sin(), torch.zeros(128)], 64, 64)],
 }
 
 
@@ -745,6 +760,12 @@ def test_simd_group_results_are_right(monkeypatch):
         torch.zeros(128)
     regions.matrices(a, b, c, threads=64, group_size=64)
     expected = np.stack([a.view(2, 8, 16)[i].numpy() @ b.view(16, 8).numpy() for i in range(2)])
+    np.testing.assert_allclose(c.view(2, 8, 8).numpy(), expected, rtol=1e-5, atol=1e-5)
+    b, c = b[:64], torch.zeros(128)
+    regions.products(a, b, c, threads=64, group_size=64)
+    m = b.view(8, 8).double().numpy()
+    expected = np.stack([sum(a.view(2, 8, 16)[i, :, k:k + 8].double().numpy() @ m @ m for k in (0, 8))
+                         for i in range(2)])
     np.testing.assert_allclose(c.view(2, 8, 8).numpy(), expected, rtol=1e-5, atol=1e-5)
     out = torch.zeros(64)
     regions.quads(out, threads=64, group_size=32)

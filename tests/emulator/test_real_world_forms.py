@@ -368,9 +368,9 @@ kernel void k(device float* out [[buffer(0)]], device const float* in [[buffer(1
 
 
 def test_simdgroup_matrix_products_and_function_pointer_aliases(tmp_path):
-    # MLX's Winograd conv: `(G * g) * Gt` of simdgroup matrices passes the check (the
-    # emulator has no simdgroup_matrix operator* yet); fft: `using RadixFunc = void (*)(...)`
-    # as the type of a template parameter, which also runs.
+    # MLX's Winograd conv: `(G * g) * Gt` of simdgroup matrices passes the check (it runs:
+    # test_simdgroup_matrix.py); fft: `using RadixFunc = void (*)(...)` as the type of a
+    # template parameter, which also runs.
     scale = HEAD + """
 template <typename T> using Scale = T (*)(T);
 template <typename T> T twice(T x) { return 2 * x; }
@@ -785,6 +785,54 @@ kernel void k(device const char* on [[buffer(0)]], device float* out [[buffer(1)
     out = torch.zeros(3)
     lib.k(torch.tensor([1, 0, 7], dtype=torch.int8), out, threads=3)
     np.testing.assert_array_equal(out.numpy(), [4, 0, 4])
+
+
+def test_a_class_that_converts_to_bool_converts_to_bfloat_implicitly():
+    # MLX's steel_gemm_masked: `op.scale = mask[i];` with a bfloat `scale` and a mask type
+    # whose only conversions are `operator bool()` (one per address space); the same
+    # conversion initialises, passes and returns a bfloat. A class that converts to float
+    # still picks `f(float)` over `f(bfloat)`, as in Metal.
+    lib = compile_shader(HEAD + """
+struct Mask {
+  char on;
+  constexpr operator bool() thread { return on != 0; }
+  constexpr operator bool() const device { return on != 0; }
+};
+struct Scale { float s; constexpr operator float() thread { return s; } };
+template <typename T> struct ScaleOp { T scale; };
+bfloat passed(bfloat b) { return b; }
+bfloat returned(Mask m) { return m; }
+float picked(float x) { return 1.0f + x; }
+float picked(bfloat x) { return 100.0f + float(x); }
+kernel void k(device const Mask* masks [[buffer(0)]], device float* out [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  ScaleOp<bfloat> op;
+  op.scale = masks[i];
+  Mask m = masks[i];
+  bfloat initialised = m;
+  Scale s{2.5f};
+  out[4 * i] = float(op.scale) + 2.0f * float(initialised);
+  out[4 * i + 1] = float(passed(m)) + 2.0f * float(returned(m));
+  out[4 * i + 2] = picked(s);
+  out[4 * i + 3] = float(bfloat(s));
+}""")
+    out = torch.zeros(3, 4)
+    lib.k(torch.tensor([1, 0, 7], dtype=torch.int8), out, threads=3)
+    np.testing.assert_array_equal(out.numpy(), [[3, 3, 3.5, 2.5], [0, 0, 3.5, 2.5], [3, 3, 3.5, 2.5]])
+
+
+def test_a_class_that_converts_to_bool_is_no_float_for_bfloat_overloads(tmp_path):
+    # Metal: `f(mask)` of an `f(float)` and an `f(bfloat)` is ambiguous (both convert the
+    # bool), which the check says.
+    with pytest.raises(MetalCompileError, match="ambiguous"):
+        check_only(tmp_path, HEAD + """
+struct Mask { char on; constexpr operator bool() thread { return on != 0; } };
+float picked(float x) { return x; }
+float picked(bfloat x) { return float(x); }
+kernel void k(device float* out [[buffer(0)]]) {
+  Mask m{1};
+  out[0] = picked(m);
+}""")
 
 
 def test_a_simd_group_function_reached_through_a_dependent_type_runs_as_fibers():

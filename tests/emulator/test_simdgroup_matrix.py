@@ -144,3 +144,168 @@ def test_double_matrices_on_the_emulator():
     C = torch.zeros(8, 8, dtype=torch.float64)
     lib.double_product(A, B, C, threads=32, group_size=32)
     np.testing.assert_allclose(C.numpy(), A.numpy() @ B.numpy(), rtol=1e-14, atol=1e-14)
+
+
+# `a * b` of two simdgroup matrices (MLX's Winograd conv: `(G * g) * Gt`): the product
+# simdgroup_multiply stores, a SIMD-group function the translation turns into a call.
+PRODUCTS = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+template <typename T>
+simdgroup_matrix<T, 8, 8> sandwich(simdgroup_matrix<T, 8, 8> a, simdgroup_matrix<T, 8, 8> b) {
+  return (a * b) * a;
+}
+simdgroup_half8x8 squared(thread const simdgroup_half8x8& a) { return a * a; }
+
+// In the kernel's body (barrier regions, unless TSM_EMU_REGIONS=0).
+kernel void operator_product(device const float* A [[buffer(0)]], device const float* B [[buffer(1)]],
+                             device float* C [[buffer(2)]], uint sg [[simdgroup_index_in_threadgroup]]) {
+  simdgroup_float8x8 a, b;
+  simdgroup_load(a, A + sg * 64, 8);
+  simdgroup_load(b, B, 8);
+  simdgroup_float8x8 c = a * b;
+  simdgroup_store(c, C + sg * 64, 8);
+}
+
+kernel void function_product(device const float* A [[buffer(0)]], device const float* B [[buffer(1)]],
+                             device float* C [[buffer(2)]], uint sg [[simdgroup_index_in_threadgroup]]) {
+  simdgroup_float8x8 a, b, c;
+  simdgroup_load(a, A + sg * 64, 8);
+  simdgroup_load(b, B, 8);
+  simdgroup_multiply(c, a, b);
+  simdgroup_store(c, C + sg * 64, 8);
+}
+
+// Through helpers (fibers): a template's nested products, and half matrices.
+kernel void operator_helpers(device const float* A [[buffer(0)]], device const float* B [[buffer(1)]],
+                             device float* C [[buffer(2)]], device half* H [[buffer(3)]],
+                             uint sg [[simdgroup_index_in_threadgroup]]) {
+  simdgroup_float8x8 a, b;
+  simdgroup_half8x8 h;
+  simdgroup_load(a, A + sg * 64, 8);
+  simdgroup_load(b, B, 8);
+  simdgroup_load(h, H + sg * 64, 8);
+  simdgroup_store(sandwich(a, b), C + sg * 64, 8);
+  simdgroup_store(squared(h), H + sg * 64, 8);
+}
+
+kernel void function_helpers(device const float* A [[buffer(0)]], device const float* B [[buffer(1)]],
+                             device float* C [[buffer(2)]], device half* H [[buffer(3)]],
+                             uint sg [[simdgroup_index_in_threadgroup]]) {
+  simdgroup_float8x8 a, b, ab, c;
+  simdgroup_half8x8 h, hh;
+  simdgroup_load(a, A + sg * 64, 8);
+  simdgroup_load(b, B, 8);
+  simdgroup_load(h, H + sg * 64, 8);
+  simdgroup_multiply(ab, a, b);
+  simdgroup_multiply(c, ab, a);
+  simdgroup_multiply(hh, h, h);
+  simdgroup_store(c, C + sg * 64, 8);
+  simdgroup_store(hh, H + sg * 64, 8);
+}
+"""
+
+
+def product_launches(lib, kind: str):
+    """(C, H, counters) of the `operator_*` or `function_*` kernels on the same inputs."""
+    g = torch.Generator().manual_seed(5)
+    A, B, H = torch.randn(128, generator=g), torch.randn(64, generator=g), torch.randn(128, generator=g).half()
+    C1, C2, H2 = torch.zeros(128), torch.zeros(128), H.clone()
+    with record() as launches:
+        lib[f"{kind}_product"](A, B, C1, threads=64, group_size=64)
+        lib[f"{kind}_helpers"](A, B, C2, H2, threads=64, group_size=64)
+    return (C1, C2, H2), [x.counters for x in launches], (A, B, H)
+
+
+@pytest.mark.parametrize("regions", ["1", "0"], ids=["regions", "fibers"])
+@pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
+def test_a_times_b_is_simdgroup_multiply_bit_for_bit(monkeypatch, regions, sanitize):
+    monkeypatch.setenv("TSM_EMU_REGIONS", regions)
+    lib = compile_shader(PRODUCTS, sanitize=sanitize)
+    by_operator, operator_counters, (A, B, H) = product_launches(lib, "operator")
+    by_function, function_counters, _ = product_launches(lib, "function")
+    for x, y in zip(by_operator, by_function):
+        assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+    assert operator_counters == function_counters  # sanitized: the same FMAs, bytes, ...
+    if sanitize:
+        assert operator_counters[0]["fmas"] == 2 * 512 and operator_counters[1]["fmas"] == 2 * 3 * 512
+    a, b = A.view(2, 8, 8).double().numpy(), B.view(8, 8).double().numpy()
+    np.testing.assert_allclose(by_operator[0].view(2, 8, 8).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(by_operator[1].view(2, 8, 8).numpy(), a @ b @ a, rtol=1e-4, atol=1e-4)
+    h = H.view(2, 8, 8).float()
+    torch.testing.assert_close(by_operator[2].view(2, 8, 8).float(), (h @ h).half().float(), rtol=2e-3, atol=2e-3)
+
+
+def test_products_in_a_kernel_body_run_as_regions_and_through_helpers_as_fibers(tmp_path):
+    from torch_sparse_metal.metal import _compiler
+    path = tmp_path / "shader.metal"
+    path.write_text(PRODUCTS)
+    generated = _compiler.generated_cxx(path)
+    assert generated.grouped == {"operator_product", "function_product", "function_helpers"}
+    # The helpers' products are sites of their own, the kernel's calls of them frames.
+    assert "::tsm_emu::CallFrame tsm_emu_call_frame_(caller_site_)" in generated.text
+    assert generated.text.count("__tsm_simdgroup_product(") >= 4
+
+
+def test_a_product_needs_all_lanes():
+    lib = compile_shader(PRODUCTS)
+    with pytest.raises(KernelFault, match="all 32 lanes") as info:
+        lib.operator_product(torch.randn(64), torch.randn(64), torch.zeros(64), threads=16, group_size=16)
+    assert info.value.kind == "inactive_lane"
+
+
+def test_products_of_matrices_of_two_element_types_are_refused():
+    from torch_sparse_metal.metal import MetalCompileError
+    with pytest.raises(MetalCompileError, match="invalid operands to binary expression"):
+        compile_shader(r"""
+#include <metal_stdlib>
+using namespace metal;
+kernel void k(device float* out [[buffer(0)]]) {
+  simdgroup_float8x8 a = simdgroup_float8x8(1.0f);
+  simdgroup_half8x8 b = simdgroup_half8x8(1.0h);
+  simdgroup_store(a * b, out, 8);
+}""")
+
+
+def test_a_product_of_template_parameters_is_an_error_that_says_so():
+    # `M a; a * b` with M a template parameter: nothing before instantiation says the
+    # operands are matrices, so the translation leaves the operator, which the emulator
+    # refuses (Metal takes it).
+    from torch_sparse_metal.metal import MetalCompileError
+    with pytest.raises(MetalCompileError, match="name them as simdgroup_matrix<T, 8, 8>"):
+        compile_shader(r"""
+#include <metal_stdlib>
+using namespace metal;
+template <typename M> M product(M a, M b) { return a * b; }
+kernel void k(device float* out [[buffer(0)]]) {
+  simdgroup_float8x8 a = simdgroup_float8x8(1.0f);
+  simdgroup_store(product(a, a), out, 8);
+}""")
+
+
+def test_a_dependent_call_with_a_matrix_and_a_product_of_scalars_is_no_product(tmp_path):
+    # In a template, `Scale<T>::first(m, s * s)` is an unresolved call whose arguments are a
+    # matrix and an unresolved `*` of scalars: no SIMD-group function, so the kernel runs
+    # its threads as a plain loop (not as barrier regions), and right.
+    from torch_sparse_metal.metal import _compiler
+    source = r"""
+#include <metal_stdlib>
+using namespace metal;
+template <typename T> struct Scale {
+  static T first(simdgroup_matrix<T, 8, 8> m, T s) { return m.thread_elements()[0] * s; }
+};
+template <typename T>
+kernel void k(device T* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  simdgroup_matrix<T, 8, 8> m = make_filled_simdgroup_matrix<T, 8, 8>(T(2));
+  T s = T(i);
+  out[i] = Scale<T>::first(m, s * s);
+}
+template [[host_name("k_float")]] kernel void k<float>(device float*, uint);
+"""
+    path = tmp_path / "shader.metal"
+    path.write_text(source)
+    assert _compiler.generated_cxx(path).grouped == set()
+    out = torch.zeros(5)
+    compile_shader(source).k_float(out, threads=5)
+    np.testing.assert_array_equal(out.numpy(), 2 * np.arange(5.0) ** 2)

@@ -1076,6 +1076,8 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
       ``tsm_emu::div``/``rem``/... (integer division by zero, and INT_MIN / -1, are undefined
       in Metal: the emulator gives one documented result on every architecture, and the
       sanitizer reports them);
+    * every ``a * b`` of two simdgroup matrices becomes a call, a SIMD-group function with
+      a site (see _matrix_products);
     * functions and member functions overloaded on address space (which the emulator's C++
       erases) get a name per overload, and each call the overload clang chose; constructors,
       conversion functions and operators, which have no name to call, keep one definition
@@ -1087,7 +1089,8 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     * with ``regions``, kernels whose only synchronisation is threadgroup barriers in their
       own bodies get a group function that runs a threadgroup as a loop (see _regions).
     """
-    from . import _designators, _program_constants, _regions, _thread_arrays  # they build on this module
+    # (they build on this module)
+    from . import _designators, _matrix_products, _program_constants, _regions, _thread_arrays
     cindex = _cindex()
     prepared, tu, path = _parse(preprocessed, language_version_number(language_version), main_file,
                                 emulator=True)
@@ -1104,21 +1107,23 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
         if top.location.file is None or top.location.file.name != path:
             continue
         for cursor in top.walk_preorder():
-            if cursor.kind not in binary:
-                continue
-            name = _DIVISIONS.get(kind_of(cursor))
+            product = _matrix_products.operands(cursor)
             span = (cursor.extent.start.offset, cursor.extent.end.offset)
-            if name is None or not _integer_or_dependent(cursor.type) or span in seen:
+            if product is not None:
+                opener, operators = _matrix_products.LOWERED, ("*",)
+                operands = list(product)
+            elif cursor.kind in binary and kind_of(cursor) in _DIVISIONS and _integer_or_dependent(cursor.type):
+                opener, operators = f"::tsm_emu::{_DIVISIONS[kind_of(cursor)]}(", ("/", "%", "/=", "%=")
+                operands = list(cursor.get_children())
+            else:
+                continue
+            if span in seen or len(operands) != 2:
                 continue
             seen.add(span)
-            operands = list(cursor.get_children())
-            if len(operands) != 2:
-                continue
             lhs, rhs = operands
             lhs_end, rhs_start = lhs.extent.end.offset, rhs.extent.start.offset
             token = next((t for t in cursor.get_tokens()
-                          if lhs_end <= t.extent.start.offset < rhs_start and t.spelling in ("/", "%", "/=", "%=")),
-                         None)
+                          if lhs_end <= t.extent.start.offset < rhs_start and t.spelling in operators), None)
             if token is None:
                 continue
             start = source.original(lhs.extent.start.offset)
@@ -1133,7 +1138,7 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
                 # declaration's own text, whose size is a constant expression (its `/`
                 # needs no call: division by zero is a compile error there, as in Metal).
                 continue
-            openers.setdefault(start, []).append((end - start, f"::tsm_emu::{name}("))
+            openers.setdefault(start, []).append((end - start, opener))
             edits.append((o_start, o_end, ","))
             edits.append((end, end, ")"))
     # Nested divisions open at one offset: the outer call first.

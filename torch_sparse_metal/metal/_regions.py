@@ -1,6 +1,7 @@
 """Threadgroups as loops between stops: the emulator's translation of kernels whose
-synchronisation (barriers, SIMD-group and quad-group functions, simdgroup_matrix products)
-is all in their own body (the runtime side is csrc/emulator/include/tsm_emu/regions.h).
+synchronisation (barriers, SIMD-group and quad-group functions, simdgroup_matrix products,
+``a * b`` of two matrices included) is all in their own body (the runtime side is
+csrc/emulator/include/tsm_emu/regions.h).
 
 Fibers give every Metal thread a stack and switch between them at each barrier; PoCL-style
 emulators instead run the code between two barriers as a loop over the threads. This module
@@ -53,7 +54,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import _designators, _frontend, _rewrite
+from . import _designators, _frontend, _matrix_products, _rewrite
 
 Edit = Tuple[int, int, str]
 
@@ -128,7 +129,10 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
         own = set()
         for d in definitions:
             own.update(m.group(1) for m in _rewrite._SYNC_CALL.finditer(text_of(d)))
-        helpers = any(_rewrite._SYNC_CALL.search(text_of(g)) for g in reached.values())
+            if _matrix_products.contains(d):
+                own.add("operator*")
+        helpers = any(_rewrite._SYNC_CALL.search(text_of(g)) or _matrix_products.contains(g)
+                      for g in reached.values())
         if not definitions:  # not found in the AST: assume the worst
             out.synchronising.add(name)
             continue
@@ -247,7 +251,8 @@ class _GroupFunction:
                     raise _Unsupported("lambda")
                 if kind in stop:
                     continue
-                if kind == k.CALL_EXPR and _callee_name(child) in collectives:
+                if ((kind == k.CALL_EXPR and _callee_name(child) in collectives)
+                        or _matrix_products.operands(child) is not None):
                     calls.append((child, ancestors + [node]))
                 elif kind == k.RETURN_STMT:
                     self.returns.append(child)
@@ -258,6 +263,9 @@ class _GroupFunction:
         visit(self.body, [])
         if not calls:
             raise _Unsupported("no barrier or SIMD-group function")
+        # Where the products of simdgroup matrices start: collectives the call pattern of
+        # site() does not see.
+        self.products = [self.span(c)[0] for c, _ in calls if _matrix_products.operands(c) is not None]
         if re.search(r"\bdecltype\b", self.masked[self.body_start:self.body_end]):
             raise _Unsupported("decltype")  # of a variable turned into a reference
         self.points: List[_Point] = []
@@ -309,7 +317,7 @@ class _GroupFunction:
         """Whether evaluating the call's arguments twice does what evaluating them once does."""
         k = self.k
         lib = self.cindex.conf.lib
-        for arg in call.get_arguments():
+        for arg in _arguments(call):
             for c in arg.walk_preorder():
                 if c.kind == k.COMPOUND_ASSIGNMENT_OPERATOR or c.kind == k.LAMBDA_EXPR:
                     return False
@@ -693,7 +701,8 @@ class _GroupFunction:
         for number, point in enumerate(self.points, start=1):
             call = point.call
             c_start, c_end = self.span(call)
-            open_paren = self.masked.find("(", self.span(next(iter(call.get_children())))[1])
+            product = _matrix_products.operands(call) is not None
+            open_paren = c_start if product else self.masked.find("(", self.span(next(iter(call.get_children())))[1])
             if open_paren < 0 or open_paren >= c_end:
                 raise _Unsupported("call")
             args = list(call.get_arguments())
@@ -714,8 +723,10 @@ class _GroupFunction:
             else:
                 # The call once to hand over its value; then, when the lanes met, the
                 # statement again (the call now reads the values handed over).
+                # (A product's own call, its lowering, opens and closes at its ends.)
+                own = {(c_start, _matrix_products.LOWERED), (c_end, ")")} if product else set()
                 inner = [e for e in fine if c_start <= e[0] and e[1] <= c_end
-                         and not (e[0] == e[1] and e[0] in (c_start, c_end))]
+                         and not (e[0] == e[1] and e[0] in (c_start, c_end) and (e[0], e[2]) not in own)]
                 text = self.apply(inner, [], c_start, c_end).replace("\n", " ")
                 parent = point.ancestors[-1]
                 wrap = parent.kind != k.COMPOUND_STMT
@@ -778,9 +789,7 @@ class _GroupFunction:
         import bisect
         start = self.span(loop)[0]
         row = bisect.bisect_right(starts, start) - 1
-        row_end = starts[row + 1] if row + 1 < len(starts) else len(self.masked)
-        pattern = _rewrite._call_pattern(_rewrite.collective_names())
-        calls = sum(1 for _ in pattern.finditer(self.masked, starts[row], row_end))
+        calls = self.collectives_on(starts, row, len(self.masked))
         before = sum(1 for node, _ in self.loops.values() if starts[row] <= self.span(node)[0] <= start)
         return (lines[row] << 12) | max(1, min(calls + before, 0xFFF))
 
@@ -790,10 +799,15 @@ class _GroupFunction:
         import bisect
         start = self.span(call)[0]
         row = bisect.bisect_right(starts, start) - 1
-        line = lines[row]
+        return (lines[row] << 12) | max(1, min(self.collectives_on(starts, row, start), 0xFFF))
+
+    def collectives_on(self, starts: List[int], row: int, upto: int) -> int:
+        """How many barrier and SIMD-group calls (products of simdgroup matrices included)
+        start on text line ``row`` at or before offset ``upto``."""
+        row_end = starts[row + 1] if row + 1 < len(starts) else len(self.masked)
         pattern = _rewrite._call_pattern(_rewrite.collective_names())
-        before = [m for m in pattern.finditer(self.masked, starts[row], self.span(call)[1]) if m.start() <= start]
-        return (line << 12) | max(1, min(len(before), 0xFFF))
+        return (sum(1 for m in pattern.finditer(self.masked, starts[row], row_end) if m.start() <= upto) +
+                sum(1 for at in self.products if starts[row] <= at <= upto))
 
     def edited(self, fine, start: int, end: int) -> str:
         return self.apply(fine, [], start, end)
@@ -994,6 +1008,12 @@ def _dependent_name(ref) -> str:
         if depth == 0 and token.kind.name == "IDENTIFIER":
             name = token.spelling
     return name
+
+
+def _arguments(call) -> List[object]:
+    """A call's arguments; a product of simdgroup matrices' operands."""
+    product = _matrix_products.operands(call)
+    return list(product) if product is not None else list(call.get_arguments())
 
 
 def _callee_name(call) -> str:

@@ -167,4 +167,24 @@ inline void simdgroup_multiply(simdgroup_matrix<Td, C, R>& d, const simdgroup_ma
   simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<Td, C, R>(Td(0)), site_);
 }
 
+// Metal's `a * b`, the product simdgroup_multiply stores. The translation turns every such
+// product into this call (torch_sparse_metal/metal/_matrix_products.py), for its site: an
+// operator cannot take one. While the exchange is pending (barrier regions) the result is
+// zero, and unused.
+template <class T, int C, int R>
+inline simdgroup_matrix<T, C, R> __tsm_simdgroup_product(const simdgroup_matrix<T, C, R>& a,
+                                                         const simdgroup_matrix<T, C, R>& b,
+                                                         ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+  auto d = make_filled_simdgroup_matrix<T, C, R>(T(0));
+  simdgroup_multiply(d, a, b, site_);
+  return d;
+}
+
+template <class T, int C, int R>
+simdgroup_matrix<T, C, R> operator*(const simdgroup_matrix<T, C, R>&, const simdgroup_matrix<T, C, R>&) {
+  static_assert(sizeof(T) == 0, "a simdgroup_matrix product whose operands' types the emulator's translation "
+                                "could not tell (a template parameter): name them as simdgroup_matrix<T, 8, 8>");
+  return {};
+}
+
 }  // namespace metal

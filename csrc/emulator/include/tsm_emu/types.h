@@ -91,6 +91,18 @@ template <class T>
 struct is_int : std::integral_constant<bool, std::is_integral<bare<T>>::value &&
                                                  !std::is_same<bare<T>, bool>::value> {};
 
+// A class whose conversion to an arithmetic type is to bool alone: a call that takes a bool
+// or a float picks the bool (an `operator float()` would pick the float; two conversions
+// would be ambiguous, and so no match).
+std::true_type as_bool_or_float(bool);
+std::false_type as_bool_or_float(float);
+template <class U, class = void>
+struct converts_as_bool : std::false_type {};
+template <class U>
+struct converts_as_bool<U, std::enable_if_t<std::is_class<U>::value,
+                                            std::void_t<decltype(as_bool_or_float(std::declval<U>()))>>>
+    : decltype(as_bool_or_float(std::declval<U>())) {};
+
 // float <-> bfloat bits, round to nearest even; NaN stays NaN (quiet, sign kept).
 constexpr std::uint16_t float_to_bfloat_bits(float f) {
   std::uint32_t u = __builtin_bit_cast(std::uint32_t, f);
@@ -114,9 +126,16 @@ struct bfloat {
                                           std::is_same<U, _Float16>::value,
                                       int> = 0>
   constexpr bfloat(U v) : bits_(tsm_detail::float_to_bfloat_bits(static_cast<float>(v))) {}
-  // `bfloat(mask)` of a class with `operator bool()` (MLX's gemv_masked), as Metal's
-  // constructors from arithmetic types take it; explicit, so overloads keep their ranking.
+  // An object of a class whose only conversion is `operator bool()` (MLX's masks:
+  // `op.scale = mask[i]`, `T(mask)`) converts implicitly, as in Metal, where bfloat is
+  // arithmetic and this is one user-defined conversion, here two. (Then `f(x)` of an
+  // `f(bool)` and an `f(bfloat)` is ambiguous, where Metal picks `f(bool)`.)
+  template <class U, std::enable_if_t<tsm_detail::converts_as_bool<U>::value, int> = 0>
+  constexpr bfloat(U v) : bfloat(static_cast<bool>(v)) {}
+  // Of a class that converts to another arithmetic type, `bfloat(x)` only: implicitly, an
+  // `f(x)` of an `f(float)` and an `f(bfloat)` would be ambiguous, where Metal picks `f(float)`.
   template <class U, std::enable_if_t<std::is_class<U>::value && !std::is_same<U, bfloat>::value &&
+                                          !tsm_detail::converts_as_bool<U>::value &&
                                           std::is_convertible<U, float>::value,
                                       int> = 0>
   explicit constexpr bfloat(U v) : bfloat(static_cast<float>(v)) {}
