@@ -242,14 +242,23 @@ void Sanitizer::log_instruction(const ThreadId& who, uintptr_t site, const Regio
                     "(16M distinct accesses): run this kernel unsanitized, or on smaller data");
   log.latest = log.touches.size();
   if (!log.index.empty()) log.index.emplace(key, uint32_t(log.latest));
-  log.touches.emplace_back(const_cast<char*>(a), const_cast<Region*>(region), key.bytes,
-                           key.element_bytes, key.element_offset, atomic);
+  log.touches.emplace_back();
   Touch& t = log.touches.back();
-  if (!atomic) {
-    if (bytes <= sizeof t.before)
-      with_size(bytes, [&](auto n) { std::memcpy(t.before, a, n); });
-    else
-      t.before_big.assign(a, a + bytes);
+  t.address = const_cast<char*>(a);
+  t.region = const_cast<Region*>(region);
+  t.count = 1;
+  t.bytes = key.bytes;
+  t.element_bytes = key.element_bytes;
+  t.element_offset = key.element_offset;
+  t.atomic = atomic;
+  t.stored = false;
+  t.first = USE_UNKNOWN;
+  if (atomic) return;
+  if (bytes <= sizeof t.before) {
+    with_size(bytes, [&](auto n) { std::memcpy(t.before, a, n); });
+  } else {
+    t.big = log.big_snapshots.size();
+    log.big_snapshots.insert(log.big_snapshots.end(), a, a + bytes);
   }
 }
 
@@ -354,12 +363,9 @@ void Sanitizer::race(const Region& r, const Touch& t, const Access& earlier, con
 namespace {
 // Bit b of the result: byte 4 * word + b lies in [offset, offset + bytes).
 uint8_t word_mask(size_t word, size_t offset, size_t bytes) {
-  uint8_t mask = 0;
-  for (size_t b = 0; b < 4; ++b) {
-    const size_t byte = word * 4 + b;
-    if (byte >= offset && byte < offset + bytes) mask |= uint8_t(1u << b);
-  }
-  return mask;
+  const size_t from = std::max(offset, word * 4) - word * 4;
+  const size_t to = std::min(offset + bytes, word * 4 + 4) - word * 4;
+  return uint8_t((1u << to) - (1u << from));
 }
 }  // namespace
 
@@ -374,15 +380,19 @@ void Sanitizer::record(const Touch& t, const Access& base, bool write) {
   const bool whole_element = t.element_offset == 0 && t.element_bytes == t.bytes;
   for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
     Access now = base;
-    now.mask = word_mask(word, offset, bytes);
+    now.mask = word_mask(word, offset, bytes) & 0xF;
     now.write = write;
     Cell& c = r.shadow[word];
     if (reads_first && (now.mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
     if (threadgroup && write && whole_element) c.written |= now.mask;
-    for (unsigned b = 0; b < 4; ++b)
-      if ((now.mask & c.write_mask) >> b & 1 && conflict(r, c.writes[b], now)) race(r, t, c.writes[b], now);
-    for (uint8_t i = 0; i < c.n_reads; ++i)
-      if ((c.reads[i].mask & now.mask) && conflict(r, c.reads[i], now)) race(r, t, c.reads[i], now);
+    // Threadgroup memory's writes of an earlier interval are ordered before this access.
+    const unsigned written_bytes = now.mask & c.write_mask;
+    if (written_bytes && !(threadgroup && c.write_epoch != now.epoch))
+      for (unsigned b = 0; b < 4; ++b)
+        if (written_bytes >> b & 1 && conflict(r, c.writes[b], now)) race(r, t, c.writes[b], now);
+    if (write)  // two reads never race
+      for (uint8_t i = 0; i < c.n_reads; ++i)
+        if ((c.reads[i].mask & now.mask) && conflict(r, c.reads[i], now)) race(r, t, c.reads[i], now);
     if (write) {
       for (unsigned b = 0; b < 4; ++b) {
         if (!(now.mask >> b & 1)) continue;
@@ -395,6 +405,7 @@ void Sanitizer::record(const Touch& t, const Access& base, bool write) {
         if (!keep_plain) c.writes[b] = now;
       }
       c.write_mask |= now.mask;
+      c.write_epoch = now.epoch;  // every write kept is of this epoch or an earlier one
     }
     // Reads ordered before this access are ordered before every later one too (epochs only
     // grow, and a later access of another threadgroup conflicts with this one as well).
@@ -434,14 +445,18 @@ void Sanitizer::report_uninitialized_read() {
 }
 
 void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
+  const Access device_base{who.group, dev_epoch_, sg_dev_epoch_[who.simdgroup], uint16_t(who.thread),
+                           uint8_t(who.simdgroup), 0, false, false};
+  Access threadgroup_base = device_base;
+  threadgroup_base.epoch = tg_epoch_;
+  threadgroup_base.sg_epoch = sg_tg_epoch_[who.simdgroup];
   for (const Touch& t : log.touches) {
     const bool device = t.region->kind == R_BUFFER;
-    Access base{who.group, device ? dev_epoch_ : tg_epoch_,
-                device ? sg_dev_epoch_[who.simdgroup] : sg_tg_epoch_[who.simdgroup],
-                uint16_t(who.thread), uint8_t(who.simdgroup), 0, false, t.atomic};
+    Access base = device ? device_base : threadgroup_base;
+    base.atomic = t.atomic;
     // An atomic is a read-modify-write, whatever it stored.
     bool write = t.atomic || t.stored;
-    if (!write) with_size(t.bytes, [&](auto n) { write = std::memcmp(t.snapshot(), t.address, n) != 0; });
+    if (!write) with_size(t.bytes, [&](auto n) { write = std::memcmp(log.snapshot(t), t.address, n) != 0; });
     if (device && !t.atomic) (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes * t.count;
     record(t, base, write);
   }

@@ -37,22 +37,27 @@ namespace tsm_emu {
 
 enum RegionKind { R_BUFFER, R_THREADGROUP_ARG, R_THREADGROUP_VAR, R_PROGRAM_CONSTANT };
 
-// Who accessed, and the ordering epochs in force for that memory when it did.
+// Who accessed, and the ordering epochs in force for that memory when it did (16 bytes:
+// a cell holds six).
 struct Access {
   uint32_t group;      // linear threadgroup index in the grid
   uint32_t epoch;      // threadgroup barriers (with the region's memory flag) passed
   uint32_t sg_epoch;   // simdgroup barriers passed by its SIMD-group
   uint16_t thread;     // thread_index_in_threadgroup
   uint8_t simdgroup;
-  uint8_t mask;        // bytes of the 4-byte word touched
-  bool write;
-  bool atomic;
+  uint8_t mask : 4;    // bytes of the 4-byte word touched
+  bool write : 1;
+  bool atomic : 1;
 };
+static_assert(sizeof(Access) == 16, "Access packs into 16 bytes");
 
 struct Cell {  // one 4-byte word of a region
   uint8_t written = 0;     // threadgroup memory: bytes written since the threadgroup began
   uint8_t write_mask = 0;  // which bytes have a last write below
   uint8_t n_reads = 0;
+  // The epoch of the latest write below, the newest of them: in threadgroup memory, whose
+  // accesses all come from one threadgroup, none of them is a race once the epoch moved on.
+  uint32_t write_epoch = 0;
   Access writes[4];        // the last write of each byte
   Access reads[2];         // reads not yet ordered before later accesses, distinct threads
 };
@@ -117,25 +122,24 @@ class Regions {
 // How the first access of a Touch used it, when the rewriter said (sanitize.h).
 enum FirstUse : uint8_t { USE_UNKNOWN, USE_STORE, USE_UPDATE };
 
+// A logged access: trivially copyable, so that logging one is a few stores and clearing the
+// log costs nothing per entry.
 struct Touch {
-  // The snapshot is taken by whoever logs it (nothing for atomics).
-  Touch(char* address, Region* region, uint32_t bytes, uint32_t element_bytes,
-        uint32_t element_offset, bool atomic)
-      : address(address), region(region), bytes(bytes), element_bytes(element_bytes),
-        element_offset(element_offset), atomic(atomic) {}
-
   char* address;        // the bytes accessed: an element, or a field of a struct element
   Region* region;
+  uint64_t count;       // accesses merged into this one
   uint32_t bytes;
   uint32_t element_bytes;   // the element they lie in, from element_offset bytes before them
   uint32_t element_offset;
   bool atomic;
-  bool stored = false;  // the target of an assignment: a write, whatever it stored
-  FirstUse first = USE_UNKNOWN;
-  uint64_t count = 1;   // accesses merged into this one
-  unsigned char before[32];            // the bytes at first touch (up to 32 bytes)
-  std::vector<unsigned char> before_big;  // larger ones (structs)
-  const unsigned char* snapshot() const { return bytes <= sizeof before ? before : before_big.data(); }
+  bool stored;          // the target of an assignment: a write, whatever it stored
+  FirstUse first;
+  // The bytes at first touch (nothing for atomics): here up to 16 bytes (a float4), larger
+  // ones (structs) at this offset in their log's `big_snapshots`.
+  union {
+    unsigned char before[16];
+    size_t big;
+  };
   const char* element() const { return address - element_offset; }
 };
 
@@ -159,13 +163,18 @@ struct AccessLog {
   };
 
   std::vector<Touch> touches;
+  std::vector<unsigned char> big_snapshots;  // snapshots over 16 bytes (Touch::big)
   std::unordered_map<Key, uint32_t, KeyHash> index;  // once touches reached kIndexFrom
   size_t latest = 0;      // the touch the latest access went to
   uint64_t repeats = 0;   // accesses in a row to memory already in the log
   uint64_t repeats_before_latest = 0;
 
+  const unsigned char* snapshot(const Touch& t) const {
+    return t.bytes <= sizeof t.before ? t.before : big_snapshots.data() + t.big;
+  }
   void clear() {
     touches.clear();
+    big_snapshots.clear();
     if (!index.empty()) index = {};  // give back a long segment's buckets
     latest = 0;
     repeats = repeats_before_latest = 0;
