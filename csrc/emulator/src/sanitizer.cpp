@@ -331,22 +331,22 @@ void Sanitizer::note_store(const void* address, size_t bytes, bool updates, Acce
   t.stored = true;
 }
 
-bool Sanitizer::ordered(const Region& r, const Access& a, const Access& b) const {
+bool Sanitizer::ordered(const Region& r, Access a, Access b) {
   if (a.group == b.group && a.thread == b.thread) return true;
   if (r.kind == R_BUFFER && a.group != b.group) return false;
   if (a.epoch != b.epoch) return true;
   return a.simdgroup == b.simdgroup && a.sg_epoch != b.sg_epoch;
 }
 
-bool Sanitizer::conflict(const Region& r, const Access& a, const Access& b) const {
-  return (a.write || b.write) && !(a.atomic && b.atomic) && !ordered(r, a, b);
+bool Sanitizer::conflict(const Region& r, Access a, Access b) {
+  return (a.write() || b.write()) && !(a.atomic() && b.atomic()) && !ordered(r, a, b);
 }
 
-void Sanitizer::race(const Region& r, const Touch& t, const Access& earlier, const Access& now) {
+void Sanitizer::race(const Region& r, const Touch& t, Access earlier, Access now) {
   const bool device = r.kind == R_BUFFER;
   auto how = [](const Access& a) {
-    return a.atomic ? " updated it atomically"
-                    : (a.write ? " wrote it" : " read it (or stored the value already there)");
+    return a.atomic() ? " updated it atomically"
+                      : (a.write() ? " wrote it" : " read it (or stored the value already there)");
   };
   std::string msg = element_name(r, t) + ": " + thread_name(earlier.group, earlier.thread) +
                     how(earlier) + " and " + thread_name(now.group, now.thread) + how(now);
@@ -362,14 +362,14 @@ void Sanitizer::race(const Region& r, const Touch& t, const Access& earlier, con
 
 namespace {
 // Bit b of the result: byte 4 * word + b lies in [offset, offset + bytes).
-uint8_t word_mask(size_t word, size_t offset, size_t bytes) {
+unsigned word_mask(size_t word, size_t offset, size_t bytes) {
   const size_t from = std::max(offset, word * 4) - word * 4;
   const size_t to = std::min(offset + bytes, word * 4 + 4) - word * 4;
-  return uint8_t((1u << to) - (1u << from));
+  return (1u << to) - (1u << from);
 }
 }  // namespace
 
-void Sanitizer::record(const Touch& t, const Access& base, bool write) {
+void Sanitizer::record(const Touch& t, Access base, bool write) {
   Region& r = *t.region;
   const size_t offset = size_t(t.address - r.base), bytes = t.bytes;
   const bool threadgroup = r.kind != R_BUFFER;
@@ -378,33 +378,34 @@ void Sanitizer::record(const Touch& t, const Access& base, bool write) {
   const bool reads_first = threadgroup && !t.atomic && (!write || t.first == USE_UPDATE);
   // Initialization is per element: a write of one field initializes its element.
   const bool whole_element = t.element_offset == 0 && t.element_bytes == t.bytes;
+  if (write) base.bits |= Access::kWrite;
   for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
+    const unsigned mask = word_mask(word, offset, bytes);
     Access now = base;
-    now.mask = word_mask(word, offset, bytes) & 0xF;
-    now.write = write;
+    now.bits = uint8_t(base.bits | mask);
     Cell& c = r.shadow[word];
-    if (reads_first && (now.mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
-    if (threadgroup && write && whole_element) c.written |= now.mask;
+    if (reads_first && (mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
+    if (threadgroup && write && whole_element) c.written |= mask;
     // Threadgroup memory's writes of an earlier interval are ordered before this access.
-    const unsigned written_bytes = now.mask & c.write_mask;
+    const unsigned written_bytes = mask & c.write_mask;
     if (written_bytes && !(threadgroup && c.write_epoch != now.epoch))
       for (unsigned b = 0; b < 4; ++b)
         if (written_bytes >> b & 1 && conflict(r, c.writes[b], now)) race(r, t, c.writes[b], now);
     if (write)  // two reads never race
       for (uint8_t i = 0; i < c.n_reads; ++i)
-        if ((c.reads[i].mask & now.mask) && conflict(r, c.reads[i], now)) race(r, t, c.reads[i], now);
+        if ((c.reads[i].mask() & mask) && conflict(r, c.reads[i], now)) race(r, t, c.reads[i], now);
     if (write) {
       for (unsigned b = 0; b < 4; ++b) {
-        if (!(now.mask >> b & 1)) continue;
+        if (!(mask >> b & 1)) continue;
         const Access& last = c.writes[b];
         // A thread's plain write followed by its own atomic one in the same epoch: the plain
         // write is what other threads' atomics race with, so it stays the one remembered.
-        const bool keep_plain = (c.write_mask >> b & 1) && now.atomic && !last.atomic &&
+        const bool keep_plain = (c.write_mask >> b & 1) && now.atomic() && !last.atomic() &&
                                 last.group == now.group && last.thread == now.thread &&
                                 last.epoch == now.epoch && last.sg_epoch == now.sg_epoch;
         if (!keep_plain) c.writes[b] = now;
       }
-      c.write_mask |= now.mask;
+      c.write_mask |= mask;
       c.write_epoch = now.epoch;  // every write kept is of this epoch or an earlier one
     }
     // Reads ordered before this access are ordered before every later one too (epochs only
@@ -424,7 +425,7 @@ void Sanitizer::record(const Touch& t, const Access& base, bool write) {
   if (threadgroup && write && !whole_element) mark_written(t);
 }
 
-void Sanitizer::remember_uninitialized_read(const Touch& t, const Access& reader) {
+void Sanitizer::remember_uninitialized_read(const Touch& t, Access reader) {
   uninitialized_.reset(new UninitializedRead{t, reader});
 }
 
@@ -446,14 +447,14 @@ void Sanitizer::report_uninitialized_read() {
 
 void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
   const Access device_base{who.group, dev_epoch_, sg_dev_epoch_[who.simdgroup], uint16_t(who.thread),
-                           uint8_t(who.simdgroup), 0, false, false};
+                           uint8_t(who.simdgroup), 0};
   Access threadgroup_base = device_base;
   threadgroup_base.epoch = tg_epoch_;
   threadgroup_base.sg_epoch = sg_tg_epoch_[who.simdgroup];
   for (const Touch& t : log.touches) {
     const bool device = t.region->kind == R_BUFFER;
     Access base = device ? device_base : threadgroup_base;
-    base.atomic = t.atomic;
+    if (t.atomic) base.bits = Access::kAtomic;
     // An atomic is a read-modify-write, whatever it stored.
     bool write = t.atomic || t.stored;
     if (!write) with_size(t.bytes, [&](auto n) { write = std::memcmp(log.snapshot(t), t.address, n) != 0; });

@@ -45,9 +45,13 @@ struct Access {
   uint32_t sg_epoch;   // simdgroup barriers passed by its SIMD-group
   uint16_t thread;     // thread_index_in_threadgroup
   uint8_t simdgroup;
-  uint8_t mask : 4;    // bytes of the 4-byte word touched
-  bool write : 1;
-  bool atomic : 1;
+  // The bytes of the 4-byte word touched (bits 0-3), kWrite, kAtomic. Not bit-fields: an
+  // Access built of byte stores and read back whole stalls the store buffer.
+  uint8_t bits;
+  static constexpr uint8_t kWrite = 0x10, kAtomic = 0x20;
+  unsigned mask() const { return bits & 0xFu; }
+  bool write() const { return bits & kWrite; }
+  bool atomic() const { return bits & kAtomic; }
 };
 static_assert(sizeof(Access) == 16, "Access packs into 16 bytes");
 
@@ -259,18 +263,19 @@ class Sanitizer : public Regions {
   const Counters& counters() const { return counters_; }
 
  private:
-  [[noreturn]] void race(const Region& r, const Touch& t, const Access& earlier, const Access& now);
+  [[noreturn]] void race(const Region& r, const Touch& t, Access earlier, Access now);
   std::string element_name(const Region& r, const Touch& t) const;
   std::string thread_name(uint32_t group, uint32_t thread) const;
-  bool ordered(const Region& r, const Access& a, const Access& b) const;
-  bool conflict(const Region& r, const Access& a, const Access& b) const;
+  // By value: an Access in registers is not stored and read back whole.
+  static bool ordered(const Region& r, Access a, Access b);
+  static bool conflict(const Region& r, Access a, Access b);
   void log_access(AccessLog& log, const Region* region, const char* element, size_t element_bytes,
                   const char* address, size_t bytes, bool atomic, const ThreadId& who);
   Touch* look_up(AccessLog& log, const AccessLog::Key& key);  // in a long log
   [[noreturn]] void hang(const AccessLog& log, const Touch& t, const ThreadId& who) const;
-  void record(const Touch& t, const Access& base, bool write);
+  void record(const Touch& t, Access base, bool write);
   // Out of record's loop, which is the sanitizer's hot spot.
-  [[gnu::noinline]] void remember_uninitialized_read(const Touch& t, const Access& reader);
+  [[gnu::noinline]] void remember_uninitialized_read(const Touch& t, Access reader);
   [[gnu::noinline]] void mark_written(const Touch& t);  // the element of a field written
   void report_uninitialized_read();
 
