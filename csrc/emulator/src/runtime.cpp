@@ -247,6 +247,28 @@ class SanitizedThreadScope {
   bool active_;
 };
 
+// The sanitizer's calls from kernel code (per access, per stop): g_in_sanitizer instead of
+// enter_runtime(), which would read thread-locals; a stop requested meanwhile is taken on the
+// way out, as leave_runtime() takes it.
+class SanitizerCallScope {
+ public:
+  SanitizerCallScope() { mark(1); }
+  ~SanitizerCallScope() {
+    mark(0);
+    // During an exception's unwinding the code below is still the runtime's (RuntimeScope).
+    if (stop_requested() && std::uncaught_exceptions() == 0 && t_runtime_depth == 0) stop_here_if_requested();
+  }
+  SanitizerCallScope(const SanitizerCallScope&) = delete;
+  SanitizerCallScope& operator=(const SanitizerCallScope&) = delete;
+
+ private:
+  static void mark(sig_atomic_t value) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    g_in_sanitizer = value;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+};
+
 // The running Metal thread and its access log, for the sanitizer.
 inline bool current_accesses(const ThreadInfo** info, AccessLog** touches) {
   const SanitizedThread& t = g_sanitized_thread;
@@ -262,7 +284,9 @@ inline bool current_accesses(const ThreadInfo** info, AccessLog** touches) {
 void end_segment() {
   const ThreadInfo* info;
   AccessLog* touches;
-  if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->end_segment(thread_id(*info), *touches);
+  if (!current_accesses(&info, &touches)) return;
+  SanitizerCallScope scope;
+  g_sanitized_thread.sanitizer->end_segment(thread_id(*info), *touches);
 }
 
 size_t stack_size() {
@@ -1031,10 +1055,7 @@ void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
   suspend(w);
 }
 
-void end_region_segment() {
-  RuntimeScope scope;
-  end_segment();
-}
+void end_region_segment() { end_segment(); }
 
 // The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
 // the lanes waiting at the SIMD-group stop whose path comes first (loops' sites and
@@ -1185,34 +1206,12 @@ void array_out_of_bounds(const char* array, long long index, unsigned long long 
                              (file ? std::string(" (") + base_name(file) + ":" + std::to_string(line) + ")" : ""));
 }
 
-// The per-access calls of a sanitized dispatch's thread: g_in_sanitizer instead of
-// enter_runtime(), which would read thread-locals; a stop requested meanwhile is taken on the
-// way out, as leave_runtime() takes it.
-class PerAccessScope {
- public:
-  PerAccessScope() { mark(1); }
-  ~PerAccessScope() {
-    mark(0);
-    // During an exception's unwinding the code below is still the runtime's (RuntimeScope).
-    if (stop_requested() && std::uncaught_exceptions() == 0 && t_runtime_depth == 0) stop_here_if_requested();
-  }
-  PerAccessScope(const PerAccessScope&) = delete;
-  PerAccessScope& operator=(const PerAccessScope&) = delete;
-
- private:
-  static void mark(sig_atomic_t value) {
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-    g_in_sanitizer = value;
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-  }
-};
-
 void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
                       const void* field, size_t field_bytes, bool atomic) {
   const ThreadInfo* info;
   AccessLog* touches;
   if (!current_accesses(&info, &touches)) return;
-  PerAccessScope scope;
+  SanitizerCallScope scope;
   // The caller's return address tells the access's place in the kernel's code apart: the
   // checked accesses of sanitize.h are always inlined into it.
   g_sanitized_thread.sanitizer->access(static_cast<const Region*>(region), element, element_bytes, field,
@@ -1232,7 +1231,7 @@ void sanitizer_note_store(const void* address, size_t bytes, bool updates) {
   const ThreadInfo* info;
   AccessLog* touches;
   if (!current_accesses(&info, &touches)) return;
-  PerAccessScope scope;
+  SanitizerCallScope scope;
   g_sanitized_thread.sanitizer->note_store(address, bytes, updates, *touches);
 }
 

@@ -198,8 +198,8 @@ void Sanitizer::access(const Region* region, const void* element, size_t element
 
 void Sanitizer::log_instruction(const ThreadId& who, uintptr_t site, const Region* region, const void* address,
                                 size_t bytes, bool atomic) {
-  std::vector<LaneAccess>& log = instruction_log_[who.simdgroup];
-  if (log.size() >= kMaxInstructionLog) {
+  InstructionLog& log = instruction_log_[who.simdgroup];
+  if (log.accesses >= kMaxInstructionLog) {
     pair_instructions(log);
     log.clear();
   }
@@ -207,14 +207,20 @@ void Sanitizer::log_instruction(const ThreadId& who, uintptr_t site, const Regio
   // A GPU buffer starts at a segment boundary (as bound: a tensor's storage offset aside),
   // a host allocation need not: segments are counted from the buffer's start.
   const uintptr_t shift = device && region ? uintptr_t(region->base) & (segment_bytes_ - 1) : 0;
-  log.emplace_back();
-  LaneAccess& a = log.back();
-  a.site = site;
-  a.address = uintptr_t(address) - shift;
-  a.bytes = uint32_t(bytes);
-  a.lane = uint8_t(who.thread % kSimdLanes);
-  a.device = device;
-  a.atomic = atomic;
+  const uintptr_t key = site << 1 | uintptr_t(device);
+  size_t p = log.latest;
+  if (p >= log.used || log.places[p].key != key) {
+    // A kernel has few places between two stops: a linear search.
+    for (p = 0; p < log.used && log.places[p].key != key;) ++p;
+    if (p == log.used) {
+      if (log.used == log.places.size()) log.places.emplace_back();
+      log.places[log.used++].key = key;
+    }
+  }
+  log.latest = p;
+  ++log.accesses;
+  log.places[p].accesses.push_back(
+      LaneAccess{uintptr_t(address) - shift, uint32_t(bytes), uint8_t(who.thread % kSimdLanes), atomic});
 }
 
 [[gnu::always_inline]] inline void Sanitizer::log_access(AccessLog& log, const Region* region,
@@ -309,9 +315,15 @@ void Sanitizer::unmark_plain_access(const void* address, size_t bytes, const Thr
   const Touch plain = *t;
   // Counted and logged as a plain access: it was not.
   if (plain.region->kind != R_BUFFER) --counters_.threadgroup_accesses;
-  std::vector<LaneAccess>& simd_log = instruction_log_[who.simdgroup];
-  if (!simd_log.empty() && !simd_log.back().atomic && simd_log.back().lane == who.thread % kSimdLanes)
-    simd_log.pop_back();
+  InstructionLog& simd_log = instruction_log_[who.simdgroup];
+  if (simd_log.latest < simd_log.used) {
+    std::vector<LaneAccess>& accesses = simd_log.places[simd_log.latest].accesses;
+    if (!accesses.back().atomic && accesses.back().lane == who.thread % kSimdLanes) {
+      accesses.pop_back();
+      --simd_log.accesses;
+      simd_log.latest = InstructionLog::kNone;  // note_atomic logs the atomic one next
+    }
+  }
   if (t->count > 1) {
     --t->count;
   } else {  // the access made this entry, the last one
@@ -471,76 +483,73 @@ void Sanitizer::flush_instruction_log() {
   }
 }
 
-void Sanitizer::pair_instructions(std::vector<LaneAccess>& log) {
-  // Instruction k of a place (a site, device or threadgroup memory apart: a helper function
-  // may take either) is the k-th access each lane made there. So: the log's accesses by
-  // place, each lane's in program order (a counting sort by place, in order of first
-  // appearance: a stable sort of the log took a tenth of a sanitized matmul's time), then
-  // per place the lanes' runs side by side.
-  place_keys_.clear();
-  place_counts_.clear();
-  place_of_.resize(log.size());
-  uint32_t last = 0;
-  for (size_t i = 0; i < log.size(); ++i) {
-    const uintptr_t key = log[i].site << 1 | uintptr_t(log[i].device);  // user-space addresses: the top bit is free
-    if (place_keys_.empty() || key != place_keys_[last]) {
-      // A kernel has few places between two stops: a linear search (from the latest).
-      const auto found = std::find(place_keys_.begin(), place_keys_.end(), key);
-      last = uint32_t(found - place_keys_.begin());
-      if (found == place_keys_.end()) {
-        place_keys_.push_back(key);
-        place_counts_.push_back(0);
-      }
-    }
-    place_of_[i] = last;
-    ++place_counts_[last];
+void Sanitizer::pair_instructions(InstructionLog& log) {
+  for (size_t p = 0; p < log.used; ++p) pair_place(log.places[p]);
+}
+
+void Sanitizer::pair_place(Place& place) {
+  // Instruction k of a place is the k-th access each lane made there: the lanes' runs of
+  // accesses side by side.
+  std::vector<LaneAccess>& log = place.accesses;
+  // Each lane's accesses are one run when its threads ran one after another; otherwise (a
+  // lane back after another's) group them, keeping their order.
+  uint32_t closed = 0;
+  bool runs = true;
+  for (size_t i = 1; i < log.size() && runs; ++i) {
+    if (log[i].lane == log[i - 1].lane) continue;
+    closed |= uint32_t(1) << log[i - 1].lane;
+    runs = !(closed >> log[i].lane & 1);
   }
-  size_t offset = 0;
-  for (size_t& c : place_counts_) offset += std::exchange(c, offset);  // counts -> starts
-  by_place_.resize(log.size());  // indices, not copies: the log may hold a million accesses
-  for (size_t i = 0; i < log.size(); ++i) by_place_[place_counts_[place_of_[i]]++] = uint32_t(i);
-  auto lane = [&](size_t i) { return log[by_place_[i]].lane; };
-  for (size_t begin = 0, p = 0; p < place_counts_.size(); begin = place_counts_[p++]) {
-    const size_t end = place_counts_[p];
-    // Each lane's accesses at one place are one run when its threads ran one after
-    // another; otherwise (a lane back after another's) group them, keeping their order.
-    uint32_t closed = 0;
-    bool runs = true;
-    for (size_t i = begin + 1; i < end && runs; ++i) {
-      if (lane(i) == lane(i - 1)) continue;
-      closed |= uint32_t(1) << lane(i - 1);
-      runs = !(closed >> lane(i) & 1);
-    }
-    if (!runs)
-      std::stable_sort(by_place_.begin() + ptrdiff_t(begin), by_place_.begin() + ptrdiff_t(end),
-                       [&](uint32_t a, uint32_t b) { return log[a].lane < log[b].lane; });
-    lane_runs_.clear();
-    for (size_t i = begin, j; i < end; i = j) {
-      for (j = i; j < end && lane(j) == lane(i);) ++j;
-      lane_runs_.emplace_back(i, j);
-    }
-    for (size_t k = 0;; ++k) {
-      step_.clear();
-      for (const auto& run : lane_runs_)
-        if (run.first + k < run.second) step_.push_back(&log[by_place_[run.first + k]]);
-      if (step_.empty()) break;
-      count_instruction(step_);
-    }
+  if (!runs)
+    std::stable_sort(log.begin(), log.end(), [](const LaneAccess& a, const LaneAccess& b) { return a.lane < b.lane; });
+  lane_runs_.clear();
+  for (size_t i = 0, j; i < log.size(); i = j) {
+    for (j = i; j < log.size() && log[j].lane == log[i].lane;) ++j;
+    lane_runs_.emplace_back(i, j);
+  }
+  for (size_t k = 0;; ++k) {
+    step_.clear();
+    for (const auto& run : lane_runs_)
+      if (run.first + k < run.second) step_.push_back(&log[run.first + k]);
+    if (step_.empty()) break;
+    count_instruction(step_, place.device());
   }
 }
 
-void Sanitizer::count_instruction(const std::vector<const LaneAccess*>& lanes) {
+void Sanitizer::count_instruction(const std::vector<const LaneAccess*>& lanes, bool device) {
   ++counters_.memory_instructions;
   counters_.active_lanes += lanes.size();
   if (lanes[0]->atomic) count_atomic_conflicts(lanes);
-  if (lanes[0]->device)
+  if (device)
     count_transactions(lanes);
   else if (!lanes[0]->atomic)
     count_bank_conflicts(lanes);
 }
 
+namespace {
+constexpr unsigned kBanks = 32;  // of 4-byte words
+
+// Whether the lanes touch at most one word in each bank (the same word twice is a broadcast).
+bool one_word_per_bank(const std::vector<const LaneAccess*>& lanes) {
+  uintptr_t bank_word[kBanks];
+  uint32_t banks_used = 0;
+  for (const LaneAccess* a : lanes)
+    for (uintptr_t w = a->address / 4, last = (a->address + a->bytes - 1) / 4; w <= last; ++w) {
+      const unsigned bank = unsigned(w % kBanks);
+      if (!(banks_used >> bank & 1)) {
+        banks_used |= uint32_t(1) << bank;
+        bank_word[bank] = w;
+      } else if (bank_word[bank] != w) {
+        return false;
+      }
+    }
+  return true;
+}
+}  // namespace
+
 void Sanitizer::count_bank_conflicts(const std::vector<const LaneAccess*>& lanes) {
-  constexpr unsigned kBanks = 32;
+  // Most instructions touch at most one word per bank: no conflict, told without sorting.
+  if (one_word_per_bank(lanes)) return;
   // Distinct words per bank among the lanes' accesses: same word = broadcast.
   words_.clear();
   for (const LaneAccess* a : lanes)

@@ -221,12 +221,35 @@ struct Counters {
 // One lane's memory access, kept until the SIMD-group's lanes all stop and its accesses
 // are paired into instructions (Counters).
 struct LaneAccess {
-  uintptr_t site;     // where in the kernel's code it was made (a return address)
   uintptr_t address;   // device memory: shifted so that its buffer starts on a segment
   uint32_t bytes;
   uint8_t lane;
-  bool device;        // else threadgroup memory
   bool atomic;
+};
+
+// A place in the kernel's code: a site (the address the check returns to), device or
+// threadgroup memory apart (a helper function may take either), with its lanes' accesses
+// there, in program order.
+struct Place {
+  uintptr_t key;  // site << 1 | device (user-space addresses: the top bit is free)
+  std::vector<LaneAccess> accesses;
+  bool device() const { return key & 1; }
+};
+
+// A SIMD-group's accesses since its lanes last stopped, by place as they are logged: pairing
+// them needs no sort.
+struct InstructionLog {
+  static constexpr size_t kNone = ~size_t(0);
+  std::vector<Place> places;  // the first `used` are this log's; the others keep their capacity
+  size_t used = 0;
+  size_t accesses = 0;
+  size_t latest = kNone;  // the place of the latest access logged, if it still is there
+
+  void clear() {
+    for (size_t p = 0; p < used; ++p) places[p].accesses.clear();
+    used = accesses = 0;
+    latest = kNone;
+  }
 };
 
 class Sanitizer : public Regions {
@@ -295,20 +318,17 @@ class Sanitizer : public Regions {
   void unmark_plain_access(const void* address, size_t bytes, const ThreadId& who, AccessLog& log);
   void log_instruction(const ThreadId& who, uintptr_t site, const Region* region, const void* address,
                        size_t bytes, bool atomic);
-  void pair_instructions(std::vector<LaneAccess>& log);
-  void count_instruction(const std::vector<const LaneAccess*>& lanes);
+  void pair_instructions(InstructionLog& log);
+  void pair_place(Place& place);
+  void count_instruction(const std::vector<const LaneAccess*>& lanes, bool device);
   void count_bank_conflicts(const std::vector<const LaneAccess*>& lanes);
   void count_transactions(const std::vector<const LaneAccess*>& lanes);
   void count_atomic_conflicts(const std::vector<const LaneAccess*>& lanes);
 
   uint32_t segment_bytes_;
-  // Per SIMD-group: its lanes' memory accesses since the last flush, in program order.
-  std::vector<std::vector<LaneAccess>> instruction_log_;
+  // Per SIMD-group: its lanes' memory accesses since the last flush.
+  std::vector<InstructionLog> instruction_log_;
   // Scratch of the flush, reused.
-  std::vector<uintptr_t> place_keys_;                     // per place: its site and memory
-  std::vector<size_t> place_counts_;                      // per place: its accesses, then where they start
-  std::vector<uint32_t> place_of_;                        // per access: its place
-  std::vector<uint32_t> by_place_;                        // the log's indices, by place
   std::vector<std::pair<size_t, size_t>> lane_runs_;
   std::vector<const LaneAccess*> step_;
   std::vector<uintptr_t> words_;
