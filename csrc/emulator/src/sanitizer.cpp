@@ -389,20 +389,22 @@ unsigned word_mask(size_t word, size_t offset, size_t bytes) {
 }  // namespace
 
 // Inline: end_segment calls it once per access it logged.
-[[gnu::always_inline]] inline void Sanitizer::record(const Touch& t, Access base, bool write) {
+[[gnu::always_inline]] inline void Sanitizer::record(const Touch& t, const ThreadId& who, bool write) {
   Region& r = *t.region;
   const size_t offset = size_t(t.address - r.base), bytes = t.bytes;
   const bool threadgroup = r.kind != R_BUFFER;
+  const uint32_t epoch = threadgroup ? tg_epoch_ : dev_epoch_;
+  const uint32_t sg_epoch = threadgroup ? sg_tg_epoch_[who.simdgroup] : sg_dev_epoch_[who.simdgroup];
+  const unsigned bits = (t.atomic ? Access::kAtomic : 0) | (write ? Access::kWrite : 0);
   // A read (or the read of a +=) of threadgroup bytes nobody has written: a race if another
   // thread writes them later in this interval, so reported when the interval ends.
   const bool reads_first = threadgroup && !t.atomic && (!write || t.first == USE_UPDATE);
   // Initialization is per element: a write of one field initializes its element.
   const bool whole_element = t.element_offset == 0 && t.element_bytes == t.bytes;
-  if (write) base.bits |= Access::kWrite;
   for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
     const unsigned mask = word_mask(word, offset, bytes);
-    Access now = base;
-    now.bits = uint8_t(base.bits | mask);
+    // Built whole from scalars: see Access::bits.
+    const Access now{who.group, epoch, sg_epoch, uint16_t(who.thread), uint8_t(who.simdgroup), uint8_t(bits | mask)};
     Cell& c = r.shadow[word];
     if (reads_first && (mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
     if (threadgroup && write && whole_element) c.written |= mask;
@@ -467,20 +469,13 @@ void Sanitizer::report_uninitialized_read() {
 }
 
 void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
-  const Access device_base{who.group, dev_epoch_, sg_dev_epoch_[who.simdgroup], uint16_t(who.thread),
-                           uint8_t(who.simdgroup), 0};
-  Access threadgroup_base = device_base;
-  threadgroup_base.epoch = tg_epoch_;
-  threadgroup_base.sg_epoch = sg_tg_epoch_[who.simdgroup];
   for (const Touch& t : log.touches) {
     const bool device = t.region->kind == R_BUFFER;
-    Access base = device ? device_base : threadgroup_base;
-    if (t.atomic) base.bits = Access::kAtomic;
     // An atomic is a read-modify-write, whatever it stored.
     bool write = t.atomic || t.stored;
     if (!write) with_size(t.bytes, [&](auto n) { write = std::memcmp(log.snapshot(t), t.address, n) != 0; });
     if (device && !t.atomic) (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes * t.count;
-    record(t, base, write);
+    record(t, who, write);
   }
   log.clear();
 }
@@ -500,21 +495,23 @@ void Sanitizer::pair_place(Place& place) {
   // Instruction k of a place is the k-th access each lane made there: the lanes' runs of
   // accesses side by side.
   std::vector<LaneAccess>& log = place.accesses;
+  auto find_runs = [&] {  // false if a lane has two
+    lane_runs_.clear();
+    uint32_t lanes = 0;
+    for (size_t i = 0, j; i < log.size(); i = j) {
+      const unsigned lane = log[i].lane;
+      if (lanes >> lane & 1) return false;
+      lanes |= uint32_t(1) << lane;
+      for (j = i + 1; j < log.size() && log[j].lane == lane;) ++j;
+      lane_runs_.emplace_back(i, j);
+    }
+    return true;
+  };
   // Each lane's accesses are one run when its threads ran one after another; otherwise (a
   // lane back after another's) group them, keeping their order.
-  uint32_t closed = 0;
-  bool runs = true;
-  for (size_t i = 1; i < log.size() && runs; ++i) {
-    if (log[i].lane == log[i - 1].lane) continue;
-    closed |= uint32_t(1) << log[i - 1].lane;
-    runs = !(closed >> log[i].lane & 1);
-  }
-  if (!runs)
+  if (!find_runs()) {
     std::stable_sort(log.begin(), log.end(), [](const LaneAccess& a, const LaneAccess& b) { return a.lane < b.lane; });
-  lane_runs_.clear();
-  for (size_t i = 0, j; i < log.size(); i = j) {
-    for (j = i; j < log.size() && log[j].lane == log[i].lane;) ++j;
-    lane_runs_.emplace_back(i, j);
+    find_runs();
   }
   for (size_t k = 0;; ++k) {
     step_.clear();

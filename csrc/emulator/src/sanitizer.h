@@ -129,6 +129,7 @@ enum FirstUse : uint8_t { USE_UNKNOWN, USE_STORE, USE_UPDATE };
 // A logged access: trivially copyable, so that logging one is a few stores and clearing the
 // log costs nothing per entry.
 struct Touch {
+  Touch() {}  // uninitialized: the logger sets every field it reads (no zeroing per access)
   char* address;        // the bytes accessed: an element, or a field of a struct element
   Region* region;
   uint64_t count;       // accesses merged into this one
@@ -221,6 +222,7 @@ struct Counters {
 // One lane's memory access, kept until the SIMD-group's lanes all stop and its accesses
 // are paired into instructions (Counters).
 struct LaneAccess {
+  LaneAccess() {}  // uninitialized: log_instruction sets every field
   uintptr_t address;   // device memory: shifted so that its buffer starts on a segment
   uint32_t bytes;
   uint8_t lane;
@@ -296,7 +298,7 @@ class Sanitizer : public Regions {
                   const char* address, size_t bytes, bool atomic, const ThreadId& who);
   Touch* look_up(AccessLog& log, const AccessLog::Key& key);  // in a long log
   [[noreturn]] void hang(const AccessLog& log, const Touch& t, const ThreadId& who) const;
-  void record(const Touch& t, Access base, bool write);
+  void record(const Touch& t, const ThreadId& who, bool write);
   // Out of record's loop, which is the sanitizer's hot spot.
   [[gnu::noinline]] void remember_uninitialized_read(const Touch& t, Access reader);
   [[gnu::noinline]] void mark_written(const Touch& t);  // the element of a field written
