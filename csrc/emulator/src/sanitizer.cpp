@@ -571,22 +571,21 @@ void Sanitizer::count_bank_conflicts(const std::vector<const LaneAccess*>& lanes
 void Sanitizer::count_transactions(const std::vector<const LaneAccess*>& lanes) {
   const uintptr_t segment = segment_bytes_;
   const unsigned shift = unsigned(__builtin_ctz(segment_bytes_));  // a power of two (constructor)
-  words_.clear();   // the segments touched
   ranges_.clear();  // the bytes touched, [begin, end) per lane
-  for (const LaneAccess* a : lanes) {
-    for (uintptr_t s = a->address >> shift, last = (a->address + a->bytes - 1) >> shift; s <= last; ++s)
-      words_.push_back(s);
-    ranges_.emplace_back(a->address, a->address + a->bytes);
-  }
-  std::sort(words_.begin(), words_.end());
-  const uint64_t touched = uint64_t(std::unique(words_.begin(), words_.end()) - words_.begin());
-  std::sort(ranges_.begin(), ranges_.end());
-  uint64_t bytes = 0;
-  uintptr_t covered = 0;  // the end of the bytes counted so far
+  for (const LaneAccess* a : lanes) ranges_.emplace_back(a->address, a->address + a->bytes);
+  // Coalesced lanes come in address order already.
+  if (!std::is_sorted(ranges_.begin(), ranges_.end())) std::sort(ranges_.begin(), ranges_.end());
+  // One sweep in address order counts the union of the ranges, in bytes and in segments.
+  uint64_t bytes = 0, touched = 0;
+  uintptr_t covered = 0;        // the end of the bytes counted so far
+  uintptr_t next_segment = 0;   // the first segment after those counted so far
   for (const auto& r : ranges_) {
     const uintptr_t from = std::max(r.first, covered);
     if (r.second > from) bytes += r.second - from;
     covered = std::max(covered, r.second);
+    const uintptr_t first = std::max(r.first >> shift, next_segment), last = (r.second - 1) >> shift;
+    if (last >= first) touched += last - first + 1;
+    next_segment = std::max(next_segment, last + 1);
   }
   ++counters_.device_instructions;
   counters_.device_transactions += touched;
