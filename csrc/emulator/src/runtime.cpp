@@ -955,6 +955,8 @@ void after_fork_in_child() {
   for (WorkerSlot& slot : g_slots) slot.state.store(0);
   g_dispatch_running.store(false);
   g_stop.store(kRunning);
+  g_sanitized_thread = {};
+  g_in_sanitizer = 0;
 }
 
 [[maybe_unused]] const int g_fork_handler_registered =
