@@ -30,6 +30,14 @@ kernel void gather(device const float* x [[buffer(0)]], device const int* index 
                    device float* y [[buffer(2)]], uint gid [[thread_position_in_grid]]) {
   y[gid] = x[index[gid]];
 }
+// 48-byte elements, every other one, lanes in reverse order: each lane's load straddles a
+// segment boundary or not, and the lanes' ranges come in descending address order.
+struct Wide { float4 a; float4 b; float c; };
+kernel void wide_reversed(device const Wide* x [[buffer(0)]], device float* y [[buffer(1)]],
+                          uint gid [[thread_position_in_grid]]) {
+  const Wide w = x[2 * (31 - gid)];
+  y[gid] = w.c;
+}
 kernel void vector_copy(device const float4* x [[buffer(0)]], device float4* y [[buffer(1)]],
                         uint gid [[thread_position_in_grid]]) {
   y[gid] = x[gid];
@@ -167,6 +175,22 @@ def test_vector_loads(lib):
     c = counted(lib, "vector_copy", torch.randn(32, 4), torch.full((32, 4), -1.0), threads=32)
     assert c["device_instructions"] == 2
     assert c["device_transactions"] == c["device_min_transactions"] == 8
+
+
+def test_elements_across_segments_in_reverse_order(lib):
+    # Lane l loads bytes [96k, 96k + 48) with k = 31 - l. In 64-byte segments an even k
+    # touches segment 3k/2 only, an odd k the two after: 16 + 2 * 16 distinct segments, for
+    # 32 * 48 bytes, whose minimum is 24.
+    x = torch.randn(64, 12)
+    y = torch.full((32,), -1.0)
+    with instrumented(segment_bytes=64), record() as launches:
+        lib.wide_reversed(x, y, threads=32, group_size=32)
+    c = launches[0].counters
+    assert torch.equal(y, x[0::2, 8].flip(0))
+    assert c["device_instructions"] == 2
+    assert c["device_transactions"] == 48 + 2  # + the coalesced store: 128 bytes
+    assert c["device_min_transactions"] == 24 + 2
+    assert c["device_bytes_read"] == 32 * 48 and c["device_bytes_written"] == 32 * 4
 
 
 def test_segment_size_is_a_parameter(lib):

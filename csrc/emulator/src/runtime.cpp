@@ -118,9 +118,9 @@ struct Worker {
   }
 };
 
-// The thread-locals a sanitized dispatch reads at every access: local-dynamic, one look-up of
-// this library's TLS block per function, where g++ otherwise calls __tls_get_addr once per
-// variable (seven calls per access; macOS has a single TLS model).
+// The runtime's thread-locals: local-dynamic, one look-up of this library's TLS block per
+// function, where g++ otherwise calls __tls_get_addr once per variable (macOS has a single
+// TLS model). A sanitized dispatch's per-access calls read none (g_sanitized_thread).
 #if defined(__linux__)
 #define TSM_RUNTIME_TLS __attribute__((tls_model("local-dynamic")))
 #else
@@ -215,29 +215,78 @@ ThreadId thread_id(const ThreadInfo& t) {
           t.simdgroup_index_in_threadgroup};
 }
 
+// The running Metal thread of a sanitized dispatch, as its per-access calls need it. Plain
+// globals, not thread-locals (which cost a __tls_get_addr call per access in a shared
+// library): a sanitized dispatch runs on one worker, and a library runs one dispatch at a
+// time (g_dispatch_lock). Set by the schedulers (SanitizedThreadScope) for each thread
+// they run, and only in sanitized dispatches.
+struct SanitizedThread {
+  Sanitizer* sanitizer = nullptr;
+  const ThreadInfo* info = nullptr;  // null: no thread of a sanitized dispatch is running
+  AccessLog* touches = nullptr;      // its accesses since it last stopped
+  const uint8_t* mode = nullptr;     // barrier regions: the running thread's CollectiveMode
+};
+SanitizedThread g_sanitized_thread;
+// Nonzero while a per-access call edits the sanitizer's state: a stop request waits for it
+// (on_stop_signal), as it waits for the runtime services that count t_runtime_depth.
+volatile sig_atomic_t g_in_sanitizer = 0;
+
+class SanitizedThreadScope {
+ public:
+  SanitizedThreadScope(const ThreadInfo* info, AccessLog* touches, const uint8_t* mode = nullptr)
+      : active_(t_sanitizer != nullptr) {
+    if (active_) g_sanitized_thread = {t_sanitizer, info, touches, mode};
+  }
+  ~SanitizedThreadScope() {
+    if (active_) g_sanitized_thread = {};
+  }
+  SanitizedThreadScope(const SanitizedThreadScope&) = delete;
+  SanitizedThreadScope& operator=(const SanitizedThreadScope&) = delete;
+
+ private:
+  bool active_;
+};
+
+// The sanitizer's calls from kernel code (per access, per stop): g_in_sanitizer instead of
+// enter_runtime(), which would read thread-locals; a stop requested meanwhile is taken on the
+// way out, as leave_runtime() takes it.
+class SanitizerCallScope {
+ public:
+  SanitizerCallScope() { mark(1); }
+  ~SanitizerCallScope() {
+    mark(0);
+    // During an exception's unwinding the code below is still the runtime's (RuntimeScope).
+    if (stop_requested() && std::uncaught_exceptions() == 0 && t_runtime_depth == 0) stop_here_if_requested();
+  }
+  SanitizerCallScope(const SanitizerCallScope&) = delete;
+  SanitizerCallScope& operator=(const SanitizerCallScope&) = delete;
+
+ private:
+  static void mark(sig_atomic_t value) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    g_in_sanitizer = value;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+};
+
 // The running Metal thread and its access log, for the sanitizer.
-bool current_accesses(const ThreadInfo** info, AccessLog** touches) {
+inline bool current_accesses(const ThreadInfo** info, AccessLog** touches) {
+  const SanitizedThread& t = g_sanitized_thread;
+  if (!t.info) return false;
   // A statement that calls a SIMD-group function runs twice in barrier regions (regions.h):
   // the first run's evaluation of the arguments is the kernel's, the second's is not.
-  if (t_group && t_group->mode == kReplaying) return false;
-  Worker* w = t_worker;
-  if (w && w->current) {
-    *info = &w->current->info;
-    *touches = &w->current->touches;
-    return true;
-  }
-  if (w && t_plain_thread) {
-    *info = t_plain_thread;
-    *touches = &w->plain_touches;
-    return true;
-  }
-  return false;
+  if (t.mode && *t.mode == kReplaying) return false;
+  *info = t.info;
+  *touches = t.touches;
+  return true;
 }
 
 void end_segment() {
   const ThreadInfo* info;
   AccessLog* touches;
-  if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->end_segment(thread_id(*info), *touches);
+  if (!current_accesses(&info, &touches)) return;
+  SanitizerCallScope scope;
+  g_sanitized_thread.sanitizer->end_segment(thread_id(*info), *touches);
 }
 
 size_t stack_size() {
@@ -505,7 +554,10 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
       Fiber& f = w->fibers[i];
       if (f.state == State::Runnable) {
         w->current = &f;
-        switch_fiber(&w->scheduler, &f.context);
+        {
+          SanitizedThreadScope running(&f.info, &f.touches);
+          switch_fiber(&w->scheduler, &f.context);
+        }
         t_runtime_depth = 1;
         w->current = nullptr;
         ran = true;
@@ -556,6 +608,7 @@ void run_group_regions(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, u
           reinterpret_cast<unsigned char(*)[kSimdValueBytes]>(w->slots.data()), nullptr, nullptr};
   t_plain_thread = &g.running;
   t_group = &g;
+  SanitizedThreadScope running(&g.running, &w->plain_touches, &g.mode);
   try {
     run_kernel_code([&] { w->kernel->group(w->args, g); });
   } catch (...) {
@@ -594,6 +647,7 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group) {
     if (stop_requested()) throw stop_fault();
     ThreadInfo info = thread_info(grid, group_size, groups, group, i);
     t_plain_thread = &info;
+    SanitizedThreadScope running(&info, &w->plain_touches);
     try {
       run_kernel_code([&] { w->kernel->invoke(w->args, info); });
       end_segment();
@@ -799,7 +853,7 @@ void chain(const struct sigaction& previous, int sig, siginfo_t* info, void* con
 
 void on_stop_signal(int sig, siginfo_t* info, void* context) {
   if (t_worker != nullptr && t_crash_jump != nullptr) {  // a worker of this library
-    if (t_runtime_depth == 0 && stop_requested()) jump_out_to_stop();
+    if (t_runtime_depth == 0 && !g_in_sanitizer && stop_requested()) jump_out_to_stop();
     return;
   }
   chain(g_previous_stop_signal, sig, info, context);  // another library's worker, say
@@ -901,6 +955,8 @@ void after_fork_in_child() {
   for (WorkerSlot& slot : g_slots) slot.state.store(0);
   g_dispatch_running.store(false);
   g_stop.store(kRunning);
+  g_sanitized_thread = {};
+  g_in_sanitizer = 0;
 }
 
 [[maybe_unused]] const int g_fork_handler_registered =
@@ -1001,10 +1057,7 @@ void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
   suspend(w);
 }
 
-void end_region_segment() {
-  RuntimeScope scope;
-  end_segment();
-}
+void end_region_segment() { end_segment(); }
 
 // The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
 // the lanes waiting at the SIMD-group stop whose path comes first (loops' sites and
@@ -1157,16 +1210,15 @@ void array_out_of_bounds(const char* array, long long index, unsigned long long 
 
 void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
                       const void* field, size_t field_bytes, bool atomic) {
-  enter_runtime();
   const ThreadInfo* info;
   AccessLog* touches;
-  Sanitizer* s = t_sanitizer;
+  if (!current_accesses(&info, &touches)) return;
+  SanitizerCallScope scope;
   // The caller's return address tells the access's place in the kernel's code apart: the
   // checked accesses of sanitize.h are always inlined into it.
-  if (s && current_accesses(&info, &touches))
-    s->access(static_cast<const Region*>(region), element, element_bytes, field, field_bytes, atomic,
-              thread_id(*info), *touches, uintptr_t(__builtin_return_address(0)));
-  leave_runtime();
+  g_sanitized_thread.sanitizer->access(static_cast<const Region*>(region), element, element_bytes, field,
+                                       field_bytes, atomic, thread_id(*info), *touches,
+                                       uintptr_t(__builtin_return_address(0)));
 }
 
 void sanitizer_note_atomic(const void* address, size_t bytes) {
@@ -1178,11 +1230,11 @@ void sanitizer_note_atomic(const void* address, size_t bytes) {
 }
 
 void sanitizer_note_store(const void* address, size_t bytes, bool updates) {
-  enter_runtime();
   const ThreadInfo* info;
   AccessLog* touches;
-  if (t_sanitizer && current_accesses(&info, &touches)) t_sanitizer->note_store(address, bytes, updates, *touches);
-  leave_runtime();
+  if (!current_accesses(&info, &touches)) return;
+  SanitizerCallScope scope;
+  g_sanitized_thread.sanitizer->note_store(address, bytes, updates, *touches);
 }
 
 void inactive_lane_read(uint32_t lane) {
@@ -1209,7 +1261,9 @@ void leave_call() {
 }
 
 void count_fmas(unsigned n) {
-  if (t_sanitizer && !(t_group && t_group->mode == kReplaying)) t_sanitizer->count_fmas(n);
+  const ThreadInfo* info;
+  AccessLog* touches;
+  if (current_accesses(&info, &touches)) g_sanitized_thread.sanitizer->count_fmas(n);
 }
 
 bool inject_spurious_cas_failure() {
@@ -1330,6 +1384,8 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     if (sigsetjmp(jump, 1) != 0) {
       w->current = nullptr;
       t_plain_thread = nullptr;
+      g_sanitized_thread = {};  // the jump skipped the scopes that reset these
+      g_in_sanitizer = 0;
       t_runtime_depth = 1;
       std::lock_guard<std::mutex> g(fault_lock);
       if (!faulted) {

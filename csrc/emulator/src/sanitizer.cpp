@@ -179,6 +179,40 @@ std::string Sanitizer::thread_name(uint32_t group, uint32_t thread) const {
   return where_info(thread_info(grid_, group_size_, groups_, pos, thread));
 }
 
+// Inline: called once per access (and once per atomic operation).
+[[gnu::always_inline]] inline void Sanitizer::log_instruction(const ThreadId& who, uintptr_t site,
+                                                              const Region* region, const void* address,
+                                                              size_t bytes, bool atomic) {
+  InstructionLog& log = instruction_log_[who.simdgroup];
+  if (log.accesses >= kMaxInstructionLog) {
+    pair_instructions(log);
+    log.clear();
+  }
+  const bool device = !region || region->kind == R_BUFFER;
+  // A GPU buffer starts at a segment boundary (as bound: a tensor's storage offset aside),
+  // a host allocation need not: segments are counted from the buffer's start.
+  const uintptr_t shift = device && region ? uintptr_t(region->base) & (segment_bytes_ - 1) : 0;
+  const uintptr_t key = site << 1 | uintptr_t(device);
+  size_t p = log.latest;
+  if (p >= log.used || log.places[p].key != key) {
+    // A kernel has few places between two stops: a linear search.
+    for (p = 0; p < log.used && log.places[p].key != key;) ++p;
+    if (p == log.used) {
+      if (log.used == log.places.size()) log.places.emplace_back();
+      log.places[log.used++].key = key;
+    }
+  }
+  log.latest = p;
+  ++log.accesses;
+  // Built in place, field by field: a LaneAccess assembled on the stack and copied whole
+  // stalls on the store buffer (half of this function's time, perf).
+  LaneAccess& a = log.places[p].accesses.emplace_back();
+  a.address = uintptr_t(address) - shift;
+  a.bytes = uint32_t(bytes);
+  a.lane = uint8_t(who.thread % kSimdLanes);
+  a.atomic = atomic;
+}
+
 void Sanitizer::access(const Region* region, const void* element, size_t element_bytes,
                        const void* address, size_t bytes, bool atomic, const ThreadId& who,
                        AccessLog& log, uintptr_t site) {
@@ -194,27 +228,6 @@ void Sanitizer::access(const Region* region, const void* element, size_t element
   const bool device = region->kind == R_BUFFER;
   if (!device) ++counters_.threadgroup_accesses;
   log_instruction(who, site, region, address, bytes, false);
-}
-
-void Sanitizer::log_instruction(const ThreadId& who, uintptr_t site, const Region* region, const void* address,
-                                size_t bytes, bool atomic) {
-  std::vector<LaneAccess>& log = instruction_log_[who.simdgroup];
-  if (log.size() >= kMaxInstructionLog) {
-    pair_instructions(log);
-    log.clear();
-  }
-  const bool device = !region || region->kind == R_BUFFER;
-  // A GPU buffer starts at a segment boundary (as bound: a tensor's storage offset aside),
-  // a host allocation need not: segments are counted from the buffer's start.
-  const uintptr_t shift = device && region ? uintptr_t(region->base) & (segment_bytes_ - 1) : 0;
-  log.emplace_back();
-  LaneAccess& a = log.back();
-  a.site = site;
-  a.address = uintptr_t(address) - shift;
-  a.bytes = uint32_t(bytes);
-  a.lane = uint8_t(who.thread % kSimdLanes);
-  a.device = device;
-  a.atomic = atomic;
 }
 
 [[gnu::always_inline]] inline void Sanitizer::log_access(AccessLog& log, const Region* region,
@@ -242,14 +255,23 @@ void Sanitizer::log_instruction(const ThreadId& who, uintptr_t site, const Regio
                     "(16M distinct accesses): run this kernel unsanitized, or on smaller data");
   log.latest = log.touches.size();
   if (!log.index.empty()) log.index.emplace(key, uint32_t(log.latest));
-  log.touches.emplace_back(const_cast<char*>(a), const_cast<Region*>(region), key.bytes,
-                           key.element_bytes, key.element_offset, atomic);
+  log.touches.emplace_back();
   Touch& t = log.touches.back();
-  if (!atomic) {
-    if (bytes <= sizeof t.before)
-      with_size(bytes, [&](auto n) { std::memcpy(t.before, a, n); });
-    else
-      t.before_big.assign(a, a + bytes);
+  t.address = const_cast<char*>(a);
+  t.region = const_cast<Region*>(region);
+  t.count = 1;
+  t.bytes = key.bytes;
+  t.element_bytes = key.element_bytes;
+  t.element_offset = key.element_offset;
+  t.atomic = atomic;
+  t.stored = false;
+  t.first = USE_UNKNOWN;
+  if (atomic) return;
+  if (bytes <= sizeof t.before) {
+    with_size(bytes, [&](auto n) { std::memcpy(t.before, a, n); });
+  } else {
+    t.big = log.big_snapshots.size();
+    log.big_snapshots.insert(log.big_snapshots.end(), a, a + bytes);
   }
 }
 
@@ -300,9 +322,15 @@ void Sanitizer::unmark_plain_access(const void* address, size_t bytes, const Thr
   const Touch plain = *t;
   // Counted and logged as a plain access: it was not.
   if (plain.region->kind != R_BUFFER) --counters_.threadgroup_accesses;
-  std::vector<LaneAccess>& simd_log = instruction_log_[who.simdgroup];
-  if (!simd_log.empty() && !simd_log.back().atomic && simd_log.back().lane == who.thread % kSimdLanes)
-    simd_log.pop_back();
+  InstructionLog& simd_log = instruction_log_[who.simdgroup];
+  if (simd_log.latest < simd_log.used) {
+    std::vector<LaneAccess>& accesses = simd_log.places[simd_log.latest].accesses;
+    if (!accesses.back().atomic && accesses.back().lane == who.thread % kSimdLanes) {
+      accesses.pop_back();
+      --simd_log.accesses;
+      simd_log.latest = InstructionLog::kNone;  // note_atomic logs the atomic one next
+    }
+  }
   if (t->count > 1) {
     --t->count;
   } else {  // the access made this entry, the last one
@@ -322,22 +350,22 @@ void Sanitizer::note_store(const void* address, size_t bytes, bool updates, Acce
   t.stored = true;
 }
 
-bool Sanitizer::ordered(const Region& r, const Access& a, const Access& b) const {
+bool Sanitizer::ordered(const Region& r, Access a, Access b) {
   if (a.group == b.group && a.thread == b.thread) return true;
   if (r.kind == R_BUFFER && a.group != b.group) return false;
   if (a.epoch != b.epoch) return true;
   return a.simdgroup == b.simdgroup && a.sg_epoch != b.sg_epoch;
 }
 
-bool Sanitizer::conflict(const Region& r, const Access& a, const Access& b) const {
-  return (a.write || b.write) && !(a.atomic && b.atomic) && !ordered(r, a, b);
+bool Sanitizer::conflict(const Region& r, Access a, Access b) {
+  return (a.write() || b.write()) && !(a.atomic() && b.atomic()) && !ordered(r, a, b);
 }
 
-void Sanitizer::race(const Region& r, const Touch& t, const Access& earlier, const Access& now) {
+void Sanitizer::race(const Region& r, const Touch& t, Access earlier, Access now) {
   const bool device = r.kind == R_BUFFER;
   auto how = [](const Access& a) {
-    return a.atomic ? " updated it atomically"
-                    : (a.write ? " wrote it" : " read it (or stored the value already there)");
+    return a.atomic() ? " updated it atomically"
+                      : (a.write() ? " wrote it" : " read it (or stored the value already there)");
   };
   std::string msg = element_name(r, t) + ": " + thread_name(earlier.group, earlier.thread) +
                     how(earlier) + " and " + thread_name(now.group, now.thread) + how(now);
@@ -353,67 +381,74 @@ void Sanitizer::race(const Region& r, const Touch& t, const Access& earlier, con
 
 namespace {
 // Bit b of the result: byte 4 * word + b lies in [offset, offset + bytes).
-uint8_t word_mask(size_t word, size_t offset, size_t bytes) {
-  uint8_t mask = 0;
-  for (size_t b = 0; b < 4; ++b) {
-    const size_t byte = word * 4 + b;
-    if (byte >= offset && byte < offset + bytes) mask |= uint8_t(1u << b);
-  }
-  return mask;
+unsigned word_mask(size_t word, size_t offset, size_t bytes) {
+  const size_t from = std::max(offset, word * 4) - word * 4;
+  const size_t to = std::min(offset + bytes, word * 4 + 4) - word * 4;
+  return (1u << to) - (1u << from);
 }
 }  // namespace
 
-void Sanitizer::record(const Touch& t, const Access& base, bool write) {
+// Inline: end_segment calls it once per access it logged.
+[[gnu::always_inline]] inline void Sanitizer::record(const Touch& t, const ThreadId& who, bool write) {
   Region& r = *t.region;
   const size_t offset = size_t(t.address - r.base), bytes = t.bytes;
   const bool threadgroup = r.kind != R_BUFFER;
+  const uint32_t epoch = threadgroup ? tg_epoch_ : dev_epoch_;
+  const uint32_t sg_epoch = threadgroup ? sg_tg_epoch_[who.simdgroup] : sg_dev_epoch_[who.simdgroup];
+  const unsigned bits = (t.atomic ? Access::kAtomic : 0) | (write ? Access::kWrite : 0);
   // A read (or the read of a +=) of threadgroup bytes nobody has written: a race if another
   // thread writes them later in this interval, so reported when the interval ends.
   const bool reads_first = threadgroup && !t.atomic && (!write || t.first == USE_UPDATE);
   // Initialization is per element: a write of one field initializes its element.
   const bool whole_element = t.element_offset == 0 && t.element_bytes == t.bytes;
   for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
-    Access now = base;
-    now.mask = word_mask(word, offset, bytes);
-    now.write = write;
+    const unsigned mask = word_mask(word, offset, bytes);
+    // Built whole from scalars: see Access::bits.
+    const Access now{who.group, epoch, sg_epoch, uint16_t(who.thread), uint8_t(who.simdgroup), uint8_t(bits | mask)};
     Cell& c = r.shadow[word];
-    if (reads_first && (now.mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
-    if (threadgroup && write && whole_element) c.written |= now.mask;
-    for (unsigned b = 0; b < 4; ++b)
-      if ((now.mask & c.write_mask) >> b & 1 && conflict(r, c.writes[b], now)) race(r, t, c.writes[b], now);
-    for (uint8_t i = 0; i < c.n_reads; ++i)
-      if ((c.reads[i].mask & now.mask) && conflict(r, c.reads[i], now)) race(r, t, c.reads[i], now);
+    if (reads_first && (mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
+    if (threadgroup && write && whole_element) c.written |= mask;
+    // Threadgroup memory's writes of an earlier interval are ordered before this access.
+    const unsigned written_bytes = mask & c.write_mask;
+    if (written_bytes && !(threadgroup && c.write_epoch != now.epoch))
+      for (unsigned b = 0; b < 4; ++b)
+        if (written_bytes >> b & 1 && conflict(r, c.writes[b], now)) race(r, t, c.writes[b], now);
+    if (write)  // two reads never race
+      for (uint8_t i = 0; i < c.n_reads; ++i)
+        if ((c.reads[i].mask() & mask) && conflict(r, c.reads[i], now)) race(r, t, c.reads[i], now);
     if (write) {
       for (unsigned b = 0; b < 4; ++b) {
-        if (!(now.mask >> b & 1)) continue;
+        if (!(mask >> b & 1)) continue;
         const Access& last = c.writes[b];
         // A thread's plain write followed by its own atomic one in the same epoch: the plain
         // write is what other threads' atomics race with, so it stays the one remembered.
-        const bool keep_plain = (c.write_mask >> b & 1) && now.atomic && !last.atomic &&
+        const bool keep_plain = (c.write_mask >> b & 1) && now.atomic() && !last.atomic() &&
                                 last.group == now.group && last.thread == now.thread &&
                                 last.epoch == now.epoch && last.sg_epoch == now.sg_epoch;
         if (!keep_plain) c.writes[b] = now;
       }
-      c.write_mask |= now.mask;
+      c.write_mask |= mask;
+      c.write_epoch = now.epoch;  // every write kept is of this epoch or an earlier one
     }
     // Reads ordered before this access are ordered before every later one too (epochs only
-    // grow, and a later access of another threadgroup conflicts with this one as well).
+    // grow, and a later access of another threadgroup conflicts with this one as well). The
+    // thread's own earlier read is one of them.
     uint8_t kept = 0;
     for (uint8_t i = 0; i < c.n_reads; ++i)
       if (!ordered(r, c.reads[i], now)) c.reads[kept++] = c.reads[i];
     c.n_reads = kept;
     if (write) continue;
-    uint8_t slot = c.n_reads;
-    for (uint8_t i = 0; i < c.n_reads; ++i)
-      if (c.reads[i].group == now.group && c.reads[i].thread == now.thread) slot = i;
-    if (slot == 2) slot = 1;  // two unordered readers already: keep the first and the latest
-    c.reads[slot] = now;
-    if (slot == c.n_reads) ++c.n_reads;
+    if (kept == 2) {
+      c.reads[1] = now;  // two unordered readers already: keep the first and the latest
+    } else {
+      c.reads[kept] = now;
+      c.n_reads = uint8_t(kept + 1);
+    }
   }
   if (threadgroup && write && !whole_element) mark_written(t);
 }
 
-void Sanitizer::remember_uninitialized_read(const Touch& t, const Access& reader) {
+void Sanitizer::remember_uninitialized_read(const Touch& t, Access reader) {
   uninitialized_.reset(new UninitializedRead{t, reader});
 }
 
@@ -436,14 +471,11 @@ void Sanitizer::report_uninitialized_read() {
 void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
   for (const Touch& t : log.touches) {
     const bool device = t.region->kind == R_BUFFER;
-    Access base{who.group, device ? dev_epoch_ : tg_epoch_,
-                device ? sg_dev_epoch_[who.simdgroup] : sg_tg_epoch_[who.simdgroup],
-                uint16_t(who.thread), uint8_t(who.simdgroup), 0, false, t.atomic};
     // An atomic is a read-modify-write, whatever it stored.
     bool write = t.atomic || t.stored;
-    if (!write) with_size(t.bytes, [&](auto n) { write = std::memcmp(t.snapshot(), t.address, n) != 0; });
+    if (!write) with_size(t.bytes, [&](auto n) { write = std::memcmp(log.snapshot(t), t.address, n) != 0; });
     if (device && !t.atomic) (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes * t.count;
-    record(t, base, write);
+    record(t, who, write);
   }
   log.clear();
 }
@@ -455,76 +487,75 @@ void Sanitizer::flush_instruction_log() {
   }
 }
 
-void Sanitizer::pair_instructions(std::vector<LaneAccess>& log) {
-  // Instruction k of a place (a site, device or threadgroup memory apart: a helper function
-  // may take either) is the k-th access each lane made there. So: the log's accesses by
-  // place, each lane's in program order (a counting sort by place, in order of first
-  // appearance: a stable sort of the log took a tenth of a sanitized matmul's time), then
-  // per place the lanes' runs side by side.
-  place_keys_.clear();
-  place_counts_.clear();
-  place_of_.resize(log.size());
-  uint32_t last = 0;
-  for (size_t i = 0; i < log.size(); ++i) {
-    const uintptr_t key = log[i].site << 1 | uintptr_t(log[i].device);  // user-space addresses: the top bit is free
-    if (place_keys_.empty() || key != place_keys_[last]) {
-      // A kernel has few places between two stops: a linear search (from the latest).
-      const auto found = std::find(place_keys_.begin(), place_keys_.end(), key);
-      last = uint32_t(found - place_keys_.begin());
-      if (found == place_keys_.end()) {
-        place_keys_.push_back(key);
-        place_counts_.push_back(0);
-      }
-    }
-    place_of_[i] = last;
-    ++place_counts_[last];
-  }
-  size_t offset = 0;
-  for (size_t& c : place_counts_) offset += std::exchange(c, offset);  // counts -> starts
-  by_place_.resize(log.size());  // indices, not copies: the log may hold a million accesses
-  for (size_t i = 0; i < log.size(); ++i) by_place_[place_counts_[place_of_[i]]++] = uint32_t(i);
-  auto lane = [&](size_t i) { return log[by_place_[i]].lane; };
-  for (size_t begin = 0, p = 0; p < place_counts_.size(); begin = place_counts_[p++]) {
-    const size_t end = place_counts_[p];
-    // Each lane's accesses at one place are one run when its threads ran one after
-    // another; otherwise (a lane back after another's) group them, keeping their order.
-    uint32_t closed = 0;
-    bool runs = true;
-    for (size_t i = begin + 1; i < end && runs; ++i) {
-      if (lane(i) == lane(i - 1)) continue;
-      closed |= uint32_t(1) << lane(i - 1);
-      runs = !(closed >> lane(i) & 1);
-    }
-    if (!runs)
-      std::stable_sort(by_place_.begin() + ptrdiff_t(begin), by_place_.begin() + ptrdiff_t(end),
-                       [&](uint32_t a, uint32_t b) { return log[a].lane < log[b].lane; });
+void Sanitizer::pair_instructions(InstructionLog& log) {
+  for (size_t p = 0; p < log.used; ++p) pair_place(log.places[p]);
+}
+
+void Sanitizer::pair_place(Place& place) {
+  // Instruction k of a place is the k-th access each lane made there: the lanes' runs of
+  // accesses side by side.
+  std::vector<LaneAccess>& log = place.accesses;
+  auto find_runs = [&] {  // false if a lane has two
     lane_runs_.clear();
-    for (size_t i = begin, j; i < end; i = j) {
-      for (j = i; j < end && lane(j) == lane(i);) ++j;
+    uint32_t lanes = 0;
+    for (size_t i = 0, j; i < log.size(); i = j) {
+      const unsigned lane = log[i].lane;
+      if (lanes >> lane & 1) return false;
+      lanes |= uint32_t(1) << lane;
+      for (j = i + 1; j < log.size() && log[j].lane == lane;) ++j;
       lane_runs_.emplace_back(i, j);
     }
-    for (size_t k = 0;; ++k) {
-      step_.clear();
-      for (const auto& run : lane_runs_)
-        if (run.first + k < run.second) step_.push_back(&log[by_place_[run.first + k]]);
-      if (step_.empty()) break;
-      count_instruction(step_);
-    }
+    return true;
+  };
+  // Each lane's accesses are one run when its threads ran one after another; otherwise (a
+  // lane back after another's) group them, keeping their order.
+  if (!find_runs()) {
+    std::stable_sort(log.begin(), log.end(), [](const LaneAccess& a, const LaneAccess& b) { return a.lane < b.lane; });
+    find_runs();
+  }
+  for (size_t k = 0;; ++k) {
+    step_.clear();
+    for (const auto& run : lane_runs_)
+      if (run.first + k < run.second) step_.push_back(&log[run.first + k]);
+    if (step_.empty()) break;
+    count_instruction(step_, place.device());
   }
 }
 
-void Sanitizer::count_instruction(const std::vector<const LaneAccess*>& lanes) {
+void Sanitizer::count_instruction(const std::vector<const LaneAccess*>& lanes, bool device) {
   ++counters_.memory_instructions;
   counters_.active_lanes += lanes.size();
   if (lanes[0]->atomic) count_atomic_conflicts(lanes);
-  if (lanes[0]->device)
+  if (device)
     count_transactions(lanes);
   else if (!lanes[0]->atomic)
     count_bank_conflicts(lanes);
 }
 
+namespace {
+constexpr unsigned kBanks = 32;  // of 4-byte words
+
+// Whether the lanes touch at most one word in each bank (the same word twice is a broadcast).
+bool one_word_per_bank(const std::vector<const LaneAccess*>& lanes) {
+  uintptr_t bank_word[kBanks];
+  uint32_t banks_used = 0;
+  for (const LaneAccess* a : lanes)
+    for (uintptr_t w = a->address / 4, last = (a->address + a->bytes - 1) / 4; w <= last; ++w) {
+      const unsigned bank = unsigned(w % kBanks);
+      if (!(banks_used >> bank & 1)) {
+        banks_used |= uint32_t(1) << bank;
+        bank_word[bank] = w;
+      } else if (bank_word[bank] != w) {
+        return false;
+      }
+    }
+  return true;
+}
+}  // namespace
+
 void Sanitizer::count_bank_conflicts(const std::vector<const LaneAccess*>& lanes) {
-  constexpr unsigned kBanks = 32;
+  // Most instructions touch at most one word per bank: no conflict, told without sorting.
+  if (one_word_per_bank(lanes)) return;
   // Distinct words per bank among the lanes' accesses: same word = broadcast.
   words_.clear();
   for (const LaneAccess* a : lanes)
@@ -540,22 +571,21 @@ void Sanitizer::count_bank_conflicts(const std::vector<const LaneAccess*>& lanes
 void Sanitizer::count_transactions(const std::vector<const LaneAccess*>& lanes) {
   const uintptr_t segment = segment_bytes_;
   const unsigned shift = unsigned(__builtin_ctz(segment_bytes_));  // a power of two (constructor)
-  words_.clear();   // the segments touched
   ranges_.clear();  // the bytes touched, [begin, end) per lane
-  for (const LaneAccess* a : lanes) {
-    for (uintptr_t s = a->address >> shift, last = (a->address + a->bytes - 1) >> shift; s <= last; ++s)
-      words_.push_back(s);
-    ranges_.emplace_back(a->address, a->address + a->bytes);
-  }
-  std::sort(words_.begin(), words_.end());
-  const uint64_t touched = uint64_t(std::unique(words_.begin(), words_.end()) - words_.begin());
-  std::sort(ranges_.begin(), ranges_.end());
-  uint64_t bytes = 0;
-  uintptr_t covered = 0;  // the end of the bytes counted so far
+  for (const LaneAccess* a : lanes) ranges_.emplace_back(a->address, a->address + a->bytes);
+  // Coalesced lanes come in address order already.
+  if (!std::is_sorted(ranges_.begin(), ranges_.end())) std::sort(ranges_.begin(), ranges_.end());
+  // One sweep in address order counts the union of the ranges, in bytes and in segments.
+  uint64_t bytes = 0, touched = 0;
+  uintptr_t covered = 0;        // the end of the bytes counted so far
+  uintptr_t next_segment = 0;   // the first segment after those counted so far
   for (const auto& r : ranges_) {
     const uintptr_t from = std::max(r.first, covered);
     if (r.second > from) bytes += r.second - from;
     covered = std::max(covered, r.second);
+    const uintptr_t first = std::max(r.first >> shift, next_segment), last = (r.second - 1) >> shift;
+    if (last >= first) touched += last - first + 1;
+    next_segment = std::max(next_segment, last + 1);
   }
   ++counters_.device_instructions;
   counters_.device_transactions += touched;

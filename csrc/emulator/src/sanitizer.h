@@ -37,22 +37,31 @@ namespace tsm_emu {
 
 enum RegionKind { R_BUFFER, R_THREADGROUP_ARG, R_THREADGROUP_VAR, R_PROGRAM_CONSTANT };
 
-// Who accessed, and the ordering epochs in force for that memory when it did.
+// Who accessed, and the ordering epochs in force for that memory when it did (16 bytes:
+// a cell holds six).
 struct Access {
   uint32_t group;      // linear threadgroup index in the grid
   uint32_t epoch;      // threadgroup barriers (with the region's memory flag) passed
   uint32_t sg_epoch;   // simdgroup barriers passed by its SIMD-group
   uint16_t thread;     // thread_index_in_threadgroup
   uint8_t simdgroup;
-  uint8_t mask;        // bytes of the 4-byte word touched
-  bool write;
-  bool atomic;
+  // The bytes of the 4-byte word touched (bits 0-3), kWrite, kAtomic. Not bit-fields: an
+  // Access built of byte stores and read back whole stalls the store buffer.
+  uint8_t bits;
+  static constexpr uint8_t kWrite = 0x10, kAtomic = 0x20;
+  unsigned mask() const { return bits & 0xFu; }
+  bool write() const { return bits & kWrite; }
+  bool atomic() const { return bits & kAtomic; }
 };
+static_assert(sizeof(Access) == 16, "Access packs into 16 bytes");
 
 struct Cell {  // one 4-byte word of a region
   uint8_t written = 0;     // threadgroup memory: bytes written since the threadgroup began
   uint8_t write_mask = 0;  // which bytes have a last write below
   uint8_t n_reads = 0;
+  // The epoch of the latest write below, the newest of them: in threadgroup memory, whose
+  // accesses all come from one threadgroup, none of them is a race once the epoch moved on.
+  uint32_t write_epoch = 0;
   Access writes[4];        // the last write of each byte
   Access reads[2];         // reads not yet ordered before later accesses, distinct threads
 };
@@ -117,25 +126,25 @@ class Regions {
 // How the first access of a Touch used it, when the rewriter said (sanitize.h).
 enum FirstUse : uint8_t { USE_UNKNOWN, USE_STORE, USE_UPDATE };
 
+// A logged access: trivially copyable, so that logging one is a few stores and clearing the
+// log costs nothing per entry.
 struct Touch {
-  // The snapshot is taken by whoever logs it (nothing for atomics).
-  Touch(char* address, Region* region, uint32_t bytes, uint32_t element_bytes,
-        uint32_t element_offset, bool atomic)
-      : address(address), region(region), bytes(bytes), element_bytes(element_bytes),
-        element_offset(element_offset), atomic(atomic) {}
-
+  Touch() {}  // uninitialized: the logger sets every field it reads (no zeroing per access)
   char* address;        // the bytes accessed: an element, or a field of a struct element
   Region* region;
+  uint64_t count;       // accesses merged into this one
   uint32_t bytes;
   uint32_t element_bytes;   // the element they lie in, from element_offset bytes before them
   uint32_t element_offset;
   bool atomic;
-  bool stored = false;  // the target of an assignment: a write, whatever it stored
-  FirstUse first = USE_UNKNOWN;
-  uint64_t count = 1;   // accesses merged into this one
-  unsigned char before[32];            // the bytes at first touch (up to 32 bytes)
-  std::vector<unsigned char> before_big;  // larger ones (structs)
-  const unsigned char* snapshot() const { return bytes <= sizeof before ? before : before_big.data(); }
+  bool stored;          // the target of an assignment: a write, whatever it stored
+  FirstUse first;
+  // The bytes at first touch (nothing for atomics): here up to 16 bytes (a float4), larger
+  // ones (structs) at this offset in their log's `big_snapshots`.
+  union {
+    unsigned char before[16];
+    size_t big;
+  };
   const char* element() const { return address - element_offset; }
 };
 
@@ -159,13 +168,18 @@ struct AccessLog {
   };
 
   std::vector<Touch> touches;
+  std::vector<unsigned char> big_snapshots;  // snapshots over 16 bytes (Touch::big)
   std::unordered_map<Key, uint32_t, KeyHash> index;  // once touches reached kIndexFrom
   size_t latest = 0;      // the touch the latest access went to
   uint64_t repeats = 0;   // accesses in a row to memory already in the log
   uint64_t repeats_before_latest = 0;
 
+  const unsigned char* snapshot(const Touch& t) const {
+    return t.bytes <= sizeof t.before ? t.before : big_snapshots.data() + t.big;
+  }
   void clear() {
     touches.clear();
+    big_snapshots.clear();
     if (!index.empty()) index = {};  // give back a long segment's buckets
     latest = 0;
     repeats = repeats_before_latest = 0;
@@ -208,12 +222,36 @@ struct Counters {
 // One lane's memory access, kept until the SIMD-group's lanes all stop and its accesses
 // are paired into instructions (Counters).
 struct LaneAccess {
-  uintptr_t site;     // where in the kernel's code it was made (a return address)
+  LaneAccess() {}  // uninitialized: log_instruction sets every field
   uintptr_t address;   // device memory: shifted so that its buffer starts on a segment
   uint32_t bytes;
   uint8_t lane;
-  bool device;        // else threadgroup memory
   bool atomic;
+};
+
+// A place in the kernel's code: a site (the address the check returns to), device or
+// threadgroup memory apart (a helper function may take either), with its lanes' accesses
+// there, in program order.
+struct Place {
+  uintptr_t key;  // site << 1 | device (user-space addresses: the top bit is free)
+  std::vector<LaneAccess> accesses;
+  bool device() const { return key & 1; }
+};
+
+// A SIMD-group's accesses since its lanes last stopped, by place as they are logged: pairing
+// them needs no sort.
+struct InstructionLog {
+  static constexpr size_t kNone = ~size_t(0);
+  std::vector<Place> places;  // the first `used` are this log's; the others keep their capacity
+  size_t used = 0;
+  size_t accesses = 0;
+  size_t latest = kNone;  // the place of the latest access logged, if it still is there
+
+  void clear() {
+    for (size_t p = 0; p < used; ++p) places[p].accesses.clear();
+    used = accesses = 0;
+    latest = kNone;
+  }
 };
 
 class Sanitizer : public Regions {
@@ -250,18 +288,19 @@ class Sanitizer : public Regions {
   const Counters& counters() const { return counters_; }
 
  private:
-  [[noreturn]] void race(const Region& r, const Touch& t, const Access& earlier, const Access& now);
+  [[noreturn]] void race(const Region& r, const Touch& t, Access earlier, Access now);
   std::string element_name(const Region& r, const Touch& t) const;
   std::string thread_name(uint32_t group, uint32_t thread) const;
-  bool ordered(const Region& r, const Access& a, const Access& b) const;
-  bool conflict(const Region& r, const Access& a, const Access& b) const;
+  // By value: an Access in registers is not stored and read back whole.
+  static bool ordered(const Region& r, Access a, Access b);
+  static bool conflict(const Region& r, Access a, Access b);
   void log_access(AccessLog& log, const Region* region, const char* element, size_t element_bytes,
                   const char* address, size_t bytes, bool atomic, const ThreadId& who);
   Touch* look_up(AccessLog& log, const AccessLog::Key& key);  // in a long log
   [[noreturn]] void hang(const AccessLog& log, const Touch& t, const ThreadId& who) const;
-  void record(const Touch& t, const Access& base, bool write);
+  void record(const Touch& t, const ThreadId& who, bool write);
   // Out of record's loop, which is the sanitizer's hot spot.
-  [[gnu::noinline]] void remember_uninitialized_read(const Touch& t, const Access& reader);
+  [[gnu::noinline]] void remember_uninitialized_read(const Touch& t, Access reader);
   [[gnu::noinline]] void mark_written(const Touch& t);  // the element of a field written
   void report_uninitialized_read();
 
@@ -281,20 +320,17 @@ class Sanitizer : public Regions {
   void unmark_plain_access(const void* address, size_t bytes, const ThreadId& who, AccessLog& log);
   void log_instruction(const ThreadId& who, uintptr_t site, const Region* region, const void* address,
                        size_t bytes, bool atomic);
-  void pair_instructions(std::vector<LaneAccess>& log);
-  void count_instruction(const std::vector<const LaneAccess*>& lanes);
+  void pair_instructions(InstructionLog& log);
+  void pair_place(Place& place);
+  void count_instruction(const std::vector<const LaneAccess*>& lanes, bool device);
   void count_bank_conflicts(const std::vector<const LaneAccess*>& lanes);
   void count_transactions(const std::vector<const LaneAccess*>& lanes);
   void count_atomic_conflicts(const std::vector<const LaneAccess*>& lanes);
 
   uint32_t segment_bytes_;
-  // Per SIMD-group: its lanes' memory accesses since the last flush, in program order.
-  std::vector<std::vector<LaneAccess>> instruction_log_;
+  // Per SIMD-group: its lanes' memory accesses since the last flush.
+  std::vector<InstructionLog> instruction_log_;
   // Scratch of the flush, reused.
-  std::vector<uintptr_t> place_keys_;                     // per place: its site and memory
-  std::vector<size_t> place_counts_;                      // per place: its accesses, then where they start
-  std::vector<uint32_t> place_of_;                        // per access: its place
-  std::vector<uint32_t> by_place_;                        // the log's indices, by place
   std::vector<std::pair<size_t, size_t>> lane_runs_;
   std::vector<const LaneAccess*> step_;
   std::vector<uintptr_t> words_;
