@@ -32,6 +32,7 @@
 #include "c_interface.h"
 #include "fiber_switch.h"
 #include "sanitizer.h"
+#include "sanitizer_access.h"
 #include "tsm_emu/regions.h"
 #include "tsm_emu/runtime.h"
 #include "tsm_emu/thread_array.h"

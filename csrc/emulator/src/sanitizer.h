@@ -266,6 +266,7 @@ class Sanitizer : public Regions {
 
   // An access to `bytes` at `address`, inside the element of `element_bytes` at `element`
   // (the same range unless the access is to a field), made at `site` in the kernel's code.
+  // Defined in sanitizer_access.h, to be inlined into the runtime's per-access entry point.
   void access(const Region* region, const void* element, size_t element_bytes, const void* address,
               size_t bytes, bool atomic, const ThreadId& who, AccessLog& log, uintptr_t site);
   // An atomic operation at `site` (called once per operation, whichever way it was reached).
@@ -289,6 +290,8 @@ class Sanitizer : public Regions {
 
  private:
   [[noreturn]] void race(const Region& r, const Touch& t, Access earlier, Access now);
+  [[noreturn]] void out_of_bounds(const Region* region, const char* element, size_t element_bytes,
+                                  const ThreadId& who) const;
   std::string element_name(const Region& r, const Touch& t) const;
   std::string thread_name(uint32_t group, uint32_t thread) const;
   // By value: an Access in registers is not stored and read back whole.
