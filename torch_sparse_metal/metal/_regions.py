@@ -598,6 +598,12 @@ class _GroupFunction:
             if parent.kind == k.UNARY_OPERATOR:
                 return lib.clang_getCursorUnaryOperatorKind(parent) in _MODIFYING_UNARY
             if parent.kind == k.CALL_EXPR:
+                operator = _dependent_operator(parent)
+                if operator is not None:  # `p += n` with an operand of a template parameter's type
+                    name, operands = operator
+                    if operands == 1:
+                        return name in ("operator++", "operator--", "operator&")
+                    return first == child and re.fullmatch(r"operator(?:[-+*/%^&|<>]|<<|>>)?=", name) is not None
                 if rvalue:
                     return False
                 callee = parent.referenced
