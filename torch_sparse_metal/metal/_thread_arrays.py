@@ -15,10 +15,15 @@ array still, the array initialises, copies (into a barrier region's slot too), d
 ``thread T*`` and passes to a ``thread T (&)[N]`` parameter as before; ``sizeof`` is
 unchanged. An index outside the array raises
 ``KernelFault("out_of_bounds")`` naming the array, the element, its length and the
-source line (tsm_emu/thread_array.h), in every build. Not checked: accesses through a
-pointer into such an array (``thread float* p = x; p[5]``), which are raw pointers;
-``&x[i]``, an address (one past the end is one); and a member array whose length depends on
-a template parameter.
+source line (tsm_emu/thread_array.h), in every build. Not checked: ``&x[i]``, an address
+(one past the end is one), and a member array whose length depends on a template
+parameter.
+
+Pointers into such an array are checked where they are used: ``x + i`` becomes
+``::tsm_emu::bounded(x) + i``, a ``thread_ptr`` with the array's bounds (the rewriter makes
+every ``thread T*`` one, and ``&x[i]`` one through ``element_address``), and the index of
+each subscript of a thread pointer, ``p[i]``, becomes ``::tsm_emu::located(i, "p[i]",
+__FILE__, __LINE__)``, so that a fault names the subscript and its line.
 """
 from __future__ import annotations
 
@@ -34,7 +39,8 @@ _ARRAY_KINDS = ("ConstantArray", "DependentSizedArray")
 def edits(tu, path: str, source, preprocessed: str) -> List[Edit]:
     """Edits of ``preprocessed`` (clang parsed it as ``path``; ``source`` maps clang's
     offsets back to it) that check the index of every subscript of an array that is not in
-    threadgroup memory."""
+    threadgroup memory, bound ``x + i`` of one, and locate each subscript of a thread
+    pointer."""
     from ._frontend import _cindex
     k = _cindex().CursorKind
     out: List[Edit] = []

@@ -9,9 +9,10 @@
 //
 // A pointer declared `thread T*` becomes a thread_ptr<T> (the rewriter, _rewrite.py), which
 // carries the bounds of the array it was taken from: the array's decay (`p = x`, passing x
-// to a `thread T*` parameter) and `&x[i]` (element_address below) give them, arithmetic
-// keeps them, and each access through it is checked against them. One taken from anything
-// else (a scalar's address, a cast, a raw pointer) has none and is not checked.
+// to a `thread T*` parameter), `&x[i]` (element_address below) and `x + i` (bounded) give
+// them, arithmetic keeps them, and each access through it is checked against them. One
+// taken from anything else (a scalar's address, a cast, a raw pointer) has none and is not
+// checked.
 #pragma once
 
 #include <cstddef>
@@ -91,12 +92,12 @@ class thread_ptr {
   }
   // thread_ptr<float> -> thread_ptr<const float>
   template <class U, class = std::enable_if_t<std::is_convertible<U*, T*>::value && !std::is_same<U, T>::value>>
-  thread_ptr(const thread_ptr<U>& other) : p_(other.get()), begin_(other.begin()), end_(other.end()) {}
+  thread_ptr(const thread_ptr<U>& other) : p_(other.get()), begin_(other.lower()), end_(other.upper()) {}
   thread_ptr(T* p, T* begin, T* end) : p_(p), begin_(begin), end_(end) {}
 
   T* get() const { return p_; }
-  T* begin() const { return begin_; }
-  T* end() const { return end_; }
+  T* lower() const { return begin_; }  // the array's bounds [lower, upper), null when it has none
+  T* upper() const { return end_; }
   operator T*() const { return p_; }
   // (thread uint*)p: a C-style cast to another pointee type, unbounded as any cast.
   template <class U, class = std::enable_if_t<!std::is_same<std::remove_cv_t<U>, std::remove_cv_t<T>>::value>>
