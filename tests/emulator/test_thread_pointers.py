@@ -128,3 +128,28 @@ def test_pointers_across_barriers_as_barrier_regions_and_as_fibers(lib, monkeypa
     # thread 0: h[k % 2] += k + 1, so hist[1] = 1 + 3, hist[2] = h[1] = 2
     assert values[0] == 2.0 * 4.0 + 4.0 * 2.0
     assert "accesses `h[extra + 1]`, element 3 of a thread array that holds 3 elements" in message
+
+
+DEVICE_ARRAYS = r"""#include <metal_stdlib>
+using namespace metal;
+struct block { half d; uint8_t qs[16]; };
+constant float TABLE[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+float first(constant float* t) { return t[0]; }
+// ggml's form: an array member of a buffer's element, offset and cast to another pointee type.
+kernel void members(device const block* x [[buffer(0)]], device float* out [[buffer(1)]],
+                    uint i [[thread_position_in_grid]]) {
+  device const uint16_t* q = (device const uint16_t*)(x[i].qs + 2);
+  device const uint16_t* r = (device const uint16_t*)&x[i].qs[4];
+  out[i] = float(q[0]) + float(r[0]) + float(x[i].qs[6]) + first(&TABLE[1]) + first(TABLE + 2);
+}
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
+def test_arrays_in_buffers_and_constants_stay_checked_pointers(sanitize):
+    lib = compile_shader(DEVICE_ARRAYS, sanitize=sanitize)
+    x = torch.zeros(2, 18, dtype=torch.uint8)  # half d, then qs[16] from byte 2
+    x[:, 4], x[:, 6], x[:, 8] = 1, 2, 3
+    out = torch.zeros(2)
+    lib.members(x, out, threads=2, group_size=2)
+    assert out.tolist() == [1.0 + 2.0 + 3.0 + 2.0 + 3.0] * 2

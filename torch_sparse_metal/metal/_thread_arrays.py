@@ -66,7 +66,7 @@ def edits(tu, path: str, source, preprocessed: str) -> List[Edit]:
 
 
 def _bounded_arithmetic(cursor, source, preprocessed: str) -> List[Edit]:
-    """``x + i`` (and ``i + x``, ``x - i``) of an array outside threadgroup memory ->
+    """``x + i`` (and ``i + x``, ``x - i``) of an array in thread memory ->
     ``::tsm_emu::bounded(x) + i``: a thread_ptr that keeps the array's bounds, as ``&x[i]``
     does (tsm_emu/thread_array.h)."""
     operands = list(cursor.get_children())
@@ -79,8 +79,8 @@ def _bounded_arithmetic(cursor, source, preprocessed: str) -> List[Edit]:
         return []
     for operand in operands:
         array = _array_of(operand)
-        if array is None or "__local" in array.type.spelling:
-            continue
+        if array is None or any(space in array.type.spelling for space in ("__local", "__global", "__constant")):
+            continue  # not thread memory: a device or constant array is checked by its region
         start = source.original(operand.extent.start.offset)
         end = source.original(operand.extent.end.offset, end=True)
         if start < end and "__tsm" not in preprocessed[start:end]:

@@ -102,9 +102,13 @@ class thread_ptr {
   // (thread uint*)p: a C-style cast to another pointee type, unbounded as any cast.
   template <class U, class = std::enable_if_t<!std::is_same<std::remove_cv_t<U>, std::remove_cv_t<T>>::value>>
   explicit operator U*() const { return (U*)p_; }
-  // A program-scope constant array's element passed on as `constant T*` (&TABLE[i]).
+  // An element of an array in a buffer or a program-scope constant one passed on as a
+  // checked pointer (&TABLE[i] as `constant T*`), or cast to one of another pointee type
+  // (ggml's `(device const uint16_t *)&x[i].qs[0]`): its region is found by address.
   template <class U, class = std::enable_if_t<std::is_convertible<T*, U*>::value>>
   operator ptr<U>() const { return ptr<U>(p_); }
+  template <class U, class = std::enable_if_t<!std::is_convertible<T*, U*>::value>, class = void>
+  explicit operator ptr<U>() const { return ptr<U>((U*)p_); }
 
   __attribute__((always_inline)) T& operator[](ptrdiff_t i) const { return at(p_ + i, nullptr, nullptr, 0); }
   template <class I>
