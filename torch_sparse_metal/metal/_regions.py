@@ -158,6 +158,7 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
 
 _ASSIGNMENTS = set(range(22, 33))  # clang's CXBinaryOperatorKind: = *= /= ... |=
 _MODIFYING_UNARY = {1, 2, 3, 4, 5}  # CXUnaryOperatorKind: x++ x-- ++x --x &x
+_ASSIGNING_OPERATOR = re.compile(r"operator(?:[-+*/%^&|<>]|<<|>>)?=")
 _HOISTED_KINDS = ("TYPEDEF_DECL", "TYPE_ALIAS_DECL", "STRUCT_DECL", "CLASS_DECL", "UNION_DECL", "ENUM_DECL",
                   "STATIC_ASSERT", "TYPE_ALIAS_TEMPLATE_DECL", "USING_DECLARATION", "USING_DIRECTIVE")
 _CONSTANT_KINDS = ("INTEGER_LITERAL", "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "CHARACTER_LITERAL",
@@ -598,6 +599,12 @@ class _GroupFunction:
             if parent.kind == k.UNARY_OPERATOR:
                 return lib.clang_getCursorUnaryOperatorKind(parent) in _MODIFYING_UNARY
             if parent.kind == k.CALL_EXPR:
+                # `p += n` with `n` of a template parameter's type: an operator clang left unresolved
+                operator = _dependent_operator(parent)
+                if operator in (("operator++", 1), ("operator--", 1), ("operator&", 1)):
+                    return True
+                if operator is not None and first == child and _ASSIGNING_OPERATOR.fullmatch(operator[0]):
+                    return True
                 if rvalue:
                     return False
                 callee = parent.referenced

@@ -281,13 +281,16 @@ _POINTER_TO_POINTER = re.compile(
 
 # `constant const int64_t strides[2]` as a parameter (MLX's elem_to_loc_2): a pointer.
 _ADDRESS_SPACE_ARRAY_PARAMETER = re.compile(
-    r"(?<=[(,])\s*" + _QUALIFIERS + r"(?:device|constant|threadgroup)\s+" + _QUALIFIERS + r"(" + _TYPE +
+    r"(?<=[(,])\s*" + _QUALIFIERS + r"(?:device|constant|threadgroup|thread)\s+" + _QUALIFIERS + r"(" + _TYPE +
     r")\s*(\w+)\s*\[[^\[\];{}]*\](?=\s*[,)])")
+_THREAD_POINTER = re.compile(
+    r"(?<![\w:])" + _QUALIFIERS + r"thread\s+" + _QUALIFIERS + r"(" + _TYPE + r")\s*((?:(?:const|volatile)\b\s*)*)\*")
+_CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 
 def _array_parameters_as_pointers(src: str) -> str:
-    """``constant T name[N]`` in a parameter list -> ``constant T* name``, as C++ adjusts it,
-    so that the pointer rewrite below checks it like any other."""
+    """``constant T name[N]`` (and thread, ...) in a parameter list -> ``constant T* name``,
+    as C++ adjusts it, so that the pointer rewrites below check it like any other."""
     masked = _mask_strings_and_directives(src)
     return _apply(src, [(m.end(3), m.end(), f"* {m.group(4)}")
                         for m in _ADDRESS_SPACE_ARRAY_PARAMETER.finditer(masked)])
@@ -351,6 +354,69 @@ def _checked_pointers(src: str) -> str:
         last = end
     out.append(src[last:])
     return "".join(out)
+
+
+def _thread_pointers(src: str) -> str:
+    """``thread T*`` -> ``::tsm_emu::thread_ptr<T>`` (tsm_emu/thread_array.h), a pointer that
+    carries the bounds of the thread array it was taken from.
+
+    It stays a raw ``T*`` where a class cannot stand for it: a template argument, a C-style
+    cast, and a parameter of a function (or alias) template whose pointee names one of the
+    template's parameters, which a call may deduce from the pointer (``template <typename T>
+    void f(thread T* p)`` called with ``f(x)``); ``reinterpret_cast<thread T*>(e)`` becomes
+    ``thread_cast<T>(e)``, raw too; ``thread auto*`` becomes ``auto``."""
+    masked = _mask_strings_and_directives(src)
+    edits = []
+    for m in _THREAD_POINTER.finditer(masked):
+        pointee = " ".join(src[m.start(3):m.end(3)].split())
+        typed = " ".join(f"{_cv(m.group(1), m.group(2), m.group(4))} {pointee}".split())
+        start, end = m.start(), m.end()
+        cast = re.search(r"\b(?:reinterpret|static|const)_cast\s*<\s*$", masked[max(0, start - 40):start])
+        close = re.match(r"\s*>", masked[end:])
+        if cast and close:
+            edits.append((start - len(cast.group()), end + close.end(), f"::tsm_emu::thread_cast<{typed}>"))
+        elif pointee == "auto":
+            edits.append((start, end, "auto"))
+        elif not _raw_thread_pointer(masked, start, end, pointee):
+            edits.append((start, end, f"::tsm_emu::thread_ptr<{typed}>"))
+    return _apply(src, edits)
+
+
+def _raw_thread_pointer(masked: str, start: int, end: int, pointee: str) -> bool:
+    """Whether the ``thread T*`` at [start, end) of ``masked`` must stay a raw pointer (see
+    _thread_pointers)."""
+    stack, i = [], start - 1
+    while i >= 0:  # the bracket the type is in
+        c = masked[i]
+        if c in _CLOSERS and not (c == ">" and masked[i - 1:i] == "-"):
+            stack.append(c)
+        elif c in "([{<" and not (c == "<" and masked[i - 1:i] == "<"):
+            if not stack:
+                break
+            if _CLOSERS[stack[-1]] == c:
+                stack.pop()
+        elif c == ";" and not stack:
+            return False
+        i -= 1
+    if i < 0 or masked[i] in "{[":
+        return False
+    if masked[i] == "<":
+        return True  # a template argument
+    if re.match(r"\s*\)", masked[end:]) and not re.search(r"[\w\]]\s*$", masked[:i]):
+        return True  # (thread T*)e
+    head = i - 1  # the declaration the parameter list belongs to
+    depth = 0
+    while head >= 0 and not (depth == 0 and masked[head] in ";{}"):
+        depth += {")": 1, "(": -1}.get(masked[head], 0)
+        head -= 1
+    names = set()
+    for header in re.finditer(r"\btemplate\s*<", masked[head + 1:i]):
+        try:
+            close = _match_close(masked, head + 1 + header.end() - 1, "<", ">")
+        except ParseError:
+            return True
+        names.update(re.findall(r"\b(?:typename|class)\s+(?:\.\.\.\s*)?(\w+)", masked[head + 1 + header.end():close]))
+    return any(re.search(rf"\b{re.escape(n)}\b", pointee) for n in names)
 
 
 def _block_end(masked: str, pos: int) -> int:
@@ -911,7 +977,7 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     if sanitize:
         from ._access_rewrite import checked_members, marked_stores  # it builds on this module
         src = marked_stores(checked_members(src))
-    src = _checked_pointers(_array_parameters_as_pointers(src))
+    src = _checked_pointers(_thread_pointers(_array_parameters_as_pointers(src)))
     masked = _mask_strings_and_directives(src)
     src = _rewrite_threadgroup_declarations(src, masked)
     masked = _mask_strings_and_directives(src)

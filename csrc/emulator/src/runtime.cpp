@@ -1209,6 +1209,17 @@ void array_out_of_bounds(const char* array, long long index, unsigned long long 
                              (file ? std::string(" (") + base_name(file) + ":" + std::to_string(line) + ")" : ""));
 }
 
+void thread_pointer_out_of_bounds(const char* what, long long element, unsigned long long length,
+                                  const char* file, int line) {
+  RuntimeScope scope;
+  const ThreadInfo* t = current_thread_or_null();
+  raise("out_of_bounds", (t ? where_info(*t) + " " : std::string()) + "accesses " +
+                             (what ? "`" + std::string(what) + "`, " : std::string()) + "element " +
+                             std::to_string(element) + " of a thread array that holds " + std::to_string(length) +
+                             " elements" + (what ? "" : ", through a `thread` pointer") +
+                             (file ? std::string(" (") + base_name(file) + ":" + std::to_string(line) + ")" : ""));
+}
+
 void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
                       const void* field, size_t field_bytes, bool atomic) {
   const ThreadInfo* info;
