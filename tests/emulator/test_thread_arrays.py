@@ -11,6 +11,8 @@ import torch
 
 from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
 
+from _one_value_kernels import fault, line_of, run
+
 SOURCE = r"""#include <metal_stdlib>
 using namespace metal;
 struct Acc { float v[3]; int n; };
@@ -99,34 +101,16 @@ template [[host_name("templated_f4")]] kernel void templated<float, 4>(device fl
 LINES = SOURCE.splitlines()
 
 
-def line_of(needle: str) -> int:
-    return next(n for n, text in enumerate(LINES, start=1) if needle in text)
-
-
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "sanitized"])
 def lib(request):
     return compile_shader(SOURCE, sanitize=request.param)
-
-
-def run(lib, kernel, value, threads=4, group=4):
-    out = torch.full((threads,), -1.0)
-    lib[kernel](out, torch.tensor([value], dtype=torch.int32), threads=threads, group_size=group)
-    return out
-
-
-def fault(lib, kernel, value, threads=4, group=4) -> str:
-    out = torch.full((threads,), -1.0)
-    with pytest.raises(KernelFault) as info:
-        lib[kernel](out, torch.tensor([value], dtype=torch.int32), threads=threads, group_size=group)
-    assert info.value.kind == "out_of_bounds"
-    return str(info.value)
 
 
 def test_layer_norm_like_negative_index_faults_at_the_access(lib):
     assert run(lib, "layer_norm_like", 16).tolist() == [3.0, 11.0, 19.0, 27.0]
     message = fault(lib, "layer_norm_like", 10)  # thread 3 starts at 12: index 10 - 12 = -2
     assert re.search(r"thread \(3, 0, 0\) .*accesses array `thread_x` at element -2 but it holds 4 "
-                     rf"elements \(shader\.metal:{line_of('i < N_READS; i++) thread_x[i] = 0.0f')}\)$", message)
+                     rf"elements \(shader\.metal:{line_of(LINES, 'i < N_READS; i++) thread_x[i] = 0.0f')}\)$", message)
 
 
 def test_index_n_and_minus_one(lib):
@@ -139,7 +123,7 @@ def test_index_n_and_minus_one(lib):
 def test_each_dimension_of_a_two_dimensional_array_is_checked(lib):
     assert run(lib, "two_d", 0).tolist() == [0.0, 1.0, 2.0, 3.0]
     message = fault(lib, "two_d", 1)
-    assert f"accesses array `m[1]` at element 3 but it holds 3 elements (shader.metal:{line_of('m[1][2 + extra]')})" \
+    assert f"accesses array `m[1]` at element 3 but it holds 3 elements (shader.metal:{line_of(LINES, 'm[1][2 + extra]')})" \
         in message
 
 

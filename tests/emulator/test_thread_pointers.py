@@ -11,6 +11,9 @@ import torch
 
 from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
 
+import _one_value_kernels
+from _one_value_kernels import line_of, run
+
 SOURCE = r"""#include <metal_stdlib>
 using namespace metal;
 float at(thread const float* p, int k) { return p[k]; }
@@ -64,28 +67,14 @@ kernel void across_barriers(device float* out [[buffer(0)]], constant int& extra
 LINES = SOURCE.splitlines()
 
 
-def line_of(needle: str) -> int:
-    return next(n for n, text in enumerate(LINES, start=1) if needle in text)
+def fault(lib, kernel, value, threads=4, group=4) -> str:
+    """Every fault here is the first thread's, before any store."""
+    return _one_value_kernels.fault(lib, kernel, value, threads, group, nothing_stored=True)
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "sanitized"])
 def lib(request):
     return compile_shader(SOURCE, sanitize=request.param)
-
-
-def run(lib, kernel, value, threads=4, group=4):
-    out = torch.full((threads,), -1.0)
-    lib[kernel](out, torch.tensor([value], dtype=torch.int32), threads=threads, group_size=group)
-    return out
-
-
-def fault(lib, kernel, value, threads=4, group=4) -> str:
-    out = torch.full((threads,), -1.0)
-    with pytest.raises(KernelFault) as info:
-        lib[kernel](out, torch.tensor([value], dtype=torch.int32), threads=threads, group_size=group)
-    assert info.value.kind == "out_of_bounds"
-    assert out.tolist() == [-1.0] * threads  # stopped before the store
-    return str(info.value)
 
 
 def test_valid_forms_run(lib):
@@ -105,7 +94,7 @@ def test_valid_forms_run(lib):
 def test_an_access_outside_the_array_faults_naming_the_subscript(lib, which, subscript, element, length, needle):
     message = fault(lib, "forms", which)
     assert re.search(rf"thread \(0, 0, 0\) .*accesses `{re.escape(subscript)}`, element {element} of a thread "
-                     rf"array that holds {length} elements \(shader\.metal:{line_of(needle)}\)$", message), message
+                     rf"array that holds {length} elements \(shader\.metal:{line_of(LINES, needle)}\)$", message), message
 
 
 def test_a_dereference_outside_the_array_faults_without_a_subscript(lib):
