@@ -79,7 +79,7 @@ def _bounded_arithmetic(cursor, source, preprocessed: str) -> List[Edit]:
         return []
     for operand in operands:
         array = _array_of(operand)
-        if array is None or any(space in array.type.spelling for space in ("__local", "__global", "__constant")):
+        if array is None or not _in_thread_memory(array.type.spelling):
             continue  # not thread memory: a device or constant array is checked by its region
         start = source.original(operand.extent.start.offset)
         end = source.original(operand.extent.end.offset, end=True)
@@ -164,8 +164,13 @@ def _is_thread_pointer(type_) -> bool:
     from ._frontend import _type_kind
     if _type_kind(type_) != "Pointer":
         return False
-    pointee = type_.get_pointee().spelling
-    return not any(space in pointee for space in ("__global", "__local", "__constant"))
+    return _in_thread_memory(type_.get_pointee().spelling)
+
+
+def _in_thread_memory(spelling: str) -> bool:
+    """Whether a type clang spells so is in thread memory (its generic or private address
+    space): not device, threadgroup or constant."""
+    return not any(space in spelling for space in ("__global", "__local", "__constant"))
 
 
 def _located_subscript(base, open_: int, close: int, source, preprocessed: str) -> List[Edit]:
