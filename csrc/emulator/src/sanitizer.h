@@ -294,14 +294,23 @@ class Sanitizer : public Regions {
                                   const ThreadId& who) const;
   std::string element_name(const Region& r, const Touch& t) const;
   std::string thread_name(uint32_t group, uint32_t thread) const;
-  // By value: an Access in registers is not stored and read back whole.
-  static bool ordered(const Region& r, Access a, Access b);
-  static bool conflict(const Region& r, Access a, Access b);
+  // By value: an Access in registers is not stored and read back whole. kThreadgroup: the
+  // memory is threadgroup memory, whose accesses all come from one threadgroup.
+  template <bool kThreadgroup>
+  static bool ordered(Access a, Access b);
+  template <bool kThreadgroup>
+  static bool conflict(Access a, Access b);
   void log_access(AccessLog& log, const Region* region, const char* element, size_t element_bytes,
                   const char* address, size_t bytes, bool atomic, const ThreadId& who);
   Touch* look_up(AccessLog& log, const AccessLog::Key& key);  // in a long log
   [[noreturn]] void hang(const AccessLog& log, const Touch& t, const ThreadId& who) const;
-  void record(const Touch& t, const ThreadId& who, bool write);
+  // `who`: the accessing thread with its memory's epochs (bits left to set).
+  template <bool kThreadgroup>
+  void record(const Touch& t, Access who, bool write);
+  // One word of it: `now` carries the word's byte mask.
+  template <bool kThreadgroup>
+  void record_word(Region& r, const Touch& t, Cell& c, Access now, bool write, bool reads_first,
+                   bool whole_element);
   // Out of record's loop, which is the sanitizer's hot spot.
   [[gnu::noinline]] void remember_uninitialized_read(const Touch& t, Access reader);
   [[gnu::noinline]] void mark_written(const Touch& t);  // the element of a field written
