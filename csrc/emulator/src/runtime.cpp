@@ -1058,7 +1058,18 @@ void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
   suspend(w);
 }
 
-void end_region_segment() { end_segment(); }
+void end_region_segment() {
+  end_segment();
+  // A round runs the threads in order: after the last lane of a SIMD-group every lane of it
+  // is stopped, and its instructions are counted while their log is still in cache (a
+  // threadgroup's logs together outgrow it).
+  const ThreadInfo* info = g_sanitized_thread.info;
+  if (!info) return;
+  const u3 size = info->threads_per_threadgroup;
+  const uint32_t thread = info->thread_index_in_threadgroup;
+  if (thread % kSimdWidth == kSimdWidth - 1 || thread + 1 == size.x * size.y * size.z)
+    g_sanitized_thread.sanitizer->flush_instruction_log(info->simdgroup_index_in_threadgroup);
+}
 
 // The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
 // the lanes waiting at the SIMD-group stop whose path comes first (loops' sites and

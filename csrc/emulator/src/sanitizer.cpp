@@ -305,8 +305,11 @@ template <bool kThreadgroup>
   // grow, and a later access of another threadgroup conflicts with this one as well). The
   // thread's own earlier read is one of them.
   uint8_t kept = 0;
-  for (uint8_t i = 0; i < c.n_reads; ++i)
-    if (!ordered<kThreadgroup>(c.reads[i], now)) c.reads[kept++] = c.reads[i];
+  for (uint8_t i = 0; i < c.n_reads; ++i) {
+    if (ordered<kThreadgroup>(c.reads[i], now)) continue;
+    if (kept != i) c.reads[kept] = c.reads[i];
+    ++kept;
+  }
   c.n_reads = kept;
   if (write) return;
   if (kept == 2) {
@@ -384,10 +387,13 @@ void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
 }
 
 void Sanitizer::flush_instruction_log() {
-  for (auto& log : instruction_log_) {
-    pair_instructions(log);
-    log.clear();
-  }
+  for (uint32_t sg = 0; sg < instruction_log_.size(); ++sg) flush_instruction_log(sg);
+}
+
+void Sanitizer::flush_instruction_log(uint32_t simdgroup) {
+  InstructionLog& log = instruction_log_[simdgroup];
+  pair_instructions(log);
+  log.clear();
 }
 
 void Sanitizer::pair_instructions(InstructionLog& log) {

@@ -286,6 +286,8 @@ class Sanitizer : public Regions {
   // Pair the accesses logged since the SIMD-groups last stopped into instructions and count
   // them (Counters); call when every live thread of the threadgroup is stopped.
   void flush_instruction_log();
+  // The same for one SIMD-group, whose live threads are all stopped.
+  void flush_instruction_log(uint32_t simdgroup);
   const Counters& counters() const { return counters_; }
 
  private:
