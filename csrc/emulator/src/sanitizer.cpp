@@ -65,6 +65,14 @@ void Regions::set_buffers(void* const* buffers, const uint64_t* bytes, const cha
 
 void Regions::set_threadgroup_args(void* const* args, const uint64_t* bytes, int num_args,
                                    const char* const* names) {
+  // Usually the worker's memory of the last threadgroup: its regions stay, and their
+  // shadows' storage.
+  bool same = threadgroup_args_.size() == size_t(num_args);
+  for (int i = 0; same && i < num_args; ++i) {
+    const Region& r = *threadgroup_args_[size_t(i)];
+    same = r.base == args[i] && r.bytes == size_t(bytes[i]) && r.name == (names && names[i] ? names[i] : "");
+  }
+  if (same) return;
   threadgroup_args_.clear();
   for (int i = 0; i < num_args; ++i)
     threadgroup_args_.push_back(make_region(args[i], size_t(bytes[i]), R_THREADGROUP_ARG, i,
@@ -130,13 +138,14 @@ void Sanitizer::begin_group(uint32_t simdgroups, void* const* args, const uint64
   for (auto& log : instruction_log_) log.clear();
   // A new threadgroup's memory is a new instance: nothing of the last group's carries over.
   set_threadgroup_args(args, bytes, num_args, names);
+  for (auto& r : threadgroup_args_) r->group_shadow.restart(r->bytes);
   uninitialized_.reset();
 }
 
 void Sanitizer::static_variable(const void* address, size_t bytes, const char* name) {
   // Called by the first thread of each threadgroup that reaches the declaration (the
   // runtime remembers which it saw), before any touches the variable: it starts afresh.
-  Regions::static_variable(address, bytes, name)->shadow.clear();
+  Regions::static_variable(address, bytes, name)->group_shadow.restart(bytes);
 }
 
 std::string Sanitizer::element_name(const Region& r, const Touch& t) const {
@@ -270,6 +279,13 @@ unsigned word_mask(size_t word, size_t offset, size_t bytes) {
   const size_t to = std::min(offset + bytes, word * 4 + 4) - word * 4;
   return (1u << to) - (1u << from);
 }
+
+// A word's cell: threadgroup memory's or a buffer's shadow.
+template <bool kThreadgroup>
+Cell& cell(Region& r, size_t word) {
+  if constexpr (kThreadgroup) return r.group_shadow[word];
+  return r.shadow[word];
+}
 }  // namespace
 
 // Inline: record calls it once per word an access touched.
@@ -334,12 +350,12 @@ template <bool kThreadgroup>
   if (bytes == 4 && offset % 4 == 0) {  // one whole word, most accesses: no mask to compute
     Access now = who_now;
     now.bits |= 0xF;
-    record_word<kThreadgroup>(r, t, r.shadow[offset / 4], now, write, reads_first, whole_element);
+    record_word<kThreadgroup>(r, t, cell<kThreadgroup>(r, offset / 4), now, write, reads_first, whole_element);
   } else {
     for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
       Access now = who_now;
       now.bits |= uint8_t(word_mask(word, offset, bytes));
-      record_word<kThreadgroup>(r, t, r.shadow[word], now, write, reads_first, whole_element);
+      record_word<kThreadgroup>(r, t, cell<kThreadgroup>(r, word), now, write, reads_first, whole_element);
     }
   }
   if (kThreadgroup && write && !whole_element) mark_written(t);
@@ -353,7 +369,7 @@ void Sanitizer::mark_written(const Touch& t) {
   Region& r = *t.region;
   const size_t element = size_t(t.element() - r.base);
   for (size_t word = element / 4, end = (element + t.element_bytes + 3) / 4; word < end; ++word)
-    r.shadow[word].written |= word_mask(word, element, t.element_bytes);
+    r.group_shadow[word].written |= word_mask(word, element, t.element_bytes);
 }
 
 void Sanitizer::report_uninitialized_read() {

@@ -62,31 +62,48 @@ struct Cell {  // one 4-byte word of a region
   // The epoch of the latest write below, the newest of them: in threadgroup memory, whose
   // accesses all come from one threadgroup, none of them is a race once the epoch moved on.
   uint32_t write_epoch = 0;
+  uint32_t generation = 0; // threadgroup memory: the threadgroup it is of (GroupShadow)
   Access writes[4];        // the last write of each byte
   Access reads[2];         // reads not yet ordered before later accesses, distinct threads
 };
 
-// The cells of the words of a region a dispatch touched: pages of them, allocated when
+// The cells of the words of a buffer a dispatch touched: pages of them, allocated when
 // first touched, found by index (a hash table's lookup was the sanitizer's main cost).
 class Shadow {
  public:
   Cell& operator[](size_t word) {
     const size_t page = word / kPageWords;
     if (page >= pages_.size()) pages_.resize(page + 1);
-    if (!pages_[page]) {
-      pages_[page].reset(new Cell[kPageWords]);
-      touched_.push_back(page);
-    }
+    if (!pages_[page]) pages_[page].reset(new Cell[kPageWords]);
     return pages_[page][word % kPageWords];
-  }
-  void clear() {  // keeps the pages: a threadgroup variable's shadow restarts every group
-    for (size_t page : touched_) std::fill_n(pages_[page].get(), kPageWords, Cell());
   }
 
  private:
   static constexpr size_t kPageWords = 256;
   std::vector<std::unique_ptr<Cell[]>> pages_;
-  std::vector<size_t> touched_;
+};
+
+// The cells of threadgroup memory (32 KB at most): one per word, found directly. Each
+// threadgroup's memory is a new instance, whose cells are a new generation: a cell of an
+// earlier one reads as new when first looked up, instead of every cell being cleared.
+class GroupShadow {
+ public:
+  void restart(size_t bytes) {
+    if (cells_.size() < (bytes + 3) / 4) cells_.resize((bytes + 3) / 4);
+    ++generation_;
+  }
+  Cell& operator[](size_t word) {
+    Cell& c = cells_[word];
+    if (c.generation != generation_) {
+      c = Cell();
+      c.generation = generation_;
+    }
+    return c;
+  }
+
+ private:
+  std::vector<Cell> cells_;
+  uint32_t generation_ = 0;
 };
 
 // A buffer or threadgroup variable: its Bounds (what kernel code checks, sanitize.h), its
@@ -97,7 +114,8 @@ struct Region : Bounds {
   RegionKind kind = R_BUFFER;
   int index = 0;
   std::string name;
-  Shadow shadow;
+  Shadow shadow;             // a buffer's
+  GroupShadow group_shadow;  // threadgroup memory's
 };
 
 // "[[buffer(0)]] `out`", "threadgroup variable `tile`", ...
