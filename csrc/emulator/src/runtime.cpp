@@ -1060,14 +1060,11 @@ void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
 
 void end_region_segment() {
   end_segment();
-  // A round runs the threads in order: after the last lane of a SIMD-group every lane of it
-  // is stopped, and its instructions are counted while their log is still in cache (a
-  // threadgroup's logs together outgrow it).
+  // A round runs the threads in order: after the last lane of a full SIMD-group every lane
+  // of it is stopped, and its instructions are counted while their log is still in cache (a
+  // threadgroup's logs together outgrow it). A partial one waits for the round's end.
   const ThreadInfo* info = g_sanitized_thread.info;
-  if (!info) return;
-  const u3 size = info->threads_per_threadgroup;
-  const uint32_t thread = info->thread_index_in_threadgroup;
-  if (thread % kSimdWidth == kSimdWidth - 1 || thread + 1 == size.x * size.y * size.z)
+  if (info && info->thread_index_in_threadgroup % kSimdWidth == kSimdWidth - 1)
     g_sanitized_thread.sanitizer->flush_instruction_log(info->simdgroup_index_in_threadgroup);
 }
 

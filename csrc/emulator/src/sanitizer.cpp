@@ -382,6 +382,10 @@ void Sanitizer::report_uninitialized_read() {
 }
 
 void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
+  if (log.touches.empty()) {  // most threads of a reduction's later stages
+    log.clear();
+    return;
+  }
   // Who accessed, as each memory's ordering epochs stand (bits set per touch).
   const Access tg_now{who.group, tg_epoch_, sg_tg_epoch_[who.simdgroup], uint16_t(who.thread),
                       uint8_t(who.simdgroup), 0};
