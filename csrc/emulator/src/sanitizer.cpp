@@ -321,11 +321,8 @@ template <bool kThreadgroup>
   // grow, and a later access of another threadgroup conflicts with this one as well). The
   // thread's own earlier read is one of them.
   uint8_t kept = 0;
-  for (uint8_t i = 0; i < c.n_reads; ++i) {
-    if (ordered<kThreadgroup>(c.reads[i], now)) continue;
-    if (kept != i) c.reads[kept] = c.reads[i];
-    ++kept;
-  }
+  for (uint8_t i = 0; i < c.n_reads; ++i)
+    if (!ordered<kThreadgroup>(c.reads[i], now)) c.reads[kept++] = c.reads[i];
   c.n_reads = kept;
   if (write) return;
   if (kept == 2) {
@@ -338,22 +335,22 @@ template <bool kThreadgroup>
 
 // Inline: end_segment calls it once per access it logged.
 template <bool kThreadgroup>
-[[gnu::always_inline]] inline void Sanitizer::record(const Touch& t, Access who_now, bool write) {
+[[gnu::always_inline]] inline void Sanitizer::record(const Touch& t, Access who, bool write) {
   Region& r = *t.region;
   const size_t offset = size_t(t.address - r.base), bytes = t.bytes;
-  who_now.bits = uint8_t((t.atomic ? Access::kAtomic : 0) | (write ? Access::kWrite : 0));
+  who.bits = uint8_t((t.atomic ? Access::kAtomic : 0) | (write ? Access::kWrite : 0));
   // A read (or the read of a +=) of threadgroup bytes nobody has written: a race if another
   // thread writes them later in this interval, so reported when the interval ends.
   const bool reads_first = kThreadgroup && !t.atomic && (!write || t.first == USE_UPDATE);
   // Initialization is per element: a write of one field initializes its element.
   const bool whole_element = t.element_offset == 0 && t.element_bytes == t.bytes;
   if (bytes == 4 && offset % 4 == 0) {  // one whole word, most accesses: no mask to compute
-    Access now = who_now;
+    Access now = who;
     now.bits |= 0xF;
     record_word<kThreadgroup>(r, t, cell<kThreadgroup>(r, offset / 4), now, write, reads_first, whole_element);
   } else {
     for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
-      Access now = who_now;
+      Access now = who;
       now.bits |= uint8_t(word_mask(word, offset, bytes));
       record_word<kThreadgroup>(r, t, cell<kThreadgroup>(r, word), now, write, reads_first, whole_element);
     }

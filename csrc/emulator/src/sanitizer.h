@@ -95,8 +95,7 @@ class GroupShadow {
   Cell& operator[](size_t word) {
     Cell& c = cells_[word];
     if (c.generation != generation_) {
-      // Field by field, and only what says which writes and reads hold: a whole Cell()
-      // assembled and copied stalls the store buffer (a tenth of a tree reduction's time).
+      // What says which writes and reads hold: the others are read only where it says.
       c.written = c.write_mask = c.n_reads = 0;
       c.write_epoch = 0;
       c.generation = generation_;
