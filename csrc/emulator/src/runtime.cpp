@@ -1058,7 +1058,15 @@ void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
   suspend(w);
 }
 
-void end_region_segment() { end_segment(); }
+void end_region_segment() {
+  end_segment();
+  // A round runs the threads in order: after the last lane of a full SIMD-group every lane
+  // of it is stopped, and its instructions are counted while their log is still in cache (a
+  // threadgroup's logs together outgrow it). A partial one waits for the round's end.
+  const ThreadInfo* info = g_sanitized_thread.info;
+  if (info && info->thread_index_in_threadgroup % kSimdWidth == kSimdWidth - 1)
+    g_sanitized_thread.sanitizer->flush_instruction_log(info->simdgroup_index_in_threadgroup);
+}
 
 // The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
 // the lanes waiting at the SIMD-group stop whose path comes first (loops' sites and

@@ -65,6 +65,14 @@ void Regions::set_buffers(void* const* buffers, const uint64_t* bytes, const cha
 
 void Regions::set_threadgroup_args(void* const* args, const uint64_t* bytes, int num_args,
                                    const char* const* names) {
+  // Usually the worker's memory of the last threadgroup: its regions stay, and their
+  // shadows' storage.
+  bool same = threadgroup_args_.size() == size_t(num_args);
+  for (int i = 0; same && i < num_args; ++i) {
+    const Region& r = *threadgroup_args_[size_t(i)];
+    same = r.base == args[i] && r.bytes == size_t(bytes[i]) && r.name == (names && names[i] ? names[i] : "");
+  }
+  if (same) return;
   threadgroup_args_.clear();
   for (int i = 0; i < num_args; ++i)
     threadgroup_args_.push_back(make_region(args[i], size_t(bytes[i]), R_THREADGROUP_ARG, i,
@@ -130,13 +138,14 @@ void Sanitizer::begin_group(uint32_t simdgroups, void* const* args, const uint64
   for (auto& log : instruction_log_) log.clear();
   // A new threadgroup's memory is a new instance: nothing of the last group's carries over.
   set_threadgroup_args(args, bytes, num_args, names);
+  for (auto& r : threadgroup_args_) r->group_shadow.restart(r->bytes);
   uninitialized_.reset();
 }
 
 void Sanitizer::static_variable(const void* address, size_t bytes, const char* name) {
   // Called by the first thread of each threadgroup that reaches the declaration (the
   // runtime remembers which it saw), before any touches the variable: it starts afresh.
-  Regions::static_variable(address, bytes, name)->shadow.clear();
+  Regions::static_variable(address, bytes, name)->group_shadow.restart(bytes);
 }
 
 std::string Sanitizer::element_name(const Region& r, const Touch& t) const {
@@ -232,15 +241,17 @@ void Sanitizer::note_store(const void* address, size_t bytes, bool updates, Acce
   t.stored = true;
 }
 
-bool Sanitizer::ordered(const Region& r, Access a, Access b) {
+template <bool kThreadgroup>
+bool Sanitizer::ordered(Access a, Access b) {
   if (a.group == b.group && a.thread == b.thread) return true;
-  if (r.kind == R_BUFFER && a.group != b.group) return false;
+  if (!kThreadgroup && a.group != b.group) return false;
   if (a.epoch != b.epoch) return true;
   return a.simdgroup == b.simdgroup && a.sg_epoch != b.sg_epoch;
 }
 
-bool Sanitizer::conflict(const Region& r, Access a, Access b) {
-  return (a.write() || b.write()) && !(a.atomic() && b.atomic()) && !ordered(r, a, b);
+template <bool kThreadgroup>
+bool Sanitizer::conflict(Access a, Access b) {
+  return (a.write() || b.write()) && !(a.atomic() && b.atomic()) && !ordered<kThreadgroup>(a, b);
 }
 
 void Sanitizer::race(const Region& r, const Touch& t, Access earlier, Access now) {
@@ -268,66 +279,83 @@ unsigned word_mask(size_t word, size_t offset, size_t bytes) {
   const size_t to = std::min(offset + bytes, word * 4 + 4) - word * 4;
   return (1u << to) - (1u << from);
 }
+
+// A word's cell: threadgroup memory's or a buffer's shadow.
+template <bool kThreadgroup>
+Cell& cell(Region& r, size_t word) {
+  if constexpr (kThreadgroup) return r.group_shadow[word];
+  return r.shadow[word];
+}
 }  // namespace
 
+// Inline: record calls it once per word an access touched.
+template <bool kThreadgroup>
+[[gnu::always_inline]] inline void Sanitizer::record_word(Region& r, const Touch& t, Cell& c, Access now,
+                                                          bool write, bool reads_first, bool whole_element) {
+  const unsigned mask = now.mask();
+  if (reads_first && (mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
+  if (kThreadgroup && write && whole_element) c.written |= mask;
+  // Threadgroup memory's writes of an earlier interval are ordered before this access.
+  const unsigned written_bytes = mask & c.write_mask;
+  if (written_bytes && !(kThreadgroup && c.write_epoch != now.epoch))
+    for (unsigned b = 0; b < 4; ++b)
+      if (written_bytes >> b & 1 && conflict<kThreadgroup>(c.writes[b], now)) race(r, t, c.writes[b], now);
+  if (write)  // two reads never race
+    for (uint8_t i = 0; i < c.n_reads; ++i)
+      if ((c.reads[i].mask() & mask) && conflict<kThreadgroup>(c.reads[i], now)) race(r, t, c.reads[i], now);
+  if (write) {
+    for (unsigned b = 0; b < 4; ++b) {
+      if (!(mask >> b & 1)) continue;
+      const Access& last = c.writes[b];
+      // A thread's plain write followed by its own atomic one in the same epoch: the plain
+      // write is what other threads' atomics race with, so it stays the one remembered.
+      const bool keep_plain = (c.write_mask >> b & 1) && now.atomic() && !last.atomic() &&
+                              last.group == now.group && last.thread == now.thread &&
+                              last.epoch == now.epoch && last.sg_epoch == now.sg_epoch;
+      if (!keep_plain) c.writes[b] = now;
+    }
+    c.write_mask |= mask;
+    c.write_epoch = now.epoch;  // every write kept is of this epoch or an earlier one
+  }
+  // Reads ordered before this access are ordered before every later one too (epochs only
+  // grow, and a later access of another threadgroup conflicts with this one as well). The
+  // thread's own earlier read is one of them.
+  uint8_t kept = 0;
+  for (uint8_t i = 0; i < c.n_reads; ++i)
+    if (!ordered<kThreadgroup>(c.reads[i], now)) c.reads[kept++] = c.reads[i];
+  c.n_reads = kept;
+  if (write) return;
+  if (kept == 2) {
+    c.reads[1] = now;  // two unordered readers already: keep the first and the latest
+  } else {
+    c.reads[kept] = now;
+    c.n_reads = uint8_t(kept + 1);
+  }
+}
+
 // Inline: end_segment calls it once per access it logged.
-[[gnu::always_inline]] inline void Sanitizer::record(const Touch& t, const ThreadId& who, bool write) {
+template <bool kThreadgroup>
+[[gnu::always_inline]] inline void Sanitizer::record(const Touch& t, Access who, bool write) {
   Region& r = *t.region;
   const size_t offset = size_t(t.address - r.base), bytes = t.bytes;
-  const bool threadgroup = r.kind != R_BUFFER;
-  const uint32_t epoch = threadgroup ? tg_epoch_ : dev_epoch_;
-  const uint32_t sg_epoch = threadgroup ? sg_tg_epoch_[who.simdgroup] : sg_dev_epoch_[who.simdgroup];
-  const unsigned bits = (t.atomic ? Access::kAtomic : 0) | (write ? Access::kWrite : 0);
+  who.bits = uint8_t((t.atomic ? Access::kAtomic : 0) | (write ? Access::kWrite : 0));
   // A read (or the read of a +=) of threadgroup bytes nobody has written: a race if another
   // thread writes them later in this interval, so reported when the interval ends.
-  const bool reads_first = threadgroup && !t.atomic && (!write || t.first == USE_UPDATE);
+  const bool reads_first = kThreadgroup && !t.atomic && (!write || t.first == USE_UPDATE);
   // Initialization is per element: a write of one field initializes its element.
   const bool whole_element = t.element_offset == 0 && t.element_bytes == t.bytes;
-  for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
-    const unsigned mask = word_mask(word, offset, bytes);
-    // Built whole from scalars: see Access::bits.
-    const Access now{who.group, epoch, sg_epoch, uint16_t(who.thread), uint8_t(who.simdgroup), uint8_t(bits | mask)};
-    Cell& c = r.shadow[word];
-    if (reads_first && (mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
-    if (threadgroup && write && whole_element) c.written |= mask;
-    // Threadgroup memory's writes of an earlier interval are ordered before this access.
-    const unsigned written_bytes = mask & c.write_mask;
-    if (written_bytes && !(threadgroup && c.write_epoch != now.epoch))
-      for (unsigned b = 0; b < 4; ++b)
-        if (written_bytes >> b & 1 && conflict(r, c.writes[b], now)) race(r, t, c.writes[b], now);
-    if (write)  // two reads never race
-      for (uint8_t i = 0; i < c.n_reads; ++i)
-        if ((c.reads[i].mask() & mask) && conflict(r, c.reads[i], now)) race(r, t, c.reads[i], now);
-    if (write) {
-      for (unsigned b = 0; b < 4; ++b) {
-        if (!(mask >> b & 1)) continue;
-        const Access& last = c.writes[b];
-        // A thread's plain write followed by its own atomic one in the same epoch: the plain
-        // write is what other threads' atomics race with, so it stays the one remembered.
-        const bool keep_plain = (c.write_mask >> b & 1) && now.atomic() && !last.atomic() &&
-                                last.group == now.group && last.thread == now.thread &&
-                                last.epoch == now.epoch && last.sg_epoch == now.sg_epoch;
-        if (!keep_plain) c.writes[b] = now;
-      }
-      c.write_mask |= mask;
-      c.write_epoch = now.epoch;  // every write kept is of this epoch or an earlier one
-    }
-    // Reads ordered before this access are ordered before every later one too (epochs only
-    // grow, and a later access of another threadgroup conflicts with this one as well). The
-    // thread's own earlier read is one of them.
-    uint8_t kept = 0;
-    for (uint8_t i = 0; i < c.n_reads; ++i)
-      if (!ordered(r, c.reads[i], now)) c.reads[kept++] = c.reads[i];
-    c.n_reads = kept;
-    if (write) continue;
-    if (kept == 2) {
-      c.reads[1] = now;  // two unordered readers already: keep the first and the latest
-    } else {
-      c.reads[kept] = now;
-      c.n_reads = uint8_t(kept + 1);
+  if (bytes == 4 && offset % 4 == 0) {  // one whole word, most accesses: no mask to compute
+    Access now = who;
+    now.bits |= 0xF;
+    record_word<kThreadgroup>(r, t, cell<kThreadgroup>(r, offset / 4), now, write, reads_first, whole_element);
+  } else {
+    for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
+      Access now = who;
+      now.bits |= uint8_t(word_mask(word, offset, bytes));
+      record_word<kThreadgroup>(r, t, cell<kThreadgroup>(r, word), now, write, reads_first, whole_element);
     }
   }
-  if (threadgroup && write && !whole_element) mark_written(t);
+  if (kThreadgroup && write && !whole_element) mark_written(t);
 }
 
 void Sanitizer::remember_uninitialized_read(const Touch& t, Access reader) {
@@ -338,7 +366,7 @@ void Sanitizer::mark_written(const Touch& t) {
   Region& r = *t.region;
   const size_t element = size_t(t.element() - r.base);
   for (size_t word = element / 4, end = (element + t.element_bytes + 3) / 4; word < end; ++word)
-    r.shadow[word].written |= word_mask(word, element, t.element_bytes);
+    r.group_shadow[word].written |= word_mask(word, element, t.element_bytes);
 }
 
 void Sanitizer::report_uninitialized_read() {
@@ -351,22 +379,38 @@ void Sanitizer::report_uninitialized_read() {
 }
 
 void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
+  if (log.touches.empty()) {  // most threads of a reduction's later stages
+    log.clear();
+    return;
+  }
+  // Who accessed, as each memory's ordering epochs stand (bits set per touch).
+  const Access tg_now{who.group, tg_epoch_, sg_tg_epoch_[who.simdgroup], uint16_t(who.thread),
+                      uint8_t(who.simdgroup), 0};
+  const Access dev_now{who.group, dev_epoch_, sg_dev_epoch_[who.simdgroup], uint16_t(who.thread),
+                       uint8_t(who.simdgroup), 0};
   for (const Touch& t : log.touches) {
     const bool device = t.region->kind == R_BUFFER;
     // An atomic is a read-modify-write, whatever it stored.
     bool write = t.atomic || t.stored;
     if (!write) with_size(t.bytes, [&](auto n) { write = std::memcmp(log.snapshot(t), t.address, n) != 0; });
-    if (device && !t.atomic) (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes * t.count;
-    record(t, who, write);
+    if (device) {
+      if (!t.atomic) (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes * t.count;
+      record<false>(t, dev_now, write);
+    } else {
+      record<true>(t, tg_now, write);
+    }
   }
   log.clear();
 }
 
 void Sanitizer::flush_instruction_log() {
-  for (auto& log : instruction_log_) {
-    pair_instructions(log);
-    log.clear();
-  }
+  for (uint32_t sg = 0; sg < instruction_log_.size(); ++sg) flush_instruction_log(sg);
+}
+
+void Sanitizer::flush_instruction_log(uint32_t simdgroup) {
+  InstructionLog& log = instruction_log_[simdgroup];
+  pair_instructions(log);
+  log.clear();
 }
 
 void Sanitizer::pair_instructions(InstructionLog& log) {

@@ -58,35 +58,54 @@ static_assert(sizeof(Access) == 16, "Access packs into 16 bytes");
 struct Cell {  // one 4-byte word of a region
   uint8_t written = 0;     // threadgroup memory: bytes written since the threadgroup began
   uint8_t write_mask = 0;  // which bytes have a last write below
-  uint8_t n_reads = 0;
+  uint8_t n_reads = 0;     // reads below that hold
   // The epoch of the latest write below, the newest of them: in threadgroup memory, whose
   // accesses all come from one threadgroup, none of them is a race once the epoch moved on.
   uint32_t write_epoch = 0;
+  uint32_t generation = 0; // threadgroup memory: the threadgroup it is of (GroupShadow)
   Access writes[4];        // the last write of each byte
   Access reads[2];         // reads not yet ordered before later accesses, distinct threads
 };
 
-// The cells of the words of a region a dispatch touched: pages of them, allocated when
+// The cells of the words of a buffer a dispatch touched: pages of them, allocated when
 // first touched, found by index (a hash table's lookup was the sanitizer's main cost).
 class Shadow {
  public:
   Cell& operator[](size_t word) {
     const size_t page = word / kPageWords;
     if (page >= pages_.size()) pages_.resize(page + 1);
-    if (!pages_[page]) {
-      pages_[page].reset(new Cell[kPageWords]);
-      touched_.push_back(page);
-    }
+    if (!pages_[page]) pages_[page].reset(new Cell[kPageWords]);
     return pages_[page][word % kPageWords];
-  }
-  void clear() {  // keeps the pages: a threadgroup variable's shadow restarts every group
-    for (size_t page : touched_) std::fill_n(pages_[page].get(), kPageWords, Cell());
   }
 
  private:
   static constexpr size_t kPageWords = 256;
   std::vector<std::unique_ptr<Cell[]>> pages_;
-  std::vector<size_t> touched_;
+};
+
+// The cells of threadgroup memory (32 KB at most): one per word, found directly. Each
+// threadgroup's memory is a new instance, whose cells are a new generation: a cell of an
+// earlier one reads as new when first looked up, instead of every cell being cleared.
+class GroupShadow {
+ public:
+  void restart(size_t bytes) {
+    if (cells_.size() < (bytes + 3) / 4) cells_.resize((bytes + 3) / 4);
+    ++generation_;
+  }
+  Cell& operator[](size_t word) {
+    Cell& c = cells_[word];
+    if (c.generation != generation_) {
+      // What says which writes and reads hold: the others are read only where it says.
+      c.written = c.write_mask = c.n_reads = 0;
+      c.write_epoch = 0;
+      c.generation = generation_;
+    }
+    return c;
+  }
+
+ private:
+  std::vector<Cell> cells_;
+  uint32_t generation_ = 0;
 };
 
 // A buffer or threadgroup variable: its Bounds (what kernel code checks, sanitize.h), its
@@ -97,7 +116,8 @@ struct Region : Bounds {
   RegionKind kind = R_BUFFER;
   int index = 0;
   std::string name;
-  Shadow shadow;
+  Shadow shadow;             // a buffer's
+  GroupShadow group_shadow;  // threadgroup memory's
 };
 
 // "[[buffer(0)]] `out`", "threadgroup variable `tile`", ...
@@ -286,6 +306,8 @@ class Sanitizer : public Regions {
   // Pair the accesses logged since the SIMD-groups last stopped into instructions and count
   // them (Counters); call when every live thread of the threadgroup is stopped.
   void flush_instruction_log();
+  // The same for one SIMD-group, whose live threads are all stopped.
+  void flush_instruction_log(uint32_t simdgroup);
   const Counters& counters() const { return counters_; }
 
  private:
@@ -294,14 +316,23 @@ class Sanitizer : public Regions {
                                   const ThreadId& who) const;
   std::string element_name(const Region& r, const Touch& t) const;
   std::string thread_name(uint32_t group, uint32_t thread) const;
-  // By value: an Access in registers is not stored and read back whole.
-  static bool ordered(const Region& r, Access a, Access b);
-  static bool conflict(const Region& r, Access a, Access b);
+  // By value: an Access in registers is not stored and read back whole. kThreadgroup: the
+  // memory is threadgroup memory, whose accesses all come from one threadgroup.
+  template <bool kThreadgroup>
+  static bool ordered(Access a, Access b);
+  template <bool kThreadgroup>
+  static bool conflict(Access a, Access b);
   void log_access(AccessLog& log, const Region* region, const char* element, size_t element_bytes,
                   const char* address, size_t bytes, bool atomic, const ThreadId& who);
   Touch* look_up(AccessLog& log, const AccessLog::Key& key);  // in a long log
   [[noreturn]] void hang(const AccessLog& log, const Touch& t, const ThreadId& who) const;
-  void record(const Touch& t, const ThreadId& who, bool write);
+  // `who`: the accessing thread with its memory's epochs (bits left to set).
+  template <bool kThreadgroup>
+  void record(const Touch& t, Access who, bool write);
+  // One word of it: `now` carries the word's byte mask.
+  template <bool kThreadgroup>
+  void record_word(Region& r, const Touch& t, Cell& c, Access now, bool write, bool reads_first,
+                   bool whole_element);
   // Out of record's loop, which is the sanitizer's hot spot.
   [[gnu::noinline]] void remember_uninitialized_read(const Touch& t, Access reader);
   [[gnu::noinline]] void mark_written(const Touch& t);  // the element of a field written
