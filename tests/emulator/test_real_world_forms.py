@@ -49,17 +49,33 @@ template [[host_name("centred")]] kernel dequantise_t dequantise<deq_centred>;
         np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("body, says", [
-    ("float (*f)(float) = twice;\n  y[0] = f(y[0]);", "Metal has no function pointers (`f`)"),
-    ("auto f = &twice;\n  y[0] = f(y[0]);", "Metal has no function pointers (`f`)"),
-    ("y[0] = apply(twice, y[0]);", "Metal has no function pointers (`f`)"),
-])
-def test_function_pointers_outside_template_arguments_are_rejected(body, says):
-    with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):
-        compile_shader(HEAD + """float twice(float x) { return 2.0f * x; }
-float apply(float (*f)(float), float x) { return f(x); }
+FUNCTIONS = HEAD + """float twice(float x) { return 2.0f * x; }
+float thrice(float x) { return 3.0f * x; }
 kernel void k(device float* y [[buffer(0)]]) {
-  """ + body + "\n}")
+  """
+ONE_FUNCTION = ["float (*f)(float) = twice;\n  y[0] = f(y[0]);", "auto f = &twice;\n  y[0] = f(y[0]);"]
+
+
+@pytest.mark.parametrize("body", ONE_FUNCTION)
+def test_a_local_naming_a_function_is_no_function_pointer_in_msl_4_only(body):
+    # MLX's nax GEMMs (MSL 4.0): `auto do_gemm = gemm_loop<...>; Ctile = do_gemm(...)`.
+    with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):
+        compile_shader(FUNCTIONS + body + "\n}", language_version="3.2")
+    y = torch.tensor([1.5])
+    compile_shader(FUNCTIONS + body + "\n}", language_version="4.0").k(y, threads=1)
+    assert y.item() == 3.0
+
+
+@pytest.mark.parametrize("version", ["3.2", "4.0"])
+@pytest.mark.parametrize("body", [
+    "}\nfloat apply(float (*f)(float), float x) { return f(x);",  # a parameter
+    "float (*f)(float) = twice;\n  f = thrice;\n  y[0] = f(y[0]);",  # assigned
+    "float (*f)(float) = y[0] > 0 ? twice : thrice;\n  y[0] = f(y[0]);",  # chosen at run time
+    "auto f = twice;\n  auto g = &f;\n  y[0] = (*g)(y[0]);",  # its address taken
+])
+def test_function_pointers_outside_template_arguments_are_rejected(body, version):
+    with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):
+        compile_shader(FUNCTIONS + body + "\n}", language_version=version)
 
 
 def test_vector_and_matrix_casts_convert_and_literals_are_float():
@@ -392,7 +408,7 @@ kernel void k(device float* out [[buffer(0)]]) { out[0] = apply<float, twice<flo
 kernel void k(device float* out [[buffer(0)]]) {
   Scale<float> f = twice<float>;
   out[0] = f(1.0f);
-}""")
+}""", version="3.2")
 
 
 def test_a_device_object_is_still_no_thread_reference_to_a_class_template():

@@ -732,10 +732,11 @@ class _Walker:
     """Walks the user's functions, and the template instantiations they call, for what the
     type system does not reject. Hot on large shaders: kinds are compared as clang's ids."""
 
-    def __init__(self, cindex, main_file: str) -> None:
+    def __init__(self, cindex, main_file: str, version: int) -> None:
         k = cindex.CursorKind
         self.k = k
         self.main_file = main_file
+        self.version = version
         self.found: List[Tuple[object, str]] = []
         self.seen_functions: Set[str] = set()
         self.calls: Dict[str, Set[str]] = {}  # callee graph of user functions, for recursion
@@ -780,7 +781,7 @@ class _Walker:
             elif kind in self.allocation:
                 self.new_delete.append(child)
             elif kind in self.variables:
-                self.check_variable(child, via)
+                self.check_variable(child, via, fn)
             elif kind in self.references:
                 target = child.referenced
                 if target is not None and target.kind in self.functions and self.user(target):
@@ -791,10 +792,15 @@ class _Walker:
                         self.walk_function(target, via + f", instantiated from line {where[1]}")
             self._walk(child, fn, via)
 
-    def check_variable(self, variable, via: str = "") -> None:
+    def check_variable(self, variable, via: str = "", function=None) -> None:
         """Function pointers are template arguments only in Metal (clang's extension that
-        parses them has no such limit)."""
+        parses them has no such limit). MSL 4.0 code also names a function through a local
+        variable it then calls (MLX's nax GEMMs: ``auto do_gemm = gemm_loop<...>;``), which
+        Apple's compiler builds: a local initialised with a function and never assigned is
+        that function."""
         if _holds_function_address(variable.type):
+            if function is not None and self.version >= 400 and _names_one_function(variable, function):
+                return
             self.found.append((variable, f"Metal has no function pointers (`{variable.spelling}`): a function "
                                          f"is passed only as a template argument, or as a [[visible]] "
                                          f"function through a function table{via}"))
@@ -841,6 +847,43 @@ class _Walker:
                                  f"a pointer, reference or `this` without one is `thread`): "
                                  f"{_in_metal_words(from_type.spelling)} -> "
                                  f"{_in_metal_words(to_spelling)}{via}"))
+
+
+def _names_one_function(variable, function) -> bool:
+    """Whether ``variable`` (a local) is initialised with a function and ``function``, its
+    scope, never assigns it nor takes its address."""
+    cindex = _cindex()
+    k = cindex.CursorKind
+    lib = cindex.conf.lib
+    if variable.kind != k.VAR_DECL:
+        return False
+
+    def stripped(e):  # through implicit conversions, parentheses and `&`
+        while e is not None and (e.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR) or (
+                e.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(e) == _ADDRESS_OF)):
+            e = next(iter(e.get_children()), None)
+        return e
+
+    init = stripped(next((c for c in variable.get_children() if c.kind.is_expression()), None))
+    target = init.referenced if init is not None and init.kind == k.DECL_REF_EXPR else None
+    if target is None or target.kind not in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE):
+        return False
+    for c in function.walk_preorder():
+        if c.kind in (k.BINARY_OPERATOR, k.COMPOUND_ASSIGNMENT_OPERATOR):
+            if c.kind == k.BINARY_OPERATOR and lib.clang_getCursorBinaryOperatorKind(c) != _ASSIGN:
+                continue
+        elif not (c.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(c) == _ADDRESS_OF):
+            continue
+        operand = next(iter(c.get_children()), None)
+        while operand is not None and operand.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
+            operand = next(iter(operand.get_children()), None)
+        if operand is not None and operand.kind == k.DECL_REF_EXPR and operand.referenced == variable:
+            return False
+    return True
+
+
+_ASSIGN = 22  # clang's CXBinaryOperatorKind for `=`
+_ADDRESS_OF = 5  # CXUnaryOperatorKind for `&x`
 
 
 def _holds_function_address(type_) -> bool:
@@ -960,7 +1003,7 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
         physical = preprocessed.count("\n", 0, offset)
         out.append(Diagnostic(file, line, 0, message, lines[physical] if physical < len(lines) else ""))
 
-    walker = _Walker(cindex, path)
+    walker = _Walker(cindex, path, version)
     kernels = []
     functions = []
     for cursor in _user_declarations(tu, path):
