@@ -883,3 +883,36 @@ template [[host_name("block_sum_f")]] [[kernel]] decltype(block_sum<float>) bloc
     out = torch.arange(4, dtype=torch.float32)
     lib.block_sum_f(out, threads=4, group_size=4)
     np.testing.assert_array_equal(out.numpy(), np.full(4, 6.0))
+
+
+BOOL_FRAGMENTS = HEAD + """
+// MLX's nax attention: fragments of an alias template over vec, instantiated with bool masks.
+template <typename T> struct Frag {
+  template <typename U> using frag_t = typename metal::vec<U, 8>;
+  template <typename U, typename P>
+  static void load(thread frag_t<U>& dst, P src) {
+    for (short i = 0; i < 8; i++) dst[i] = static_cast<U>(src[i]);
+  }
+};
+template <typename M>
+kernel void masked(device const M* mask [[buffer(0)]], device float* out [[buffer(1)]]) {
+  typename Frag<M>::template frag_t<M> m;
+  Frag<M>::load(m, mask);
+  for (short i = 0; i < 8; i++) out[i] = m[i] ? 1.0f : 0.0f;
+  BODY
+}
+template [[host_name("masked_bool")]] kernel void masked<bool>(device const bool*, device float*);
+template [[host_name("masked_float")]] kernel void masked<float>(device const float*, device float*);
+"""
+
+
+def test_a_vector_of_bool_through_an_alias_template_is_checked_through_other_instantiations(tmp_path):
+    lib = compile_shader(BOOL_FRAGMENTS.replace("BODY", ""), language_version="4.0")
+    bits = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0], dtype=torch.bool)
+    for name, mask in (("masked_bool", bits), ("masked_float", bits.float())):
+        out = torch.zeros(8)
+        getattr(lib, name)(mask, out, threads=1)
+        np.testing.assert_array_equal(out.numpy(), bits.float().numpy())
+    # The template's errors still show, through its float instantiation.
+    with pytest.raises(MetalCompileError, match="cannot convert a device"):
+        check_only(tmp_path, BOOL_FRAGMENTS.replace("BODY", "thread float& r = out[0]; r = 1.0f;"))
