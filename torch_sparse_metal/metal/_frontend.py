@@ -951,38 +951,34 @@ _BOOL_VECTOR = "invalid vector element type 'bool'"
 
 
 def _bool_vector_instantiations(tu, path: str, text: str) -> List[Tuple[int, int, str]]:
-    """Edits that blank the instantiations of kernel templates that make a vector of bool.
+    """Edits that blank the instantiations with ``bool`` arguments of the kernel templates
+    whose instantiation made a vector of bool.
 
     Metal has bool vectors of every length; C++ for OpenCL has none. The rewrite of
     ``vec<bool, N>`` into a vector of int (:func:`_typedef_vectors`) cannot reach one made
     through an alias template's parameter (MLX's nax attention instantiates its tiles with
     ``bool`` masks, ``dtype_frag_t<bool>`` being ``metal::vec<bool, 8>``) without making that
-    parameter undeducible for every type. Such an instantiation is not type-checked here: the
-    kernel's explicit instantiation (and the call :func:`_prepare` adds for it) is blanked,
-    and the template is checked through its other instantiations."""
+    parameter undeducible for every type. Such instantiations are not type-checked here: the
+    kernel's explicit instantiations with ``bool`` (and the calls :func:`_prepare` adds for
+    them) are blanked, and the template is checked through its other instantiations."""
     cindex = _cindex()
-    starts = [0] + [m.end() for m in re.finditer("\n", text)]
-    edits: Dict[int, Tuple[int, int, str]] = {}
+    templates = set()
     for d in tu.diagnostics:
         if d.severity < cindex.Diagnostic.Error or _BOOL_VECTOR not in d.spelling:
             continue
-        requests = [n.location for n in d.children if "requested here" in n.spelling
-                    and n.location.file is not None and n.location.file.name == path]
-        if not requests:
-            continue
-        at = starts[requests[-1].line - 1] + requests[-1].column - 1  # the outermost request
-        call = text.rfind("inline void __tsm_instantiation_", 0, at)
-        if call >= 0 and text.find("}", call) >= at:
-            start, end = call, text.find("}", call) + 1
-        else:
-            m = None
-            for m in re.finditer(r"\btemplate\b", text[:at]):
-                pass
-            if m is None or ";" in text[m.start():at]:
-                continue
-            start, end = m.start(), text.find(";", at) + 1
-        edits[start] = (start, end, re.sub(r"[^\n]", " ", text[start:end]))
-    return list(edits.values())
+        kernels = [m.group(1) for n in d.children
+                   for m in [re.match(r"in instantiation of function template specialization '([\w:]+)<", n.spelling)]
+                   if m]
+        if kernels:
+            templates.add(kernels[-1].split("::")[-1])  # the outermost: the kernel instantiated
+    edits = []
+    for name in templates:
+        with_bool = name + r"\s*<[^;{}]*\bbool\b"
+        for pattern in (r"inline void __tsm_instantiation_\d+\(\) \{[^{}]*\b" + with_bool + r"[^{}]*\}",
+                        r"\btemplate\b[^;{}]*\b" + with_bool + r"[^;{}]*;"):
+            edits += [(m.start(), m.end(), re.sub(r"[^\n]", " ", m.group()))
+                      for m in re.finditer(pattern, text)]
+    return edits
 
 
 def _parse(preprocessed: str, version: int, main_file: str, *, emulator: bool = False,
@@ -1006,7 +1002,7 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
     cindex = _cindex()
     version = language_version_number(language_version)
     prepared, tu, path = _parse(preprocessed, version, main_file)
-    for _ in range(256):  # clang reports a class's bool vector once: in its first instantiation
+    for _ in range(8):  # (an instantiation set aside may leave another template's the first)
         aside = _bool_vector_instantiations(tu, path, prepared.text)
         if not aside:
             break
