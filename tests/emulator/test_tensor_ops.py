@@ -201,3 +201,44 @@ kernel void k(device float* out [[buffer(0)]]) {
   constexpr auto desc = mpp::tensor_ops::matmul2d_descriptor(16, 16, 16);
   (void)desc;
 }""", language_version="3.2")
+
+
+def test_a_tensor_operation_made_from_template_arguments_in_a_helper():
+    # MLX's nax fragments: the descriptor depends on the helper's template arguments, so
+    # clang leaves `op.run(...)` unresolved; the kernel that reaches it still synchronises.
+    lib = compile_shader(HEAD + r"""
+template <typename T, bool transposed>
+struct Fragment {
+  static void product(thread vec<T, 8>& d, thread const vec<T, 8>& a, thread const vec<T, 8>& b) {
+    constexpr auto desc = matmul2d_descriptor(16, 16, 16, transposed, false, true,
+                                              matmul2d_descriptor::mode::multiply);
+    matmul2d<desc, execution_simdgroup> op;
+    auto x = op.template get_left_input_cooperative_tensor<T, T, T>();
+    auto y = op.template get_right_input_cooperative_tensor<T, T, T>();
+    auto z = op.template get_destination_cooperative_tensor<remove_addrspace_t<decltype(x)>,
+                                                            remove_addrspace_t<decltype(y)>, T>();
+    for (short i = 0; i < 8; i++) { x[i] = a[i]; y[i] = b[i]; }
+    op.run(x, y, z);
+    for (short i = 0; i < 8; i++) d[i] = z[i];
+  }
+};
+kernel void k(device const float* a [[buffer(0)]], device float* d [[buffer(1)]],
+              ushort lane [[thread_index_in_simdgroup]]) {
+  vec<float, 8> x, y, z;
+  for (short i = 0; i < 8; i++) { x[i] = a[lane * 8 + i]; y[i] = i == 0 ? 1.0f : 0.0f; }
+  Fragment<float, false>::product(z, x, y);
+  for (short i = 0; i < 8; i++) d[lane * 8 + i] = z[i];
+}""", language_version="4.0")
+    a = torch.randn(32 * 8)
+    d = torch.zeros(32 * 8)
+    lib.k(a, d, threads=32, group_size=32)
+    # The fragments are A and B in the emulated layout: the same product in numpy, read back so.
+    A, Bm = np.zeros((16, 16)), np.zeros((16, 16))
+    for lane in range(32):
+        for i in range(8):
+            r, c = mlx_place(lane, i, 16)
+            A[r, c] = a[lane * 8 + i]
+            Bm[r, c] = 1.0 if i == 0 else 0.0
+    D = A @ Bm
+    expected = [[D[mlx_place(lane, i, 16)] for i in range(8)] for lane in range(32)]
+    np.testing.assert_allclose(d.numpy().reshape(32, 8), np.array(expected), rtol=1e-6, atol=1e-6)

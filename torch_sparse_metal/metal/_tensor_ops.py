@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-_MATMUL2D = re.compile(r"(?:^|[^\w])(?:mpp::tensor_ops::)?matmul2d<")
+_MATMUL2D = re.compile(r"\bmatmul2d<")
 
 
 def is_run(cursor) -> bool:
