@@ -15,7 +15,8 @@ EMULATOR_GAPS = frozenset()
 
 
 def metal_names(version: str):
-    """Every public name the front end declares in namespace metal (and metal::fast, ...)."""
+    """Every public name the front end declares in namespace metal (and metal::fast, ...),
+    and in mpp (Metal 4's MetalPerformancePrimitives)."""
     cindex = _frontend._cindex()
     number = _frontend.language_version_number(version)
     tu = _frontend._index().parse("/names.msl", args=[
@@ -37,8 +38,8 @@ def metal_names(version: str):
                     names.update(prefix + e.spelling for e in c.get_children())
 
     for c in tu.cursor.get_children():
-        if c.kind == k.NAMESPACE and c.spelling == "metal":
-            visit(c, "metal::")
+        if c.kind == k.NAMESPACE and c.spelling in ("metal", "mpp"):
+            visit(c, c.spelling + "::")
     return names
 
 

@@ -49,17 +49,33 @@ template [[host_name("centred")]] kernel dequantise_t dequantise<deq_centred>;
         np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
 
 
-@pytest.mark.parametrize("body, says", [
-    ("float (*f)(float) = twice;\n  y[0] = f(y[0]);", "Metal has no function pointers (`f`)"),
-    ("auto f = &twice;\n  y[0] = f(y[0]);", "Metal has no function pointers (`f`)"),
-    ("y[0] = apply(twice, y[0]);", "Metal has no function pointers (`f`)"),
-])
-def test_function_pointers_outside_template_arguments_are_rejected(body, says):
-    with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):
-        compile_shader(HEAD + """float twice(float x) { return 2.0f * x; }
-float apply(float (*f)(float), float x) { return f(x); }
+FUNCTIONS = HEAD + """float twice(float x) { return 2.0f * x; }
+float thrice(float x) { return 3.0f * x; }
 kernel void k(device float* y [[buffer(0)]]) {
-  """ + body + "\n}")
+  """
+ONE_FUNCTION = ["float (*f)(float) = twice;\n  y[0] = f(y[0]);", "auto f = &twice;\n  y[0] = f(y[0]);"]
+
+
+@pytest.mark.parametrize("body", ONE_FUNCTION)
+def test_a_local_naming_a_function_is_no_function_pointer_in_msl_4_only(body):
+    # MLX's nax GEMMs (MSL 4.0): `auto do_gemm = gemm_loop<...>; Ctile = do_gemm(...)`.
+    with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):
+        compile_shader(FUNCTIONS + body + "\n}", language_version="3.2")
+    y = torch.tensor([1.5])
+    compile_shader(FUNCTIONS + body + "\n}", language_version="4.0").k(y, threads=1)
+    assert y.item() == 3.0
+
+
+@pytest.mark.parametrize("version", ["3.2", "4.0"])
+@pytest.mark.parametrize("body", [
+    "}\nfloat apply(float (*f)(float), float x) { return f(x);",  # a parameter
+    "float (*f)(float) = twice;\n  f = thrice;\n  y[0] = f(y[0]);",  # assigned
+    "float (*f)(float) = y[0] > 0 ? twice : thrice;\n  y[0] = f(y[0]);",  # chosen at run time
+    "auto f = twice;\n  auto g = &f;\n  y[0] = (*g)(y[0]);",  # its address taken
+])
+def test_function_pointers_outside_template_arguments_are_rejected(body, version):
+    with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):
+        compile_shader(FUNCTIONS + body + "\n}", language_version=version)
 
 
 def test_vector_and_matrix_casts_convert_and_literals_are_float():
@@ -392,7 +408,7 @@ kernel void k(device float* out [[buffer(0)]]) { out[0] = apply<float, twice<flo
 kernel void k(device float* out [[buffer(0)]]) {
   Scale<float> f = twice<float>;
   out[0] = f(1.0f);
-}""")
+}""", version="3.2")
 
 
 def test_a_device_object_is_still_no_thread_reference_to_a_class_template():
@@ -867,3 +883,36 @@ template [[host_name("block_sum_f")]] [[kernel]] decltype(block_sum<float>) bloc
     out = torch.arange(4, dtype=torch.float32)
     lib.block_sum_f(out, threads=4, group_size=4)
     np.testing.assert_array_equal(out.numpy(), np.full(4, 6.0))
+
+
+BOOL_FRAGMENTS = HEAD + """
+// MLX's nax attention: fragments of an alias template over vec, instantiated with bool masks.
+template <typename T> struct Frag {
+  template <typename U> using frag_t = typename metal::vec<U, 8>;
+  template <typename U, typename P>
+  static void load(thread frag_t<U>& dst, P src) {
+    for (short i = 0; i < 8; i++) dst[i] = static_cast<U>(src[i]);
+  }
+};
+template <typename M>
+kernel void masked(device const M* mask [[buffer(0)]], device float* out [[buffer(1)]]) {
+  typename Frag<M>::template frag_t<M> m;
+  Frag<M>::load(m, mask);
+  for (short i = 0; i < 8; i++) out[i] = m[i] ? 1.0f : 0.0f;
+  BODY
+}
+template [[host_name("masked_bool")]] kernel void masked<bool>(device const bool*, device float*);
+template [[host_name("masked_float")]] kernel void masked<float>(device const float*, device float*);
+"""
+
+
+def test_a_vector_of_bool_through_an_alias_template_is_checked_through_other_instantiations(tmp_path):
+    lib = compile_shader(BOOL_FRAGMENTS.replace("BODY", ""), language_version="4.0")
+    bits = torch.tensor([1, 0, 0, 1, 1, 0, 1, 0], dtype=torch.bool)
+    for name, mask in (("masked_bool", bits), ("masked_float", bits.float())):
+        out = torch.zeros(8)
+        getattr(lib, name)(mask, out, threads=1)
+        np.testing.assert_array_equal(out.numpy(), bits.float().numpy())
+    # The template's errors still show, through its float instantiation.
+    with pytest.raises(MetalCompileError, match="cannot convert a device"):
+        check_only(tmp_path, BOOL_FRAGMENTS.replace("BODY", "thread float& r = out[0]; r = 1.0f;"))

@@ -37,7 +37,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
 from . import (_access_rewrite, _cache, _designators, _frontend, _function_constants, _includes,
-               _program_constants, _regions, _rewrite, _thread_arrays)
+               _matrix_products, _program_constants, _regions, _rewrite, _tensor_ops, _thread_arrays)
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -214,7 +214,7 @@ def _toolchain_fingerprint() -> str:
             h.update(path.read_bytes())
     # The Python translation and the front end decide the generated code too.
     for module in (_rewrite, _access_rewrite, _frontend, _regions, _designators, _program_constants,
-                   _thread_arrays):
+                   _thread_arrays, _matrix_products, _tensor_ops):
         h.update(Path(module.__file__).read_bytes())
     h.update(" ".join(cxx_flags() + METAL_PREDEFINED + EMULATOR_PREDEFINED + (CXX_STANDARD,)).encode())
     return h.hexdigest()

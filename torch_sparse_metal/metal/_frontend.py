@@ -732,10 +732,11 @@ class _Walker:
     """Walks the user's functions, and the template instantiations they call, for what the
     type system does not reject. Hot on large shaders: kinds are compared as clang's ids."""
 
-    def __init__(self, cindex, main_file: str) -> None:
+    def __init__(self, cindex, main_file: str, version: int) -> None:
         k = cindex.CursorKind
         self.k = k
         self.main_file = main_file
+        self.version = version
         self.found: List[Tuple[object, str]] = []
         self.seen_functions: Set[str] = set()
         self.calls: Dict[str, Set[str]] = {}  # callee graph of user functions, for recursion
@@ -780,7 +781,7 @@ class _Walker:
             elif kind in self.allocation:
                 self.new_delete.append(child)
             elif kind in self.variables:
-                self.check_variable(child, via)
+                self.check_variable(child, via, fn)
             elif kind in self.references:
                 target = child.referenced
                 if target is not None and target.kind in self.functions and self.user(target):
@@ -791,10 +792,15 @@ class _Walker:
                         self.walk_function(target, via + f", instantiated from line {where[1]}")
             self._walk(child, fn, via)
 
-    def check_variable(self, variable, via: str = "") -> None:
+    def check_variable(self, variable, via: str = "", function=None) -> None:
         """Function pointers are template arguments only in Metal (clang's extension that
-        parses them has no such limit)."""
+        parses them has no such limit). MSL 4.0 code also names a function through a local
+        variable it then calls (MLX's nax GEMMs: ``auto do_gemm = gemm_loop<...>;``), which
+        Apple's compiler builds: a local initialised with a function and never assigned is
+        that function."""
         if _holds_function_address(variable.type):
+            if function is not None and self.version >= 400 and _names_one_function(variable, function):
+                return
             self.found.append((variable, f"Metal has no function pointers (`{variable.spelling}`): a function "
                                          f"is passed only as a template argument, or as a [[visible]] "
                                          f"function through a function table{via}"))
@@ -841,6 +847,43 @@ class _Walker:
                                  f"a pointer, reference or `this` without one is `thread`): "
                                  f"{_in_metal_words(from_type.spelling)} -> "
                                  f"{_in_metal_words(to_spelling)}{via}"))
+
+
+def _names_one_function(variable, function) -> bool:
+    """Whether ``variable`` (a local) is initialised with a function and ``function``, its
+    scope, never assigns it nor takes its address."""
+    cindex = _cindex()
+    k = cindex.CursorKind
+    lib = cindex.conf.lib
+    if variable.kind != k.VAR_DECL:
+        return False
+
+    def stripped(e):  # through implicit conversions, parentheses and `&`
+        while e is not None and (e.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR) or (
+                e.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(e) == _ADDRESS_OF)):
+            e = next(iter(e.get_children()), None)
+        return e
+
+    init = stripped(next((c for c in variable.get_children() if c.kind.is_expression()), None))
+    target = init.referenced if init is not None and init.kind == k.DECL_REF_EXPR else None
+    if target is None or target.kind not in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE):
+        return False
+    for c in function.walk_preorder():
+        if c.kind in (k.BINARY_OPERATOR, k.COMPOUND_ASSIGNMENT_OPERATOR):
+            if c.kind == k.BINARY_OPERATOR and lib.clang_getCursorBinaryOperatorKind(c) != _ASSIGN:
+                continue
+        elif not (c.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(c) == _ADDRESS_OF):
+            continue
+        operand = next(iter(c.get_children()), None)
+        while operand is not None and operand.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
+            operand = next(iter(operand.get_children()), None)
+        if operand is not None and operand.kind == k.DECL_REF_EXPR and operand.referenced == variable:
+            return False
+    return True
+
+
+_ASSIGN = 22  # clang's CXBinaryOperatorKind for `=`
+_ADDRESS_OF = 5  # CXUnaryOperatorKind for `&x`
 
 
 def _holds_function_address(type_) -> bool:
@@ -904,10 +947,46 @@ def check(preprocessed: str, *, language_version: str, origin: str,
             [(d.file, d.line, d.message, d.text) for d in diagnostics])
 
 
-def _parse(preprocessed: str, version: int, main_file: str, *, emulator: bool = False):
+_BOOL_VECTOR = "invalid vector element type 'bool'"
+
+
+def _bool_vector_instantiations(tu, path: str, text: str) -> List[Tuple[int, int, str]]:
+    """Edits that blank the instantiations with ``bool`` arguments of the kernel templates
+    whose instantiation made a vector of bool.
+
+    Metal has bool vectors of every length; C++ for OpenCL has none. The rewrite of
+    ``vec<bool, N>`` into a vector of int (:func:`_typedef_vectors`) cannot reach one made
+    through an alias template's parameter (MLX's nax attention instantiates its tiles with
+    ``bool`` masks, ``dtype_frag_t<bool>`` being ``metal::vec<bool, 8>``) without making that
+    parameter undeducible for every type. Such instantiations are not type-checked here: the
+    kernel's explicit instantiations with ``bool`` (and the calls :func:`_prepare` adds for
+    them) are blanked, and the template is checked through its other instantiations."""
+    cindex = _cindex()
+    templates = set()
+    for d in tu.diagnostics:
+        if d.severity < cindex.Diagnostic.Error or _BOOL_VECTOR not in d.spelling:
+            continue
+        kernels = [m.group(1) for n in d.children
+                   for m in [re.match(r"in instantiation of function template specialization '([\w:]+)<", n.spelling)]
+                   if m]
+        if kernels:
+            templates.add(kernels[-1].split("::")[-1])  # the outermost: the kernel instantiated
+    edits = []
+    for name in templates:
+        with_bool = name + r"\s*<[^;{}]*\bbool\b"
+        for pattern in (r"inline void __tsm_instantiation_\d+\(\) \{[^{}]*\b" + with_bool + r"[^{}]*\}",
+                        r"\btemplate\b[^;{}]*\b" + with_bool + r"[^;{}]*;"):
+            edits += [(m.start(), m.end(), re.sub(r"[^\n]", " ", m.group()))
+                      for m in re.finditer(pattern, text)]
+    return edits
+
+
+def _parse(preprocessed: str, version: int, main_file: str, *, emulator: bool = False,
+           prepared: Optional[_Prepared] = None):
     """(prepared text, clang translation unit, the path clang knows it by). ``emulator``:
-    the emulator's view, where double is allowed (its emulator-only kernels)."""
-    prepared = _prepare(preprocessed)
+    the emulator's view, where double is allowed (its emulator-only kernels). ``prepared``:
+    ``preprocessed`` as :func:`_prepare` made it and edited since."""
+    prepared = prepared or _prepare(preprocessed)
     path = f"/{hashlib.sha256(preprocessed.encode()).hexdigest()[:16]}/{Path(main_file).name}.msl"
     args = [*_CLANG_ARGS, "-isystem", str(FRONTEND_INCLUDE_DIR), "-include", "tsm_msl_prelude.h",
             "-include", "metal_stdlib", f"-D__METAL_VERSION__={version}", "-D__METAL_MACOS__=1",
@@ -923,6 +1002,12 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
     cindex = _cindex()
     version = language_version_number(language_version)
     prepared, tu, path = _parse(preprocessed, version, main_file)
+    for _ in range(8):  # (an instantiation set aside may leave another template's the first)
+        aside = _bool_vector_instantiations(tu, path, prepared.text)
+        if not aside:
+            break
+        prepared.source.apply(aside)
+        prepared, tu, path = _parse(preprocessed, version, main_file, prepared=prepared)
     out: List[Diagnostic] = []
 
     lines = preprocessed.splitlines()
@@ -960,7 +1045,7 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
         physical = preprocessed.count("\n", 0, offset)
         out.append(Diagnostic(file, line, 0, message, lines[physical] if physical < len(lines) else ""))
 
-    walker = _Walker(cindex, path)
+    walker = _Walker(cindex, path, version)
     kernels = []
     functions = []
     for cursor in _user_declarations(tu, path):

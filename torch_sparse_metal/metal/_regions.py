@@ -54,7 +54,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import _designators, _frontend, _matrix_products, _rewrite
+from . import _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
 
 Edit = Tuple[int, int, str]
 
@@ -131,8 +131,10 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
             own.update(m.group(1) for m in _rewrite._SYNC_CALL.finditer(text_of(d)))
             if _matrix_products.contains(d):
                 own.add("operator*")
+            if _tensor_ops.contains(d):
+                own.add("matmul2d::run")
         helpers = any(_rewrite._SYNC_CALL.search(text_of(g)) or _matrix_products.contains(g)
-                      for g in reached.values())
+                      or _tensor_ops.contains(g) for g in reached.values())
         if not definitions:  # not found in the AST: assume the worst
             out.synchronising.add(name)
             continue
@@ -262,6 +264,8 @@ class _GroupFunction:
                 visit(child, ancestors + [node])
 
         visit(self.body, [])
+        if _tensor_ops.contains(self.body):
+            raise _Unsupported("a tensor operation (its exchange takes several rounds)")
         if not calls:
             raise _Unsupported("no barrier or SIMD-group function")
         # Where the products of simdgroup matrices start: collectives the call pattern of

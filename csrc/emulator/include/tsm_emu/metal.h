@@ -14,6 +14,7 @@
 #include "tsm_emu/simd.h"
 #include "tsm_emu/atomic.h"
 #include "tsm_emu/simdgroup_matrix.h"
+#include "tsm_emu/tensor_ops.h"
 #include "tsm_emu/logging.h"
 #include "tsm_emu/array.h"
 #include "tsm_emu/thread_array.h"

@@ -385,3 +385,8 @@ inline T __metal_simd_shuffle_and_fill_down(T data, T filling, D delta, M modulo
 }
 template <class T>
 constexpr T __metal_get_simdgroup_size(T) { return T(32); }
+// The calling thread's lane (MLX's nax.h calls it so, outside any kernel parameter).
+template <class T>
+inline T __metal_get_thread_index_in_simdgroup(T) {
+  return T(::tsm_emu::current_thread().thread_index_in_simdgroup);
+}

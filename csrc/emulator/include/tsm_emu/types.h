@@ -281,7 +281,11 @@ struct swz {
 // Storage: a union of the element array, the named components and the swizzle proxies.
 // S = number of stored elements (4 for a 3-vector, 3 for a packed 3-vector), A = alignment.
 template <class T, int N, int S, int A>
-struct vstore;
+struct alignas(A) vstore {  // 8 and 16 components (MLX's nax fragments): no named ones
+  T d_[S];
+  vstore() = default;
+  constexpr explicit vstore(int) : d_{} {}
+};
 
 #define TSM_SWZ(K, i0, i1, i2, i3, n1, n2) swz<T, K, S, i0, i1, i2, i3> n1, n2;
 
@@ -450,7 +454,8 @@ struct braced {
 // components indeterminate, as in Metal.
 template <class T, int N>
 struct vec : tsm_detail::vcore<T, N, tsm_detail::storage_count<N>(), tsm_detail::vec_align<T, N>()> {
-  static_assert(N >= 2 && N <= 4, "vec<T, N>: N must be 2, 3 or 4");
+  // (8 and 16: metal::vec<T, 8> is MLX's nax fragment, MSL 4.0; there are no typedefs for them)
+  static_assert((N >= 2 && N <= 4) || N == 8 || N == 16, "vec<T, N>: N must be 2, 3, 4, 8 or 16");
   using core = tsm_detail::vcore<T, N, tsm_detail::storage_count<N>(), tsm_detail::vec_align<T, N>()>;
   using core::core;
 
