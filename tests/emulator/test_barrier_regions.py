@@ -18,7 +18,7 @@ import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
 import numpy as np
 import pytest
@@ -27,6 +27,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from torch_sparse_metal._paths import SHADERS_DIR
 from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader, record
+
+from _schedules import both_ways, grouped
 
 from _hang_guard import call_with_timeout
 
@@ -249,18 +251,6 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                                      b.contiguous().view(torch.uint8))
 
 
-def both_ways(source: str, monkeypatch, sanitize: bool):
-    """(regions, fibers): the library compiled with barrier regions and without."""
-    monkeypatch.setenv("TSM_EMU_REGIONS", "1")
-    regions = compile_shader(source, sanitize=sanitize)
-    monkeypatch.setenv("TSM_EMU_REGIONS", "0")
-    fibers = compile_shader(source, sanitize=sanitize)
-    monkeypatch.delenv("TSM_EMU_REGIONS")
-    # Two builds, not one library handed out twice (compile_shader keeps what it loaded).
-    assert regions is not fibers and regions.path != fibers.path
-    return regions, fibers
-
-
 def agree_on_every_launch(source: str, launches, monkeypatch, sanitize: bool) -> List[Tuple[str, str]]:
     """Run every launch both ways; each must give the same outcome (and, sanitized, the
     same counters: bytes, bank conflicts, FMAs, barriers...). The faults, (kernel, kind)."""
@@ -277,12 +267,6 @@ def agree_on_every_launch(source: str, launches, monkeypatch, sanitize: bool) ->
             if r[0] == "fault":
                 faults.append((kernel, r[1]))
     return faults
-
-
-def grouped(source: str, tmp_path: Path) -> set:
-    path = tmp_path / "shader.metal"
-    path.write_text(source)
-    return _compiler.generated_cxx(path).grouped
 
 
 @pytest.fixture(autouse=True)

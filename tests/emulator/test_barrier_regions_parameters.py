@@ -6,7 +6,7 @@ element 6 of a 4-element buffer."""
 import pytest
 import torch
 
-from torch_sparse_metal.metal import _compiler, compile_shader
+from _schedules import both_ways, grouped
 
 SOURCE = r"""#include <metal_stdlib>
 using namespace metal;
@@ -27,13 +27,9 @@ template [[host_name("shifted_f")]] kernel void shifted<float, int>(device const
 
 @pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
 def test_moved_parameters_are_per_thread_as_regions_and_as_fibers(monkeypatch, tmp_path, sanitize):
-    path = tmp_path / "shader.metal"
-    path.write_text(SOURCE)
-    assert "shifted" in _compiler.generated_cxx(path).grouped
+    assert "shifted" in grouped(SOURCE, tmp_path)
     results = []
-    for regions in ("1", "0"):
-        monkeypatch.setenv("TSM_EMU_REGIONS", regions)
-        lib = compile_shader(SOURCE + f"// regions={regions}\n", sanitize=sanitize)
+    for lib in both_ways(SOURCE, monkeypatch, sanitize):
         out = torch.zeros(4)
         lib.shifted_f(torch.arange(4.0), out, threads=4, group_size=4)
         results.append(out.tolist())

@@ -7,11 +7,11 @@ kernels using the same forms run as before, as barrier regions too."""
 import re
 
 import pytest
-import torch
 
-from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
+from torch_sparse_metal.metal import compile_shader
 
 from _one_value_kernels import fault, line_of, run
+from _schedules import both_ways, grouped
 
 SOURCE = r"""#include <metal_stdlib>
 using namespace metal;
@@ -138,16 +138,9 @@ def test_valid_forms_run_and_each_bad_index_names_its_array(lib):
 
 
 def test_arrays_across_barriers_are_checked_as_barrier_regions_and_as_fibers(lib, monkeypatch, tmp_path):
-    path = tmp_path / "shader.metal"
-    path.write_text(SOURCE)
-    assert "across_barriers" in _compiler.generated_cxx(path).grouped
-    sanitize = lib.sanitize
-    results = []
-    for regions in ("1", "0"):
-        monkeypatch.setenv("TSM_EMU_REGIONS", regions)
-        build = compile_shader(SOURCE + f"// regions={regions}\n", sanitize=sanitize)
-        results.append((run(build, "across_barriers", 0, 8, 8).tolist(),
-                        fault(build, "across_barriers", 1, 8, 8)))
+    assert "across_barriers" in grouped(SOURCE, tmp_path)
+    results = [(run(build, "across_barriers", 0, 8, 8).tolist(), fault(build, "across_barriers", 1, 8, 8))
+               for build in both_ways(SOURCE, monkeypatch, lib.sanitize)]
     assert results[0] == results[1]
     values, message = results[0]
     assert values[0] == 1.0 + 2.0 * 2.0 + 4.0 * 3.0  # thread 0: hist[k] += k + 1
@@ -155,15 +148,9 @@ def test_arrays_across_barriers_are_checked_as_barrier_regions_and_as_fibers(lib
 
 
 def test_a_length_from_a_template_parameter_is_checked_as_barrier_regions_and_as_fibers(lib, monkeypatch, tmp_path):
-    path = tmp_path / "shader.metal"
-    path.write_text(SOURCE)
-    assert "templated" in _compiler.generated_cxx(path).grouped
-    results = []
-    for regions in ("1", "0"):
-        monkeypatch.setenv("TSM_EMU_REGIONS", regions)
-        build = compile_shader(SOURCE + f"// regions={regions}\n", sanitize=lib.sanitize)
-        results.append((run(build, "templated_f4", 0, 8, 8).tolist(),
-                        fault(build, "templated_f4", 1, 8, 8), fault(build, "templated_f4", 16, 8, 8)))
+    assert "templated" in grouped(SOURCE, tmp_path)
+    results = [(run(build, "templated_f4", 0, 8, 8).tolist(), fault(build, "templated_f4", 1, 8, 8),
+                fault(build, "templated_f4", 16, 8, 8)) for build in both_ways(SOURCE, monkeypatch, lib.sanitize)]
     assert results[0] == results[1]
     values, past_the_row, past_the_rows = results[0]
     assert values == [float((lid + 1) % 8 + 6 + 3) for lid in range(8)]

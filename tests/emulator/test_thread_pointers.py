@@ -9,10 +9,11 @@ import re
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
+from torch_sparse_metal.metal import compile_shader
 
 import _one_value_kernels
 from _one_value_kernels import line_of, run
+from _schedules import both_ways, grouped
 
 SOURCE = r"""#include <metal_stdlib>
 using namespace metal;
@@ -103,15 +104,9 @@ def test_a_dereference_outside_the_array_faults_without_a_subscript(lib):
 
 
 def test_pointers_across_barriers_as_barrier_regions_and_as_fibers(lib, monkeypatch, tmp_path):
-    path = tmp_path / "shader.metal"
-    path.write_text(SOURCE)
-    assert "across_barriers" in _compiler.generated_cxx(path).grouped
-    results = []
-    for regions in ("1", "0"):
-        monkeypatch.setenv("TSM_EMU_REGIONS", regions)
-        build = compile_shader(SOURCE + f"// regions={regions}\n", sanitize=lib.sanitize)
-        results.append((run(build, "across_barriers", 0, 8, 8).tolist(),
-                        fault(build, "across_barriers", 1, 8, 8)))
+    assert "across_barriers" in grouped(SOURCE, tmp_path)
+    results = [(run(build, "across_barriers", 0, 8, 8).tolist(), fault(build, "across_barriers", 1, 8, 8))
+               for build in both_ways(SOURCE, monkeypatch, lib.sanitize)]
     assert results[0] == results[1]
     values, message = results[0]
     # thread 0: h[k % 2] += k + 1, so hist[1] = 1 + 3, hist[2] = h[1] = 2
