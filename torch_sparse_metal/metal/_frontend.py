@@ -858,13 +858,14 @@ def _names_one_function(variable, function) -> bool:
     if variable.kind != k.VAR_DECL:
         return False
 
-    def stripped(e):  # through implicit conversions, parentheses and `&`
+    def stripped(e, through_address: bool = False):  # implicit conversions, parentheses (and `&`)
         while e is not None and (e.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR) or (
-                e.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(e) == _ADDRESS_OF)):
+                through_address and e.kind == k.UNARY_OPERATOR and
+                lib.clang_getCursorUnaryOperatorKind(e) == _ADDRESS_OF)):
             e = next(iter(e.get_children()), None)
         return e
 
-    init = stripped(next((c for c in variable.get_children() if c.kind.is_expression()), None))
+    init = stripped(next((c for c in variable.get_children() if c.kind.is_expression()), None), True)
     target = init.referenced if init is not None and init.kind == k.DECL_REF_EXPR else None
     if target is None or target.kind not in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE):
         return False
@@ -874,9 +875,7 @@ def _names_one_function(variable, function) -> bool:
                 continue
         elif not (c.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(c) == _ADDRESS_OF):
             continue
-        operand = next(iter(c.get_children()), None)
-        while operand is not None and operand.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
-            operand = next(iter(operand.get_children()), None)
+        operand = stripped(next(iter(c.get_children()), None))
         if operand is not None and operand.kind == k.DECL_REF_EXPR and operand.referenced == variable:
             return False
     return True
