@@ -183,7 +183,6 @@ kernel void staged(device const half* a [[buffer(0)]], device float* c [[buffer(
 
 
 @pytest.mark.parametrize("what, says", [
-    ("matmul2d<desc, execution_simdgroups<4>> op; (void)op;", "execution_simdgroup only"),
     ("matmul2d<matmul2d_descriptor(16, 16, 8), execution_simdgroup> op;\n"
      "  auto l = op.get_left_input_cooperative_tensor<half, half, float>(); (void)l;", "multiples of 16"),
 ])

@@ -5,7 +5,7 @@ import re
 from typing import Optional
 
 FAULT_KINDS = ("out_of_bounds", "integer_division", "threadgroup_race", "device_race", "barrier_divergence",
-               "uninitialized_read", "inactive_lane", "hang", "crash")
+               "uninitialized_read", "inactive_lane", "tensor_extents", "hang", "crash")
 
 
 class MetalCompileError(RuntimeError):

@@ -1,9 +1,10 @@
 """``op.run(left, right, destination)`` of Metal 4's ``mpp::tensor_ops::matmul2d``, recognised
 in clang's AST.
 
-The emulator runs it as a SIMD-group collective (tsm_emu/tensor_ops.h): the lanes exchange
-their shares of the cooperative tensors, in as many rounds as the operands need. A kernel that
-reaches one synchronises, so it runs as fibers; the planning of barrier regions, whose stops
+The emulator runs it as a SIMD-group collective (tsm_emu/tensor_ops.h): on cooperative tensors
+the lanes exchange their shares, in as many rounds as the operands need; on metal::tensor
+operands they meet once, to show that all of them are there. A kernel that reaches one
+synchronises, so it runs as fibers; the planning of barrier regions, whose stops
 hand over one value per lane, leaves such a kernel to them. The call keeps the default site
 its declaration gives it (the line of the call).
 
