@@ -51,6 +51,7 @@ template [[host_name("centred")]] kernel dequantise_t dequantise<deq_centred>;
 
 FUNCTIONS = HEAD + """float twice(float x) { return 2.0f * x; }
 float thrice(float x) { return 3.0f * x; }
+template <typename F> void swap_in(thread F& f) { f = thrice; }
 kernel void k(device float* y [[buffer(0)]]) {
   """
 ONE_FUNCTION = ["float (*f)(float) = twice;\n  y[0] = f(y[0]);", "auto f = &twice;\n  y[0] = f(y[0]);"]
@@ -72,6 +73,8 @@ def test_a_local_naming_a_function_is_no_function_pointer_in_msl_4_only(body):
     "float (*f)(float) = twice;\n  f = thrice;\n  y[0] = f(y[0]);",  # assigned
     "float (*f)(float) = y[0] > 0 ? twice : thrice;\n  y[0] = f(y[0]);",  # chosen at run time
     "auto f = twice;\n  auto g = &f;\n  y[0] = (*g)(y[0]);",  # its address taken
+    "auto f = twice;\n  auto& g = f;\n  g = thrice;\n  y[0] = f(y[0]);",  # a reference bound to it
+    "auto f = twice;\n  swap_in(f);\n  y[0] = f(y[0]);",  # an argument for a reference parameter
 ])
 def test_function_pointers_outside_template_arguments_are_rejected(body, version):
     with pytest.raises(MetalCompileError, match=r"Metal has no function pointers \(`f`\)"):

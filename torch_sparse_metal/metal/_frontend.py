@@ -851,37 +851,38 @@ class _Walker:
 
 def _names_one_function(variable, function) -> bool:
     """Whether ``variable`` (a local) is initialised with a function and ``function``, its
-    scope, never assigns it nor takes its address."""
+    scope, only reads it: each use converts it to its value (clang's implicit cast) or calls
+    it. An assignment, `&f`, a reference bound to it (`auto& r = f`, an argument for a
+    `thread F&` parameter) could change what it names."""
     cindex = _cindex()
     k = cindex.CursorKind
     lib = cindex.conf.lib
     if variable.kind != k.VAR_DECL:
         return False
 
-    def stripped(e, through_address: bool = False):  # implicit conversions, parentheses (and `&`)
-        while e is not None and (e.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR) or (
-                through_address and e.kind == k.UNARY_OPERATOR and
-                lib.clang_getCursorUnaryOperatorKind(e) == _ADDRESS_OF)):
-            e = next(iter(e.get_children()), None)
-        return e
-
-    init = stripped(next((c for c in variable.get_children() if c.kind.is_expression()), None), True)
+    init = next((c for c in variable.get_children() if c.kind.is_expression()), None)
+    while init is not None and (init.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR) or (
+            init.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(init) == _ADDRESS_OF)):
+        init = next(iter(init.get_children()), None)
     target = init.referenced if init is not None and init.kind == k.DECL_REF_EXPR else None
     if target is None or target.kind not in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE):
         return False
-    for c in function.walk_preorder():
-        if c.kind in (k.BINARY_OPERATOR, k.COMPOUND_ASSIGNMENT_OPERATOR):
-            if c.kind == k.BINARY_OPERATOR and lib.clang_getCursorBinaryOperatorKind(c) != _ASSIGN:
-                continue
-        elif not (c.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(c) == _ADDRESS_OF):
-            continue
-        operand = stripped(next(iter(c.get_children()), None))
-        if operand is not None and operand.kind == k.DECL_REF_EXPR and operand.referenced == variable:
-            return False
-    return True
+
+    def only_read(node) -> bool:
+        for i, c in enumerate(node.get_children()):
+            if c.kind == k.DECL_REF_EXPR and c.referenced is not None and c.referenced == variable:
+                # A conversion to its value has no address space; one that keeps it an object
+                # (thread -> generic, binding a reference) has.
+                read = node.kind == k.UNEXPOSED_EXPR and node.type.get_address_space() == 0
+                if not read and not (node.kind == k.CALL_EXPR and i == 0):
+                    return False
+            elif not only_read(c):
+                return False
+        return True
+
+    return only_read(function)
 
 
-_ASSIGN = 22  # clang's CXBinaryOperatorKind for `=`
 _ADDRESS_OF = 5  # CXUnaryOperatorKind for `&x`
 
 
