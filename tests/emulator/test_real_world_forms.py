@@ -69,7 +69,7 @@ def test_a_local_naming_a_function_is_no_function_pointer_in_msl_4_only(body):
 
 @pytest.mark.parametrize("version", ["3.2", "4.0"])
 @pytest.mark.parametrize("body", [
-    "}\nfloat apply(float (*f)(float), float x) { return f(x);",  # a parameter
+    "}\nfloat apply(float (*f)(float), float x) { f = thrice; return f(x);",  # a parameter assigned
     "float (*f)(float) = twice;\n  f = thrice;\n  y[0] = f(y[0]);",  # assigned
     "float (*f)(float) = y[0] > 0 ? twice : thrice;\n  y[0] = f(y[0]);",  # chosen at run time
     "auto f = twice;\n  auto g = &f;\n  y[0] = (*g)(y[0]);",  # its address taken

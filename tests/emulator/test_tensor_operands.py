@@ -74,6 +74,30 @@ DIRECT(direct_24x40x20_tl_acc, 24, 40, 20, true, false, true)
 DIRECT(direct_16x16x32_tr_acc, 16, 16, 32, false, true, true)
 DIRECT(direct_33x7x5_tl_tr, 33, 7, 5, true, true, false)
 
+// C = A B^T straight into C by tiles of 32 x 32: static-extent slices inside, slices of
+// what is left at the edges (reads past them zero, writes past them dropped).
+kernel void by_tiles(device const float* A [[buffer(0)]], device const float* B [[buffer(1)]],
+                     device float* C [[buffer(2)]], constant uint4& mkn [[buffer(3)]],
+                     uint2 tg [[threadgroup_position_in_grid]]) {
+  const int M = mkn.x, K = mkn.y, N = mkn.z, m = tg.y * 32, n = tg.x * 32;
+  using e2 = dextents<int32_t, 2>;
+  tensor<device const float, e2, tensor_inline> a(A, e2(K, M)), b(B, e2(K, N));
+  tensor<device float, e2, tensor_inline> c(C, e2(N, M));
+  matmul2d<matmul2d_descriptor(32, 32, static_cast<int>(dynamic_extent), false, true),
+           execution_simdgroups<4>> op;
+  if (m + 32 <= M && n + 32 <= N) {
+    auto ta = a.template slice<dynamic_extent, 32>(0, m);
+    auto tb = b.template slice<dynamic_extent, 32>(0, n);
+    auto tc = c.template slice<32, 32>(n, m);
+    op.run(ta, tb, tc);
+  } else {
+    auto ta = a.slice(0, m);
+    auto tb = b.slice(0, n);
+    auto tc = c.slice(n, m);
+    op.run(ta, tb, tc);
+  }
+}
+
 // Where each of 128 threads' elements of a 24 x 40 destination are: (column, row, valid).
 kernel void spread(device int* out [[buffer(0)]], ushort tid [[thread_index_in_threadgroup]]) {
   matmul2d<matmul2d_descriptor(24, 40, dynamic_extent), execution_simdgroups<4>> op;
@@ -167,6 +191,17 @@ def test_a_tensor_destination(lib, name, cut):
     getattr(lib, name)(torch.from_numpy(a), torch.from_numpy(b), out, torch.tensor(cut, dtype=torch.int32),
                        threads=64, group_size=64)
     np.testing.assert_allclose(out.double().numpy(), expected, atol=1e-5 * k, rtol=0)
+
+
+@pytest.mark.parametrize("m, k, n", [(64, 40, 96), (50, 33, 70), (7, 5, 3)])
+def test_static_and_dynamic_extent_slices(lib, m, k, n):
+    rng = np.random.default_rng(m * k * n)
+    a, b = rng.normal(size=(m, k)).astype(np.float32), rng.normal(size=(n, k)).astype(np.float32)
+    c = torch.full((m, n), 7.0)
+    lib.by_tiles(torch.from_numpy(a), torch.from_numpy(b), c, torch.tensor([m, k, n, 0], dtype=torch.int32),
+                 threads=((n + 31) // 32 * 128, (m + 31) // 32), group_size=(128, 1))
+    np.testing.assert_allclose(c.double().numpy(), a.astype(np.float64) @ b.T.astype(np.float64),
+                               atol=1e-5 * k, rtol=0)
 
 
 def test_the_spread_layout_covers_every_element_once(lib):

@@ -219,6 +219,67 @@ def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
     return edits
 
 
+def _template_scopes(masked: str) -> List[Tuple[List[str], int, int]]:
+    """The type parameters of each template and the body they are in scope in."""
+    scopes = []
+    for m in re.finditer(r"\btemplate\s*<", masked):
+        try:
+            close = _rewrite._match_close(masked, m.end() - 1, "<", ">")
+        except _rewrite.ParseError:
+            continue
+        names = re.findall(r"\b(?:typename|class)\s*(?:\.\.\.\s*)?(\w+)", masked[m.end():close])
+        brace = re.compile(r"[{;]").search(masked, close + 1)
+        if not names or brace is None or brace.group() != "{":
+            continue
+        try:
+            scopes.append((names, brace.start(), _rewrite._match_close(masked, brace.start(), "{", "}")))
+        except _rewrite.ParseError:
+            continue
+    return scopes
+
+
+def _dependent_constructions(src: str) -> List[Tuple[int, int, str]]:
+    """``T(a, b)`` of a template's type parameter T -> ``::metal::__tsm_construct<T>(a, b)``,
+    which builds a vector as a vector constructor does and calls a class's constructor
+    otherwise (PyTorch's c10/metal/utils.h makes a ``float2`` so): clang reads a multi-argument
+    functional cast to a vector type as a scalar's initialisation."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    edits = {}
+    for names, body_open, body_close in _template_scopes(masked):
+        call = re.compile(r"(?<![\w.:>~])(" + "|".join(map(re.escape, names)) + r")\s*\(")
+        for c in call.finditer(masked, body_open, body_close):
+            if re.search(r"\boperator\s*$", masked[max(0, c.start() - 16):c.start()]):
+                continue
+            try:
+                end = _rewrite._match_close(masked, c.end() - 1, "(", ")")
+            except _rewrite.ParseError:
+                continue
+            if len(_rewrite._split_top_level(masked[c.end():end])) > 1:
+                edits[c.start()] = (c.start(), c.end(), f"::metal::__tsm_construct<{c.group(1)}>(")
+    return list(edits.values())
+
+
+def _half_bfloat_casts(src: str) -> List[Tuple[int, int, str]]:
+    """Explicit conversions between half and bfloat, which Metal has and clang's __bf16 does
+    not: ``static_cast<half>(x)``, ``half(x)`` (and bfloat), and ``static_cast<T>(x)`` of a
+    template's type parameter T (PyTorch's c10/metal/utils.h ``cast_to``) ->
+    ``::metal::__tsm_convert<...>(x)``, which converts through float (exact: both are
+    rounded once, as a direct conversion is). A C-style ``(half)x`` is not rewritten."""
+    masked = _rewrite._mask_strings_and_directives(src)
+    edits = {}
+    spelled = r"(?:::)?(?:metal::)?(?:half|bfloat)"
+    for m in re.finditer(r"\bstatic_cast\s*<\s*(" + spelled + r")\s*>\s*\(", masked):
+        edits[m.start()] = (m.start(), m.end(), f"::metal::__tsm_convert<{m.group(1)}>(")
+    for m in re.finditer(r"(?<![\w.:>~])(" + spelled + r")\s*\((?!\s*[*&^])", masked):  # not `half (*f)(...)`
+        if not re.search(r"\b(?:operator|typedef|using)\s*$", masked[max(0, m.start() - 16):m.start()]):
+            edits[m.start()] = (m.start(), m.end(), f"::metal::__tsm_convert<{m.group(1)}>(")
+    for names, body_open, body_close in _template_scopes(masked):
+        cast = re.compile(r"\bstatic_cast\s*<\s*(" + "|".join(map(re.escape, names)) + r")\s*>\s*\(")
+        for m in cast.finditer(masked, body_open, body_close):
+            edits[m.start()] = (m.start(), m.end(), f"::metal::__tsm_convert<{m.group(1)}>(")
+    return list(edits.values())
+
+
 def _typedef_vectors(src: str) -> List[Tuple[int, int, str]]:
     """``typedef vec<T, 2> t;`` and ``using t = vec<T, 2>;`` (not an alias template) ->
     ``...::metal::__tsm_vector_type<T, 2>::type``, where ``vec<bool, N>`` is a vector of
@@ -410,6 +471,7 @@ def _constant_pointees_const(src: str) -> List[Tuple[int, int, str]]:
 
 
 _RECORD = re.compile(r"\b(struct|class)\s+(\w+)\s*(?:<[^{};]*>\s*)?(?:final\s*)?(?::[^{};]*)?\{")
+_SCOPED_ENUM = re.compile(r"\benum\s+$")  # `enum class E : int {`: no record
 
 
 def _special_members(src: str) -> List[Tuple[int, int, str]]:
@@ -421,7 +483,7 @@ def _special_members(src: str) -> List[Tuple[int, int, str]]:
     edits = []
     for m in _RECORD.finditer(masked):
         kind, name = m.group(1), m.group(2)
-        if name.startswith("__tsm"):
+        if name.startswith("__tsm") or _SCOPED_ENUM.search(masked, max(0, m.start() - 16), m.start()):
             continue
         body_open = m.end() - 1
         body_close = _rewrite._match_close(masked, body_open, "{", "}")
@@ -465,6 +527,9 @@ def _special_members(src: str) -> List[Tuple[int, int, str]]:
     return edits
 
 
+_ARRAY_PARAMETER = re.compile(r"\s+(?:const\s+)?[\w:]+(?:\s*<[^<>()]*>)?\s+\w+\s*\[")
+
+
 def _generic_thread(masked: str) -> List[Tuple[int, int, str]]:
     """Edits that make Metal's ``thread`` clang's generic address space where it qualifies
     a member function or what a pointer or reference designates.
@@ -479,6 +544,11 @@ def _generic_thread(masked: str) -> List[Tuple[int, int, str]]:
     edits = [(a, b, "__generic") for a, b in methods]
     for m in re.finditer(r"\bthread\b", masked):
         at = _pointer_or_reference_at(masked, m.end())
+        if at is None and _ARRAY_PARAMETER.match(masked, m.end()) and \
+                re.sub(r"\bconst$", "", masked[:m.start()].rstrip()).rstrip().endswith(("(", ",")):
+            # `thread T pos[N]` as a parameter is a pointer (PyTorch's pos_from_thread_index)
+            edits.append((m.start(), m.end(), "__generic"))
+            continue
         if at is None or (m.start(), m.end()) in methods:
             continue
         # A class template's specialisation goes unqualified: clang makes it generic all
@@ -513,6 +583,8 @@ def _prepare(preprocessed: str) -> _Prepared:
         for m in re.finditer(pattern, masked):
             lints.append((m.start(), f"Metal does not support {what}"))
     source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
+    source.apply(_dependent_constructions(source.text))
+    source.apply(_half_bfloat_casts(source.text))
     source.apply(_typedef_vectors(source.text))
     source.apply(_braced_arguments(source.text))
     source.apply(_template_function_pointers(source.text))
@@ -783,6 +855,8 @@ class _Walker:
             elif kind in self.variables:
                 self.check_variable(child, via, fn)
             elif kind in self.references:
+                if kind == self.call:
+                    self.check_function_arguments(child, via)
                 target = child.referenced
                 if target is not None and target.kind in self.functions and self.user(target):
                     self.calls.setdefault(fn.get_usr(), set()).add(target.get_usr())
@@ -794,16 +868,42 @@ class _Walker:
 
     def check_variable(self, variable, via: str = "", function=None) -> None:
         """Function pointers are template arguments only in Metal (clang's extension that
-        parses them has no such limit). MSL 4.0 code also names a function through a local
-        variable it then calls (MLX's nax GEMMs: ``auto do_gemm = gemm_loop<...>;``), which
-        Apple's compiler builds: a local initialised with a function and never assigned is
-        that function."""
+        parses them has no such limit), unless Apple's compiler can tell which function one
+        is. Public code it builds names a function through a local it then calls (MLX's nax
+        GEMMs, MSL 4.0: ``auto do_gemm = gemm_loop<...>;``) and passes one as an argument
+        (PyTorch's c10/metal/atomic.h, MSL 3.1+: ``T (*op)(T, T)``): a local initialised
+        with a function, or a parameter, only read or called, is accepted there, each
+        argument for such a parameter naming a function (:meth:`check_function_arguments`)."""
         if _holds_function_address(variable.type):
             if function is not None and self.version >= 400 and _names_one_function(variable, function):
+                return
+            if function is not None and self.version >= 310 and variable.kind == self.k.PARM_DECL \
+                    and _only_read(variable, function):
                 return
             self.found.append((variable, f"Metal has no function pointers (`{variable.spelling}`): a function "
                                          f"is passed only as a template argument, or as a [[visible]] "
                                          f"function through a function table{via}"))
+
+    def check_function_arguments(self, call, via: str = "") -> None:
+        """An argument for a function-pointer parameter names a function, or is a local or
+        parameter the rules above accept: what the function is, is known where it is called."""
+        callee = call.referenced
+        if callee is None or self.version < 310:
+            return
+        try:
+            parameters = list(callee.get_arguments())
+        except Exception:  # not a function (a call through an object)
+            return
+        for parameter, argument in zip(parameters, call.get_arguments()):
+            if parameter is None or not _holds_function_address(parameter.type):
+                continue
+            named = _strip_to_reference(argument)
+            target = named.referenced if named is not None and named.kind == self.k.DECL_REF_EXPR else None
+            if target is not None and (target.kind in (self.k.FUNCTION_DECL, self.k.FUNCTION_TEMPLATE) or
+                                       _holds_function_address(target.type)):
+                continue
+            self.found.append((argument, f"Metal has no function pointers: the argument for `{parameter.spelling}` "
+                                         f"must name a function (one known where the call is compiled){via}"))
 
     def _check_explicit_cast(self, cast, via: str) -> None:
         """Metal converts between address spaces with no cast at all."""
@@ -849,24 +949,34 @@ class _Walker:
                                  f"{_in_metal_words(to_spelling)}{via}"))
 
 
+def _strip_to_reference(e):
+    """An expression without its implicit conversions, parentheses and `&`."""
+    k = _cindex().CursorKind
+    lib = _cindex().conf.lib
+    while e is not None and (e.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR) or (
+            e.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(e) == _ADDRESS_OF)):
+        e = next(iter(e.get_children()), None)
+    return e
+
+
 def _names_one_function(variable, function) -> bool:
     """Whether ``variable`` (a local) is initialised with a function and ``function``, its
-    scope, only reads it: each use converts it to its value (clang's implicit cast) or calls
-    it. An assignment, `&f`, a reference bound to it (`auto& r = f`, an argument for a
-    `thread F&` parameter) could change what it names."""
-    cindex = _cindex()
-    k = cindex.CursorKind
-    lib = cindex.conf.lib
+    scope, only reads it (:func:`_only_read`)."""
+    k = _cindex().CursorKind
     if variable.kind != k.VAR_DECL:
         return False
-
-    init = next((c for c in variable.get_children() if c.kind.is_expression()), None)
-    while init is not None and (init.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR) or (
-            init.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(init) == _ADDRESS_OF)):
-        init = next(iter(init.get_children()), None)
+    init = _strip_to_reference(next((c for c in variable.get_children() if c.kind.is_expression()), None))
     target = init.referenced if init is not None and init.kind == k.DECL_REF_EXPR else None
     if target is None or target.kind not in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE):
         return False
+    return _only_read(variable, function)
+
+
+def _only_read(variable, function) -> bool:
+    """Whether each use of ``variable`` in ``function`` converts it to its value (clang's
+    implicit cast) or calls it. An assignment, `&f`, a reference bound to it (`auto& r = f`,
+    an argument for a `thread F&` parameter) could change what it names."""
+    k = _cindex().CursorKind
 
     def only_read(node) -> bool:
         for i, c in enumerate(node.get_children()):
@@ -874,7 +984,10 @@ def _names_one_function(variable, function) -> bool:
                 # A conversion to its value has no address space; one that keeps it an object
                 # (thread -> generic, binding a reference) has.
                 read = node.kind == k.UNEXPOSED_EXPR and node.type.get_address_space() == 0
-                if not read and not (node.kind == k.CALL_EXPR and i == 0):
+                # In a template, a call clang leaves unresolved passes it on as it is (a
+                # helper forwarding `op`, PyTorch's AtomicType): taken for a copy.
+                called = node.kind == k.CALL_EXPR and (i == 0 or node.referenced is None)
+                if not read and not called:
                     return False
             elif not only_read(c):
                 return False

@@ -221,7 +221,8 @@ def find_kernels(src: str) -> List[Kernel]:
         # of the function type: `typedef decltype(f<T>) f_t; ... kernel f_t f<T>;` (ggml).
         m_decltype = re.match(r"\s*(?:decltype\s*\(\s*([^()]*?)\s*\)|(?!void\b)[\w:]+)\s*([\w:]+\s*<[^;]*?>)\s*;",
                               tail)
-        m_func = re.match(r"\s*void\s+([\w:]+)\s*(<[^(;]*>)?\s*\(", tail)
+        # A qualified name may have spaces around `::` (PyTorch's instantiation macros).
+        m_func = re.match(r"\s*void\s+((?:::\s*)?\w+(?:\s*::\s*\w+)*)\s*(<[^(;]*>)?\s*\(", tail)
         is_instantiation = re.match(r"\s*template\b(?!\s*<)", head_masked) is not None
         is_template = re.match(r"\s*template\s*<", head_masked) is not None
         if m_decltype and is_instantiation:
@@ -231,7 +232,7 @@ def find_kernels(src: str) -> List[Kernel]:
             continue
         if not m_func:
             raise ParseError("cannot parse the kernel declaration after `kernel`", mark.start())
-        name = m_func.group(1)
+        name = re.sub(r"\s+", "", m_func.group(1))
         targs = re.sub(r"\s+", "", m_func.group(2) or "")
         open_paren = mark.end() + m_func.end() - 1
         close_paren = _match_close(masked, open_paren, "(", ")")
@@ -244,6 +245,8 @@ def find_kernels(src: str) -> List[Kernel]:
         else:
             kernels.append(Kernel(host_name or name, name, params))
     for host_name, base, cxx, offset, params, signature in instantiations:
+        if base not in templates and "::" in base:  # `ns::f<T>` of `f` defined in namespace ns
+            base = base.rsplit("::", 1)[-1]
         if base in templates:
             # The parameters' bindings are the template's: an instantiation that repeats
             # the parameter list need not repeat its attributes (PyTorch's Repeat.metal).

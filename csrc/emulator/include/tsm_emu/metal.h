@@ -42,6 +42,7 @@ TSM_GLOBAL(bool2) TSM_GLOBAL(bool3) TSM_GLOBAL(bool4)
 TSM_GLOBAL(bfloat2) TSM_GLOBAL(bfloat3) TSM_GLOBAL(bfloat4)
 TSM_GLOBAL(packed_bfloat2) TSM_GLOBAL(packed_bfloat3) TSM_GLOBAL(packed_bfloat4)
 #undef TSM_GLOBAL
+using metal::as_type;  // an operator of the language, named anywhere (see the check's metal_stdlib)
 
 #define METAL_FUNC inline __attribute__((always_inline))
 

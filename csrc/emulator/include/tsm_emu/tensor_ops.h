@@ -168,6 +168,18 @@ class tensor {
     return {data_ + offset, make_extents(left, std::make_index_sequence<rank>()), strides_};
   }
 
+  // The view from `origin` with the given extents, dynamic_extent for what is left of a
+  // dimension (PyTorch's Linear.metal: `slice<dynamic_extent, TILE_M>(0, m)`).
+  template <size_t... E, class... I,
+            class = std::enable_if_t<sizeof...(E) == rank && sizeof...(I) == rank>>
+  tensor<ElementType, extents<index_type, E...>, tensor_inline> slice(I... origin) const {
+    const auto view = slice(origin...);
+    const size_t wanted[] = {E...};
+    index_type e[rank];
+    for (size_t r = 0; r < rank; ++r) e[r] = wanted[r] == dynamic_extent ? view.extent(r) : index_type(wanted[r]);
+    return {view.data_, make_extents<extents<index_type, E...>>(e, std::make_index_sequence<rank>()), strides_};
+  }
+
   // For the operations (not Metal's API, which the check holds kernels to): an extent, whether
   // (i0, i1) is inside the extents, and the element there.
   index_type extent(size_t r) const { return extents_.extent(r); }
@@ -179,10 +191,12 @@ class tensor {
   }
 
  private:
-  template <size_t... R>
-  static dextents<index_type, rank> make_extents(const index_type* e, std::index_sequence<R...>) {
-    return dextents<index_type, rank>(e[R]...);
+  template <class X = dextents<index_type, rank>, size_t... R>
+  static X make_extents(const index_type* e, std::index_sequence<R...>) {
+    return X(e[R]...);
   }
+  template <class, class, class, class...>
+  friend class tensor;
 
   data_handle_type data_;
   Extents extents_;

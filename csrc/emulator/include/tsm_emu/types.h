@@ -718,6 +718,8 @@ using std::is_pointer;
 using std::is_same;
 using std::is_trivially_copyable;
 using std::is_void;
+using std::make_signed;
+using std::make_signed_t;
 using std::make_unsigned;
 using std::make_unsigned_t;
 using std::remove_const;

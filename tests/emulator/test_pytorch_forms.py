@@ -1,0 +1,208 @@
+"""Forms of PyTorch's MPS kernels (aten/src/ATen/native/mps/kernels, c10/metal) that Apple's
+compiler builds, in kernels of our own, each run against a reference; and what stays wrong."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from torch_sparse_metal.metal import MetalCompileError, compile_shader
+
+HEAD = "#include <metal_stdlib>\n"
+
+
+def test_scoped_enumerations():
+    # c10/metal/common.h: `enum class ScalarType : int8_t { ... }`.
+    lib = compile_shader(HEAD + """
+enum class Op : int { add = 0, mul = 1 };
+enum struct Scale { one, two };
+inline float apply(Op op, float a, float b) { return op == Op::add ? a + b : a * b; }
+kernel void k(device float* y [[buffer(0)]], constant int& which [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  y[i] = apply(static_cast<Op>(which), y[i], 3.0f) * (Scale::two == Scale::two ? 2.0f : 1.0f);
+}""")
+    y = torch.arange(4, dtype=torch.float32)
+    lib.k(y, torch.tensor([1], dtype=torch.int32), threads=4)
+    np.testing.assert_array_equal(y.numpy(), np.arange(4) * 3.0 * 2.0)
+
+
+def test_language_operators_and_types_without_using_namespace_metal():
+    # c10/metal headers: bfloat and as_type<T>(x) in their own namespace, no using-directive.
+    lib = compile_shader(HEAD + """
+namespace mine {
+inline uint bits(float x) { return as_type<uint>(x); }
+inline float widen(bfloat x) { return float(x) * 2.0f; }
+}
+kernel void k(device uint* out [[buffer(0)]], device const float* a [[buffer(1)]],
+              device const bfloat* b [[buffer(2)]], device float* w [[buffer(3)]],
+              uint i [[thread_position_in_grid]]) {
+  out[i] = mine::bits(a[i]);
+  w[i] = mine::widen(b[i]);
+}""", language_version="3.1")
+    a = torch.tensor([1.0, -2.5, 0.0])
+    out = torch.zeros(3, dtype=torch.int32)
+    b = torch.tensor([0.5, 3.0, -1.0], dtype=torch.bfloat16)
+    w = torch.zeros(3)
+    lib.k(out, a, b, w, threads=3)
+    np.testing.assert_array_equal(out.numpy().view(np.uint32), a.numpy().view(np.uint32))
+    np.testing.assert_array_equal(w.numpy(), [1.0, 6.0, -2.0])
+
+
+def test_make_signed_and_precise_sincos():
+    # Im2Col: make_signed_t; c10/metal/random.h: precise::sincos.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+kernel void k(device int* s [[buffer(0)]], device float2* sc [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  make_signed_t<uint> v = make_signed_t<uint>(i) - 2;
+  s[i] = v;
+  float c;
+  float sn = precise::sincos(float(i), c);
+  sc[i] = float2(sn, c);
+}""")
+    s = torch.zeros(4, dtype=torch.int32)
+    sc = torch.zeros(4, 2)
+    lib.k(s, sc, threads=4)
+    np.testing.assert_array_equal(s.numpy(), np.arange(4) - 2)
+    np.testing.assert_allclose(sc.numpy(), np.stack([np.sin(np.arange(4)), np.cos(np.arange(4))], 1), atol=1e-6)
+
+
+def test_vectors_built_through_a_template_parameter():
+    # c10/metal/utils.h: `return T(a, b);` with T = float2; a class T keeps its constructor.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+struct Pair { float x, y; Pair(float a, float b) : x(a), y(b + 1.0f) {} };
+template <typename T> inline T make2(float a, float b) { return T(a, b); }
+kernel void k(device float2* v [[buffer(0)]], device float* p [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  v[i] = make2<float2>(float(i), 2.0f * i);
+  Pair q = make2<Pair>(float(i), 0.5f);
+  p[i] = q.x + q.y;
+}""")
+    v = torch.zeros(3, 2)
+    p = torch.zeros(3)
+    lib.k(v, p, threads=3)
+    np.testing.assert_array_equal(v.numpy(), np.stack([np.arange(3), 2 * np.arange(3)], 1))
+    np.testing.assert_array_equal(p.numpy(), np.arange(3) + 1.5)
+
+
+def test_a_kernel_instantiated_by_a_qualified_name_with_spaces():
+    # c10/metal/indexing.h's REGISTER_*_OP macros: `kernel void ::c10::metal::f<T>(...)`.
+    lib = compile_shader(HEAD + """
+namespace ns {
+template <typename T>
+kernel void fill(device T* o [[buffer(0)]], uint i [[thread_position_in_grid]]) { o[i] = T(3 * i); }
+}
+template [[host_name("fill_float")]] kernel void :: ns :: fill<float>(device float*, uint);
+""")
+    o = torch.zeros(4)
+    lib.fill_float(o, threads=4)
+    np.testing.assert_array_equal(o.numpy(), 3 * np.arange(4))
+
+
+FUNCTION_ARGUMENTS = HEAD + """
+using namespace metal;
+inline float add(float a, float b) { return a + b; }
+inline float larger(float a, float b) { return max(a, b); }
+template <typename T> inline T combine(T a, T b, T (*op)(T, T)) { return op(a, b); }
+template <typename T> inline T forward(T a, T b, T (*op)(T, T)) { return combine(a, b, op); }
+"""
+
+
+@pytest.mark.parametrize("version", ["3.1", "3.2", "4.0"])
+def test_a_function_passed_by_name_to_a_pointer_parameter(version):
+    # c10/metal/atomic.h: atomic_binary_op_helper(data, offset, value, T (*op)(T, T)),
+    # called with a function's name, directly and through a forwarding helper.
+    lib = compile_shader(FUNCTION_ARGUMENTS + """
+kernel void k(device float* y [[buffer(0)]], device const float* x [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  y[i] = combine(y[i], x[i], add) + forward(y[i], x[i], larger);
+}""", language_version=version)
+    y = torch.tensor([1.0, 5.0, -2.0])
+    x = torch.tensor([3.0, 2.0, -4.0])
+    expected = (y + x) + torch.maximum(y, x)
+    lib.k(y, x, threads=3)
+    torch.testing.assert_close(y, expected)
+
+
+@pytest.mark.parametrize("body, says", [
+    ("y[i] = combine(y[i], x[i], y[i] > 0 ? add : larger);", "argument for `op` must name a function"),
+    ("float (*chosen)(float, float) = y[i] > 0 ? add : larger;\n  y[i] = combine(y[i], x[i], chosen);",
+     r"no function pointers \(`chosen`\)"),
+])
+def test_a_function_chosen_at_run_time_is_still_rejected(body, says):
+    with pytest.raises(MetalCompileError, match=says):
+        compile_shader(FUNCTION_ARGUMENTS + """
+kernel void k(device float* y [[buffer(0)]], device const float* x [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  """ + body + "\n}", language_version="3.2")
+
+
+def test_function_pointer_parameters_are_rejected_before_msl_3_1():
+    with pytest.raises(MetalCompileError, match=r"no function pointers \(`op`\)"):
+        compile_shader(FUNCTION_ARGUMENTS + """
+kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  y[i] = combine(y[i], 1.0f, add);
+}""", language_version="3.0")
+
+
+def test_explicit_conversions_between_half_and_bfloat():
+    # c10/metal/utils.h cast_to: static_cast<T>(from) with T = half and from a bfloat (and
+    # back); Metal converts explicitly, clang's __bf16 does not: the check goes through float.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+template <typename T, typename U> inline T cast_to(const U from) { return static_cast<T>(from); }
+kernel void k(device const bfloat* b [[buffer(0)]], device half* h [[buffer(1)]],
+              device bfloat* back [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  h[3 * i] = cast_to<half>(b[i]);
+  h[3 * i + 1] = half(b[i]);
+  h[3 * i + 2] = static_cast<half>(b[i]);
+  back[i] = cast_to<bfloat>(h[3 * i]) + bfloat(h[3 * i + 1]);
+}""", language_version="3.1")
+    b = torch.tensor([1.5, -3.25, 1000.0, 0.0078125], dtype=torch.bfloat16)
+    h = torch.zeros(12, dtype=torch.float16)
+    back = torch.zeros(4, dtype=torch.bfloat16)
+    lib.k(b, h, back, threads=4)
+    want = b.float().half()
+    np.testing.assert_array_equal(h.reshape(4, 3).numpy(), np.stack([want.numpy()] * 3, 1))
+    torch.testing.assert_close(back, (2 * want.float()).bfloat16(), rtol=0, atol=0)
+
+
+def test_a_users_template_wins_over_the_bfloat_math_overloads():
+    # c10/metal/utils.h: `template <typename T> T max(T, T)` specialised for bfloat, called
+    # with `using namespace metal;` and `using namespace c10::metal;`: an exact match of a
+    # template, as Apple's library has no bfloat max.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+namespace mine {
+template <typename T> T max(T a, T b) { return a > b ? a : b; }
+template <> inline bfloat max(bfloat a, bfloat b) { return bfloat(float(a) > float(b) ? a : b) + bfloat(1.0f); }
+}
+using namespace mine;
+kernel void k(device bfloat* y [[buffer(0)]], device const bfloat* x [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  y[i] = max(y[i], x[i]);
+}""", language_version="3.1")
+    y = torch.tensor([1.0, 5.0], dtype=torch.bfloat16)
+    x = torch.tensor([2.0, 3.0], dtype=torch.bfloat16)
+    lib.k(y, x, threads=2)
+    np.testing.assert_array_equal(y.float().numpy(), [3.0, 6.0])
+
+
+def test_an_array_parameter_is_a_pointer():
+    # c10/metal/indexing.h: pos_from_thread_index(idx, thread T pos[max_ndim], ...), given
+    # &pos[0] of a metal::array.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+template <typename T> inline void digits(T x, thread T out[4]) {
+  for (int d = 0; d < 4; ++d) { out[d] = x % 10; x /= 10; }
+}
+kernel void k(device int* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  metal::array<int, 4> pos;
+  digits<int>(int(i) * 1234, &pos[0]);
+  y[i] = pos[0] + 10 * pos[3];
+}""")
+    y = torch.zeros(3, dtype=torch.int32)
+    lib.k(y, threads=3)
+    want = [(n % 10) + 10 * ((n // 1000) % 10) for n in (0, 1234, 2468)]
+    np.testing.assert_array_equal(y.numpy(), want)
