@@ -206,3 +206,17 @@ kernel void k(device int* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
     lib.k(y, threads=3)
     want = [(n % 10) + 10 * ((n // 1000) % 10) for n in (0, 1234, 2468)]
     np.testing.assert_array_equal(y.numpy(), want)
+
+
+def test_a_device_pointers_address_as_an_integer():
+    # c10/metal/atomic.h atomic_add_helper: `reinterpret_cast<ulong>(data) % alignof(...)`.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+kernel void k(device const half* h [[buffer(0)]], device uint* out [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  device const half* p = h + i;
+  out[i] = uint(reinterpret_cast<ulong>(p) - reinterpret_cast<ulong>(h));
+}""")
+    out = torch.zeros(4, dtype=torch.int32)
+    lib.k(torch.zeros(4, dtype=torch.float16), out, threads=4)
+    np.testing.assert_array_equal(out.numpy(), 2 * np.arange(4))

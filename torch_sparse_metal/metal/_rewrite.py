@@ -263,7 +263,7 @@ def find_kernels(src: str) -> List[Kernel]:
     return kernels
 
 
-_TYPE = (r"(?:unsigned\s+\w+|[A-Za-z_][\w:]*(?:\s*<[^<>;{}()]*(?:<[^<>;{}()]*>[^<>;{}()]*)*>)?)")
+_TYPE = (r"(?:unsigned\s+\w+|(?:::\s*)?[A-Za-z_][\w:]*(?:\s*<[^<>;{}()]*(?:<[^<>;{}()]*>[^<>;{}()]*)*>)?)")
 # Qualifiers before a pointee type; Metal 3.2's `coherent(device)` among them.
 _QUALIFIERS = r"((?:(?:const|volatile|coherent\s*\([^()]*\))\s*)*)"
 _ADDRESS_SPACE_POINTER = re.compile(
@@ -326,7 +326,10 @@ def _checked_pointers(src: str) -> str:
     The pointers a buffer holds (``device T* device* p``) stay raw, the size the buffer's
     elements have: only ``p`` is checked."""
     masked = _mask_strings_and_directives(src)
-    edits = []
+    # reinterpret_cast<ulong>(p) of what is now a class: its address (tsm_emu::integer_cast).
+    edits = [(m.start(), m.end(), f"::tsm_emu::integer_cast<{m.group(1)}>(") for m in re.finditer(
+        r"\breinterpret_cast\s*<\s*((?:metal::)?(?:ulong|long|size_t|uintptr_t|intptr_t|uint64_t|int64_t|"
+        r"ptrdiff_t|unsigned\s+long))\s*>\s*\(", masked)]
     for m in _POINTER_TO_POINTER.finditer(masked):
         inner = _cv(m.group(2), src[m.start(3):m.end(3)], m.group(4))
         quals = _cv(m.group(1), m.group(5), m.group(6))

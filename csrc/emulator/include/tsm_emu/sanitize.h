@@ -397,6 +397,18 @@ ptr<T> ptr_cast(const ptr<U>& p) {
   return ptr<T>(p);
 }
 
+// reinterpret_cast<ulong>(p) of a checked pointer (PyTorch's atomic.h aligns one so): its
+// address.
+template <class I, class T>
+I integer_cast(const ptr<T>& p) {
+  static_assert(std::is_integral<I>::value && sizeof(I) == sizeof(void*), "a pointer converts to a 64-bit integer");
+  return reinterpret_cast<I>(untyped(p.get()));
+}
+template <class I, class T>
+I integer_cast(T* p) {
+  return reinterpret_cast<I>(p);
+}
+
 template <class T>
 struct is_checked_ptr : std::false_type {};
 template <class T>
