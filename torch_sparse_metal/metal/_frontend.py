@@ -1181,6 +1181,7 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
                                 emulator=True)
     source = prepared.source
     edits = _address_space_overloads(tu, path, prepared, preprocessed)
+    edits += _void_pointer_conversions(tu, path, prepared, preprocessed)
     edits += _address_space_specialisations(tu, path, prepared, preprocessed)
     edits += _designators.edits(tu, path, source, preprocessed)
     edits += _program_constants.registrations(tu, path, source, preprocessed)
@@ -1312,6 +1313,41 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
             at = source.original(ref.location.offset)
             if preprocessed.startswith(ref.spelling, at):
                 edits.append((at, at + len(ref.spelling), new_name))
+    return edits
+
+
+_MSL_SPACES = {"__global": "device", "__constant": "constant", "__local": "threadgroup"}
+
+
+def _void_pointer_conversions(tu, path: str, prepared: _Prepared, preprocessed: str
+                              ) -> List[Tuple[int, int, str]]:
+    """An argument converted implicitly to a ``device``, ``constant`` or ``threadgroup``
+    void pointer is converted by a cast the emulator's C++ sees. There every pointer
+    converts to both ``ptr<void>`` and ``ptr<const void>`` by a constructor, so overloads on
+    the address space of a void pointer (PyTorch's ``val_at_offs(constant void*, long)``
+    and ``(device void*, long)``) would be ambiguous for a ``device float*``; the cast makes
+    the argument the parameter's type exactly, as clang chose it."""
+    k = _cindex().CursorKind
+    source = prepared.source
+    edits: List[Tuple[int, int, str]] = []
+    for top in tu.cursor.get_children():
+        if top.location.file is None or top.location.file.name != path:
+            continue
+        for call in top.walk_preorder():
+            if call.kind != k.CALL_EXPR or call.referenced is None:
+                continue
+            for argument in call.get_arguments():
+                to = re.fullmatch(r"((?:const )?)(__global|__constant|__local) void \*", argument.type.spelling)
+                inner = next(argument.get_children(), None)
+                if argument.kind != k.UNEXPOSED_EXPR or to is None or inner is None \
+                        or "*" not in inner.type.spelling or " void *" in inner.type.spelling:
+                    continue
+                start = source.original(argument.extent.start.offset)
+                end = source.original(argument.extent.end.offset, end=True)
+                if start >= end or "__tsm" in preprocessed[start:end]:
+                    continue
+                edits.append((start, start, f"static_cast<{to.group(1)}{_MSL_SPACES[to.group(2)]} void*>("))
+                edits.append((end, end, ")"))
     return edits
 
 
