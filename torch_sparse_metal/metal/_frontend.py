@@ -1182,6 +1182,7 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     source = prepared.source
     edits = _address_space_overloads(tu, path, prepared, preprocessed)
     edits += _void_pointer_conversions(tu, path, prepared, preprocessed)
+    edits += _bfloat_conditional_conversions(tu, path, prepared, preprocessed)
     edits += _address_space_specialisations(tu, path, prepared, preprocessed)
     edits += _designators.edits(tu, path, source, preprocessed)
     edits += _program_constants.registrations(tu, path, source, preprocessed)
@@ -1348,6 +1349,43 @@ def _void_pointer_conversions(tu, path: str, prepared: _Prepared, preprocessed: 
                     continue
                 edits.append((start, start, f"static_cast<{to.group(1)}{_MSL_SPACES[to.group(2)]} void*>("))
                 edits.append((end, end, ")"))
+    return edits
+
+
+_FLOATING_SPELLINGS = {"__bf16": "bfloat", "_Float16": "half", "float": "float"}
+
+
+def _bfloat_conditional_conversions(tu, path: str, prepared: _Prepared, preprocessed: str
+                                    ) -> List[Tuple[int, int, str]]:
+    """``c ? n : x`` with a bfloat and another arithmetic operand (PyTorch's GridSampler3D:
+    a ``long`` and a ``bfloat``) has the type the usual arithmetic conversions give, as in
+    C++ (an integer with a floating type converts to that type: ``bfloat`` here). The
+    emulator's bfloat is a class, which converts to and from the other operand's type, so
+    g++ finds both conversions and rejects the expression: the operand clang converted is
+    converted by a cast the emulator's C++ sees."""
+    k = _cindex().CursorKind
+    source = prepared.source
+    edits: List[Tuple[int, int, str]] = []
+    for top in tu.cursor.get_children():
+        if top.location.file is None or top.location.file.name != path:
+            continue
+        for conditional in top.walk_preorder():
+            if conditional.kind != k.CONDITIONAL_OPERATOR:
+                continue
+            operands = list(conditional.get_children())[1:]
+            result = _FLOATING_SPELLINGS.get(conditional.type.get_canonical().spelling)
+            inner = [next(o.get_children(), None) if o.kind == k.UNEXPOSED_EXPR else o for o in operands]
+            if result is None or len(operands) != 2 or any(i is None for i in inner) or not any(
+                    "__bf16" in i.type.get_canonical().spelling for i in inner):
+                continue
+            for operand, converted in zip(operands, inner):
+                if operand.kind != k.UNEXPOSED_EXPR or _scalar_name(converted.type) == _scalar_name(operand.type):
+                    continue
+                start = source.original(operand.extent.start.offset)
+                end = source.original(operand.extent.end.offset, end=True)
+                if start < end and "__tsm" not in preprocessed[start:end]:
+                    edits.append((start, start, f"static_cast<{result}>("))
+                    edits.append((end, end, ")"))
     return edits
 
 
