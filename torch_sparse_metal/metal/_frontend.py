@@ -1318,6 +1318,23 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
 
 
 _MSL_SPACES = {"__global": "device", "__constant": "constant", "__local": "threadgroup"}
+_FLOATING_SPELLINGS = {"__bf16": "bfloat", "_Float16": "half", "float": "float"}
+
+
+def _main_file_cursors(tu, path: str, kind):
+    """Every cursor of ``kind`` in the declarations of the file clang knows as ``path``."""
+    for top in tu.cursor.get_children():
+        if top.location.file is not None and top.location.file.name == path:
+            yield from (c for c in top.walk_preorder() if c.kind == kind)
+
+
+def _cast(expression, to: str, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
+    """Edits that write clang's implicit conversion of ``expression`` to ``to`` as a cast."""
+    start = prepared.source.original(expression.extent.start.offset)
+    end = prepared.source.original(expression.extent.end.offset, end=True)
+    if start >= end or "__tsm" in preprocessed[start:end]:
+        return []
+    return [(start, start, f"static_cast<{to}>("), (end, end, ")")]
 
 
 def _void_pointer_conversions(tu, path: str, prepared: _Prepared, preprocessed: str
@@ -1329,30 +1346,17 @@ def _void_pointer_conversions(tu, path: str, prepared: _Prepared, preprocessed: 
     and ``(device void*, long)``) would be ambiguous for a ``device float*``; the cast makes
     the argument the parameter's type exactly, as clang chose it."""
     k = _cindex().CursorKind
-    source = prepared.source
     edits: List[Tuple[int, int, str]] = []
-    for top in tu.cursor.get_children():
-        if top.location.file is None or top.location.file.name != path:
+    for call in _main_file_cursors(tu, path, k.CALL_EXPR):
+        if call.referenced is None:
             continue
-        for call in top.walk_preorder():
-            if call.kind != k.CALL_EXPR or call.referenced is None:
-                continue
-            for argument in call.get_arguments():
-                to = re.fullmatch(r"((?:const )?)(__global|__constant|__local) void \*", argument.type.spelling)
-                inner = next(argument.get_children(), None)
-                if argument.kind != k.UNEXPOSED_EXPR or to is None or inner is None \
-                        or "*" not in inner.type.spelling or " void *" in inner.type.spelling:
-                    continue
-                start = source.original(argument.extent.start.offset)
-                end = source.original(argument.extent.end.offset, end=True)
-                if start >= end or "__tsm" in preprocessed[start:end]:
-                    continue
-                edits.append((start, start, f"static_cast<{to.group(1)}{_MSL_SPACES[to.group(2)]} void*>("))
-                edits.append((end, end, ")"))
+        for argument in call.get_arguments():
+            to = re.fullmatch(r"((?:const )?)(__global|__constant|__local) void \*", argument.type.spelling)
+            inner = next(argument.get_children(), None)
+            if argument.kind == k.UNEXPOSED_EXPR and to is not None and inner is not None \
+                    and "*" in inner.type.spelling and " void *" not in inner.type.spelling:
+                edits += _cast(argument, f"{to.group(1)}{_MSL_SPACES[to.group(2)]} void*", prepared, preprocessed)
     return edits
-
-
-_FLOATING_SPELLINGS = {"__bf16": "bfloat", "_Float16": "half", "float": "float"}
 
 
 def _bfloat_conditional_conversions(tu, path: str, prepared: _Prepared, preprocessed: str
@@ -1364,28 +1368,17 @@ def _bfloat_conditional_conversions(tu, path: str, prepared: _Prepared, preproce
     g++ finds both conversions and rejects the expression: the operand clang converted is
     converted by a cast the emulator's C++ sees."""
     k = _cindex().CursorKind
-    source = prepared.source
     edits: List[Tuple[int, int, str]] = []
-    for top in tu.cursor.get_children():
-        if top.location.file is None or top.location.file.name != path:
+    for conditional in _main_file_cursors(tu, path, k.CONDITIONAL_OPERATOR):
+        operands = list(conditional.get_children())[1:]
+        result = _FLOATING_SPELLINGS.get(conditional.type.get_canonical().spelling)
+        inner = [next(o.get_children(), None) if o.kind == k.UNEXPOSED_EXPR else o for o in operands]
+        if result is None or len(operands) != 2 or any(i is None for i in inner) or not any(
+                "__bf16" in i.type.get_canonical().spelling for i in inner):
             continue
-        for conditional in top.walk_preorder():
-            if conditional.kind != k.CONDITIONAL_OPERATOR:
-                continue
-            operands = list(conditional.get_children())[1:]
-            result = _FLOATING_SPELLINGS.get(conditional.type.get_canonical().spelling)
-            inner = [next(o.get_children(), None) if o.kind == k.UNEXPOSED_EXPR else o for o in operands]
-            if result is None or len(operands) != 2 or any(i is None for i in inner) or not any(
-                    "__bf16" in i.type.get_canonical().spelling for i in inner):
-                continue
-            for operand, converted in zip(operands, inner):
-                if operand.kind != k.UNEXPOSED_EXPR or _scalar_name(converted.type) == _scalar_name(operand.type):
-                    continue
-                start = source.original(operand.extent.start.offset)
-                end = source.original(operand.extent.end.offset, end=True)
-                if start < end and "__tsm" not in preprocessed[start:end]:
-                    edits.append((start, start, f"static_cast<{result}>("))
-                    edits.append((end, end, ")"))
+        for operand, converted in zip(operands, inner):
+            if operand.kind == k.UNEXPOSED_EXPR and _scalar_name(converted.type) != _scalar_name(operand.type):
+                edits += _cast(operand, result, prepared, preprocessed)
     return edits
 
 
