@@ -61,7 +61,8 @@ class Kernel:
     cxx: str  # expression naming the C++ function (e.g. ``f<float>``)
     params: List[Param] = field(default_factory=list)
     # An instantiation that names no template arguments (MLX's `template [[kernel]] void
-    # f(const device float* in, ...);`): its parameter list, which selects the function.
+    # f(const device float* in, ...);`), or of one of several templates of one name
+    # (PyTorch's `fused_sgd`): its parameter list, which selects the function.
     signature: Optional[str] = None
 
 
@@ -1030,7 +1031,7 @@ def group_function_name(cxx: str) -> str:
 
 def _address(kernel: Kernel) -> str:
     """C++ for the address of ``kernel``'s function; the specialisation an instantiation
-    without template arguments selects is named through its parameters' emulated types."""
+    with a signature selects is named through its parameters' emulated types."""
     if kernel.signature is None:
         return f"&{kernel.cxx}"
     declaration = rewrite(f"void f({kernel.signature});")
