@@ -1294,6 +1294,8 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
                                 emulator=True)
     source = prepared.source
     edits = _address_space_overloads(tu, path, prepared, preprocessed)
+    edits += _void_pointer_conversions(tu, path, prepared, preprocessed)
+    edits += _bfloat_conditional_conversions(tu, path, prepared, preprocessed)
     edits += _address_space_specialisations(tu, path, prepared, preprocessed)
     edits += _designators.edits(tu, path, source, preprocessed)
     edits += _program_constants.registrations(tu, path, source, preprocessed)
@@ -1425,6 +1427,71 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
             at = source.original(ref.location.offset)
             if preprocessed.startswith(ref.spelling, at):
                 edits.append((at, at + len(ref.spelling), new_name))
+    return edits
+
+
+_MSL_SPACES = {"__global": "device", "__constant": "constant", "__local": "threadgroup"}
+_FLOATING_SPELLINGS = {"__bf16": "bfloat", "_Float16": "half", "float": "float"}
+
+
+def _main_file_cursors(tu, path: str, kind):
+    """Every cursor of ``kind`` in the declarations of the file clang knows as ``path``."""
+    for top in tu.cursor.get_children():
+        if top.location.file is not None and top.location.file.name == path:
+            yield from (c for c in top.walk_preorder() if c.kind == kind)
+
+
+def _cast(expression, to: str, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
+    """Edits that write clang's implicit conversion of ``expression`` to ``to`` as a cast."""
+    start = prepared.source.original(expression.extent.start.offset)
+    end = prepared.source.original(expression.extent.end.offset, end=True)
+    if start >= end or "__tsm" in preprocessed[start:end]:
+        return []
+    return [(start, start, f"static_cast<{to}>("), (end, end, ")")]
+
+
+def _void_pointer_conversions(tu, path: str, prepared: _Prepared, preprocessed: str
+                              ) -> List[Tuple[int, int, str]]:
+    """An argument converted implicitly to a ``device``, ``constant`` or ``threadgroup``
+    void pointer is converted by a cast the emulator's C++ sees. There every pointer
+    converts to both ``ptr<void>`` and ``ptr<const void>`` by a constructor, so overloads on
+    the address space of a void pointer (PyTorch's ``val_at_offs(constant void*, long)``
+    and ``(device void*, long)``) would be ambiguous for a ``device float*``; the cast makes
+    the argument the parameter's type exactly, as clang chose it."""
+    k = _cindex().CursorKind
+    edits: List[Tuple[int, int, str]] = []
+    for call in _main_file_cursors(tu, path, k.CALL_EXPR):
+        if call.referenced is None:
+            continue
+        for argument in call.get_arguments():
+            to = re.fullmatch(r"((?:const )?)(__global|__constant|__local) void \*", argument.type.spelling)
+            inner = next(argument.get_children(), None)
+            if argument.kind == k.UNEXPOSED_EXPR and to is not None and inner is not None \
+                    and "*" in inner.type.spelling and " void *" not in inner.type.spelling:
+                edits += _cast(argument, f"{to.group(1)}{_MSL_SPACES[to.group(2)]} void*", prepared, preprocessed)
+    return edits
+
+
+def _bfloat_conditional_conversions(tu, path: str, prepared: _Prepared, preprocessed: str
+                                    ) -> List[Tuple[int, int, str]]:
+    """``c ? n : x`` with a bfloat and another arithmetic operand (PyTorch's GridSampler3D:
+    a ``long`` and a ``bfloat``) has the type the usual arithmetic conversions give, as in
+    C++ (an integer with a floating type converts to that type: ``bfloat`` here). The
+    emulator's bfloat is a class, which converts to and from the other operand's type, so
+    g++ finds both conversions and rejects the expression: the operand clang converted is
+    converted by a cast the emulator's C++ sees."""
+    k = _cindex().CursorKind
+    edits: List[Tuple[int, int, str]] = []
+    for conditional in _main_file_cursors(tu, path, k.CONDITIONAL_OPERATOR):
+        operands = list(conditional.get_children())[1:]
+        result = _FLOATING_SPELLINGS.get(conditional.type.get_canonical().spelling)
+        inner = [next(o.get_children(), None) if o.kind == k.UNEXPOSED_EXPR else o for o in operands]
+        if result is None or len(operands) != 2 or any(i is None for i in inner) or not any(
+                "__bf16" in i.type.get_canonical().spelling for i in inner):
+            continue
+        for operand, converted in zip(operands, inner):
+            if operand.kind == k.UNEXPOSED_EXPR and _scalar_name(converted.type) != _scalar_name(operand.type):
+                edits += _cast(operand, result, prepared, preprocessed)
     return edits
 
 

@@ -21,7 +21,7 @@ import bisect
 import functools
 import re
 from dataclasses import dataclass, field, replace
-from typing import Iterator, List, Optional, Set, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from .._paths import EMULATOR_INCLUDE_DIR
 
@@ -61,7 +61,8 @@ class Kernel:
     cxx: str  # expression naming the C++ function (e.g. ``f<float>``)
     params: List[Param] = field(default_factory=list)
     # An instantiation that names no template arguments (MLX's `template [[kernel]] void
-    # f(const device float* in, ...);`): its parameter list, which selects the function.
+    # f(const device float* in, ...);`), or of one of several templates of one name
+    # (PyTorch's `fused_sgd`): its parameter list, which selects the function.
     signature: Optional[str] = None
 
 
@@ -203,12 +204,28 @@ def _head_start(masked: str, pos: int) -> int:
     return i
 
 
+def _overload_instantiated(overloads: List[List[Param]], params: Optional[List[Param]], host_name: str,
+                           offset: int) -> List[Param]:
+    """The parameters of the template kernel, among ``overloads`` of one name, that an
+    instantiation's parameter list ``params`` names (PyTorch's two ``fused_sgd`` templates,
+    with and without momentum): the one with as many parameters, bound alike."""
+    if params is None and len(overloads) == 1:
+        return overloads[0]
+    fitting = [o for o in overloads if params is not None and len(o) == len(params)]
+    if len(fitting) > 1:
+        fitting = [o for o in fitting if all(a.kind == b.kind for a, b in zip(o, params))]
+    if len(fitting) != 1:
+        raise ParseError(f"instantiation {host_name!r}: cannot tell which of {len(overloads)} template "
+                         f"kernels of that name its parameter list names", offset)
+    return fitting[0]
+
+
 def find_kernels(src: str) -> List[Kernel]:
     masked = _mask_strings_and_directives(src)
     # The same length, attributes blanked too: what follows a kernel mark, read once.
     unattributed = _ATTRIBUTE.sub(lambda m: blank(m.group()), masked)
-    templates = {}  # name -> params of a template kernel definition
-    instantiations: List[Tuple[str, str, str, int, Optional[List[Param]], Optional[str]]] = []
+    templates: Dict[str, List[List[Param]]] = {}  # name -> params of each template kernel so named
+    instantiations: List[Tuple[str, str, str, int, Optional[List[Param]], Optional[str], bool]] = []
     kernels: List[Kernel] = []
     for mark in _KERNEL_MARK.finditer(masked):
         head_start = _head_start(masked, mark.start())
@@ -228,7 +245,7 @@ def find_kernels(src: str) -> List[Kernel]:
         if m_decltype and is_instantiation:
             name = re.sub(r"\s+", "", m_decltype.group(2))
             base = name.split("<", 1)[0]
-            instantiations.append((host_name or name, base, name, mark.start(), None, None))
+            instantiations.append((host_name or name, base, name, mark.start(), None, None, True))
             continue
         if not m_func:
             raise ParseError("cannot parse the kernel declaration after `kernel`", mark.start())
@@ -238,22 +255,25 @@ def find_kernels(src: str) -> List[Kernel]:
         close_paren = _match_close(masked, open_paren, "(", ")")
         params = _parse_params(src[open_paren + 1:close_paren], open_paren, name)
         if is_template:
-            templates[name] = params
+            templates.setdefault(name, []).append(params)
         elif is_instantiation or targs:
-            signature = None if targs else src[open_paren + 1:close_paren]
-            instantiations.append((host_name or name + targs, name, name + targs, mark.start(), params, signature))
+            instantiations.append((host_name or name + targs, name, name + targs, mark.start(), params,
+                                   src[open_paren + 1:close_paren], bool(targs)))
         else:
             kernels.append(Kernel(host_name or name, name, params))
-    for host_name, base, cxx, offset, params, signature in instantiations:
+    for host_name, base, cxx, offset, params, signature, targs in instantiations:
         if base not in templates and "::" in base:  # `ns::f<T>` of `f` defined in namespace ns
             base = base.rsplit("::", 1)[-1]
-        if base in templates:
+        overloads = templates.get(base, [])
+        if overloads:
             # The parameters' bindings are the template's: an instantiation that repeats
             # the parameter list need not repeat its attributes (PyTorch's Repeat.metal).
-            params = templates[base]
+            params = _overload_instantiated(overloads, params, host_name, offset)
         elif params is None:
             raise ParseError(f"instantiation {host_name!r} of {base!r}: no template kernel "
                              f"named {base!r} is defined before it", offset)
+        if targs and len(overloads) < 2:
+            signature = None  # its template arguments alone name the function
         kernels.append(Kernel(host_name, cxx, params, signature))
     seen = set()
     for k in kernels:
@@ -341,8 +361,7 @@ def _checked_pointers(src: str) -> str:
         quals = _cv(m.group(1), m.group(2), m.group(4))
         # What a constant pointer designates is read-only whether it says const or not (a
         # `constexpr constant` table is passed for `constant T*`).
-        if "const" not in quals.split() and re.search(r"\bconstant\b", masked[m.start():m.start(3)]) \
-                and src[m.start(3):m.end(3)] != "void":
+        if "const" not in quals.split() and re.search(r"\bconstant\b", masked[m.start():m.start(3)]):
             quals = _cv("const", quals)
         pointee = " ".join(src[m.start(3):m.end(3)].split())
         # `const device auto* p = q + i;` (MLX's gemv): the initialiser is a checked pointer.
@@ -1018,7 +1037,7 @@ def group_function_name(cxx: str) -> str:
 
 def _address(kernel: Kernel) -> str:
     """C++ for the address of ``kernel``'s function; the specialisation an instantiation
-    without template arguments selects is named through its parameters' emulated types."""
+    with a signature selects is named through its parameters' emulated types."""
     if kernel.signature is None:
         return f"&{kernel.cxx}"
     declaration = rewrite(f"void f({kernel.signature});")

@@ -28,7 +28,8 @@
 //     integer division by zero and INT_MIN / -1 follow tsm_emu/integer_division.h, as scalars do.
 //   * bfloat is a class: bfloat op bfloat/integer -> bfloat, bfloat op half/float -> float,
 //     bfloat op double -> double. Because it converts both ways, `c ? b : 0.0f` with a
-//     bfloat b is ambiguous in C++: write `c ? b : bfloat(0.0f)`.
+//     bfloat b is ambiguous in C++: the translation casts the operand clang converts,
+//     but not where the operands' types depend on a template parameter.
 //   * integer vector +, -, * and unary - wrap around (defined), as on the GPU.
 #pragma once
 

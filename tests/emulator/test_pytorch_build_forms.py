@@ -1,0 +1,105 @@
+"""Forms of PyTorch's MPS kernels that the check accepted but the emulator's C++ build
+rejected (issue 15), in this project's own kernels: each builds, plain and sanitized, and
+computes what NumPy does."""
+import numpy as np
+import pytest
+import torch
+
+from torch_sparse_metal.metal import compile_shader
+
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+
+# Loads at a byte offset through a void pointer, overloaded on its address space (as
+# PyTorch's c10/metal/indexing.h reads any dtype): called with typed pointers, which
+# convert to `constant void*` or `device void*`, and from a kernel template with void
+# pointers, through a helper whose pointer type is a template parameter.
+VOID_OVERLOADS = HEAD + """
+inline float load(constant void* p, long offset) {
+  return *reinterpret_cast<constant float*>(static_cast<constant char*>(p) + offset);
+}
+inline float load(device void* p, long offset) {
+  return 2.0f * *reinterpret_cast<device float*>(static_cast<device char*>(p) + offset);
+}
+template <typename T> inline T at(constant void* p, long offset) {
+  return *reinterpret_cast<constant T*>(static_cast<constant char*>(p) + offset);
+}
+template <typename T> inline T at(device void* p, long offset) {
+  return T(10) * *reinterpret_cast<device T*>(static_cast<device char*>(p) + offset);
+}
+template <typename T, typename P> inline T at_index(P p, long i) { return at<T>(p, i * long(sizeof(T))); }
+kernel void typed(device float* out [[buffer(0)]], constant float* a [[buffer(1)]],
+                  uint i [[thread_position_in_grid]]) {
+  out[i] = load(a, i * 4) + load(out, i * 4);
+}
+template <typename T>
+kernel void untyped(device void* out [[buffer(0)]], constant void* a [[buffer(1)]],
+                    uint i [[thread_position_in_grid]]) {
+  T sum = at<T>(a, i * sizeof(T)) + at_index<T>(out, i);
+  *reinterpret_cast<device T*>(static_cast<device char*>(out) + i * sizeof(T)) = sum;
+}
+template [[host_name("untyped_float")]] kernel void untyped<float>(device void*, constant void*, uint);
+template [[host_name("untyped_int")]] kernel void untyped<int>(device void*, constant void*, uint);
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_overloads_on_the_address_space_of_a_void_pointer(sanitize):
+    lib = compile_shader(VOID_OVERLOADS, sanitize=sanitize)
+    a = torch.arange(5, dtype=torch.float32)
+    out = torch.full((5,), 0.5)
+    lib.typed(out, a, threads=5)
+    np.testing.assert_array_equal(out.numpy(), np.arange(5) + 1.0)  # constant: a; device: 2 * out
+    for name, dtype in (("untyped_float", torch.float32), ("untyped_int", torch.int32)):
+        a = torch.arange(4, dtype=dtype)
+        out = torch.tensor([1, 2, 3, 4], dtype=dtype)
+        getattr(lib, name)(out, a, threads=4)
+        np.testing.assert_array_equal(out.numpy(), np.arange(4) + 10 * np.array([1, 2, 3, 4]))
+
+
+def test_kernel_templates_sharing_a_name_are_instantiated_by_parameter_list():
+    # PyTorch's two fused_sgd templates (with and without momentum), one host name each.
+    lib = compile_shader(HEAD + """
+template <typename T>
+kernel void step(device T* w [[buffer(0)]], constant float& lr [[buffer(1)]],
+                 uint i [[thread_position_in_grid]]) {
+  w[i] -= T(lr);
+}
+template <typename T>
+kernel void step(device T* w [[buffer(0)]], device T* v [[buffer(1)]], constant float& lr [[buffer(2)]],
+                 constant float& momentum [[buffer(3)]], uint i [[thread_position_in_grid]]) {
+  v[i] = T(momentum) * v[i] + T(1);
+  w[i] -= T(lr) * v[i];
+}
+template [[host_name("step_float")]] kernel void step<float>(device float*, constant float&, uint);
+template [[host_name("step_momentum_float")]] kernel void step<float>(
+    device float*, device float*, constant float&, constant float&, uint);
+""")
+    w = torch.ones(3)
+    lib.step_float(w, 0.25, threads=3)
+    np.testing.assert_array_equal(w.numpy(), np.full(3, 0.75))
+    w, v = torch.ones(3), torch.tensor([0.0, 1.0, 2.0])
+    lib.step_momentum_float(w, v, 0.5, 0.5, threads=3)
+    expected_v = 0.5 * np.array([0.0, 1.0, 2.0]) + 1
+    np.testing.assert_array_equal(v.numpy(), expected_v)
+    np.testing.assert_array_equal(w.numpy(), 1 - 0.5 * expected_v)
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_conditional_of_a_bfloat_and_an_integer_is_a_bfloat(sanitize):
+    # PyTorch's GridSampler3D clips a coordinate with `c ? size - 1 : coord`; the integer
+    # operand converts to bfloat (the usual arithmetic conversions), as does a float one to
+    # float in `c ? b : 0.5f`.
+    lib = compile_shader(HEAD + """
+kernel void clip(device bfloat* x [[buffer(0)]], device float* y [[buffer(1)]], constant long& n [[buffer(2)]],
+                 uint i [[thread_position_in_grid]]) {
+  bfloat v = x[i];
+  x[i] = v > n - 1 ? n - 1 : v < 0 ? 0 : v;
+  y[i] = v < 0 ? 0.5f : v;
+}
+""", sanitize=sanitize)
+    values = np.array([-3.0, 0.5, 2.25, 7.0, 300.0], np.float32)
+    x = torch.tensor(values, dtype=torch.bfloat16)
+    y = torch.zeros(5)
+    lib.clip(x, y, 5, threads=5)
+    np.testing.assert_array_equal(x.float().numpy(), np.clip(values, 0, 4))
+    np.testing.assert_array_equal(y.numpy(), np.where(values < 0, 0.5, values))
