@@ -271,7 +271,14 @@ def _half_bfloat_casts(src: str) -> List[Tuple[int, int, str]]:
     for m in re.finditer(r"\bstatic_cast\s*<\s*(" + spelled + r")\s*>\s*\(", masked):
         edits[m.start()] = (m.start(), m.end(), f"::metal::__tsm_convert<{m.group(1)}>(")
     for m in re.finditer(r"(?<![\w.:>~])(" + spelled + r")\s*\((?!\s*[*&^])", masked):  # not `half (*f)(...)`
-        if not re.search(r"\b(?:operator|typedef|using)\s*$", masked[max(0, m.start() - 16):m.start()]):
+        if re.search(r"\b(?:operator|typedef|using)\s*$", masked[max(0, m.start() - 16):m.start()]):
+            continue
+        try:
+            close = _rewrite._match_close(masked, m.end() - 1, "(", ")")
+        except _rewrite.ParseError:
+            continue
+        arguments = _rewrite._split_top_level(masked[m.end():close])
+        if len(arguments) == 1 and arguments[0].strip():  # a conversion, not `half()`
             edits[m.start()] = (m.start(), m.end(), f"::metal::__tsm_convert<{m.group(1)}>(")
     for names, body_open, body_close in _template_scopes(masked):
         cast = re.compile(r"\bstatic_cast\s*<\s*(" + "|".join(map(re.escape, names)) + r")\s*>\s*\(")

@@ -283,7 +283,7 @@ def find_kernels(src: str) -> List[Kernel]:
     return kernels
 
 
-_TYPE = (r"(?:unsigned\s+\w+|(?:::\s*)?[A-Za-z_][\w:]*(?:\s*<[^<>;{}()]*(?:<[^<>;{}()]*>[^<>;{}()]*)*>)?)")
+_TYPE = (r"(?:unsigned\s+\w+|(?:::\s*)?[A-Za-z_]\w*(?:\s*::\s*[A-Za-z_]\w*)*(?:\s*<[^<>;{}()]*(?:<[^<>;{}()]*>[^<>;{}()]*)*>)?)")
 # Qualifiers before a pointee type; Metal 3.2's `coherent(device)` among them.
 _QUALIFIERS = r"((?:(?:const|volatile|coherent\s*\([^()]*\))\s*)*)"
 _ADDRESS_SPACE_POINTER = re.compile(
