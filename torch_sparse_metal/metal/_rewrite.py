@@ -209,11 +209,19 @@ def _overload_instantiated(overloads: List[List[Param]], params: Optional[List[P
     """The parameters of the template kernel, among ``overloads`` of one name, that an
     instantiation's parameter list ``params`` names (PyTorch's two ``fused_sgd`` templates,
     with and without momentum): the one with as many parameters, bound alike."""
-    if params is None and len(overloads) == 1:
-        return overloads[0]
-    fitting = [o for o in overloads if params is not None and len(o) == len(params)]
-    if len(fitting) > 1:
-        fitting = [o for o in fitting if all(a.kind == b.kind for a, b in zip(o, params))]
+    def binding(o: List[Param]):
+        return [(p.kind, p.index) for p in o]
+
+    if params is None:
+        fitting = overloads
+    else:
+        fitting = [o for o in overloads if len(o) == len(params)]
+        if len(fitting) > 1:
+            fitting = [o for o in fitting if all(a.kind == b.kind for a, b in zip(o, params))]
+    # Templates bound alike need no choosing (MLX's two `block_masked_gemm`, instantiated
+    # through decltype).
+    if fitting and all(binding(o) == binding(fitting[0]) for o in fitting):
+        return fitting[0]
     if len(fitting) != 1:
         raise ParseError(f"instantiation {host_name!r}: cannot tell which of {len(overloads)} template "
                          f"kernels of that name its parameter list names", offset)
