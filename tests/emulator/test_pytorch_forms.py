@@ -220,3 +220,29 @@ kernel void k(device const half* h [[buffer(0)]], device uint* out [[buffer(1)]]
     out = torch.zeros(4, dtype=torch.int32)
     lib.k(torch.zeros(4, dtype=torch.float16), out, threads=4)
     np.testing.assert_array_equal(out.numpy(), 2 * np.arange(4))
+
+
+def test_library_scalar_functions_are_overloads_not_templates():
+    # Metal's pow, min, max on scalars are per-type overloads: a user's template that matches
+    # exactly where they need a conversion wins (c10's pow<T, U> for pow(float, int), Gamma),
+    # and they win where both match exactly (min(uint, uint) over c10's integral min).
+    lib = compile_shader(HEAD + """
+using namespace metal;
+namespace mine {
+template <typename T, typename U> inline float pow(T a, U b) { return ::metal::pow(float(a), float(b)) + 1000.0f; }
+template <typename T, typename U> enable_if_t<is_integral_v<T> && is_integral_v<U>, T> min(T a, U b) {
+  return ::metal::min(a, static_cast<T>(b)) + 100;
+}
+}
+using namespace mine;
+kernel void k(device float* o [[buffer(0)]], device uint* u [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  float z = 2.0f;
+  int n = int(i);
+  o[i] = pow(z, n) + 10000.0f * pow(z, 2.0f);
+  u[i] = min(i, 5u) + 10 * min(int(i), 7l);
+}""")
+    o = torch.zeros(3)
+    u = torch.zeros(3, dtype=torch.int32)
+    lib.k(o, u, threads=3)
+    np.testing.assert_array_equal(o.numpy(), 2.0 ** np.arange(3) + 1000 + 40000)
+    np.testing.assert_array_equal(u.numpy(), np.arange(3) + 10 * (np.arange(3) + 100))

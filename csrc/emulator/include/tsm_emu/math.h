@@ -135,6 +135,18 @@ template <class... X>
 using int_t = if_int<cmn_t<X...>>;
 template <class... X>
 using num_t = if_num<bf_to_float_t<cmn_t<X...>>>;
+// Both arguments Metal scalars of a type its library declares functions for (not bfloat):
+// Metal's two-argument functions on scalars are overloads, not templates, so a user's
+// template that matches exactly where they need a conversion wins (PyTorch's
+// `c10::metal::pow<T, U>(T, U)` for `pow(float, int)`), and they win over a user's template
+// where both match exactly (`min(uint, uint)`). The emulator's templates step aside there for
+// its own per-type overloads.
+template <class T>
+struct is_library_scalar
+    : std::integral_constant<bool, (std::is_arithmetic<bare<T>>::value || std::is_same<bare<T>, _Float16>::value) &&
+                                       !std::is_same<bare<T>, bool>::value> {};
+template <class X, class Y>
+using if_not_scalars = std::enable_if_t<!(is_library_scalar<X>::value && is_library_scalar<Y>::value), int>;
 
 // R with its element type replaced by E.
 template <class R, class E>
@@ -344,16 +356,25 @@ inline E e_max(E x, E y) {
   inline float k_##name(float x, float y) { return fexpr; }                                   \
   inline double k_##name(double x, double y) { return dexpr; }                                \
   }                                                                                           \
-  template <class X, class Y, class R = tsm_detail::fp_t<X, Y>>                               \
-  inline R name(const X& x, const Y& y) {                                                     \
-    return tsm_detail::apply<R, R>(                                                           \
+  namespace tsm_detail {                                                                      \
+  template <class X, class Y, class R = fp_t<X, Y>>                                           \
+  inline R any_##name(const X& x, const Y& y) {                                               \
+    return apply<R, R>(                                                                       \
         [](auto x_, auto y_) {                                                                \
           using E = decltype(x_);                                                             \
-          using C = tsm_detail::calc_t<E>;                                                    \
-          return static_cast<E>(tsm_detail::k_##name(C(x_), C(y_)));                          \
+          using C = calc_t<E>;                                                                \
+          return static_cast<E>(k_##name(C(x_), C(y_)));                                      \
         },                                                                                    \
         x, y);                                                                                \
-  }
+  }                                                                                           \
+  }                                                                                           \
+  template <class X, class Y, class R = tsm_detail::fp_t<X, Y>, tsm_detail::if_not_scalars<X, Y> = 0> \
+  inline R name(const X& x, const Y& y) {                                                     \
+    return tsm_detail::any_##name(x, y);                                                      \
+  }                                                                                           \
+  inline float name(float x, float y) { return tsm_detail::any_##name(x, y); }                \
+  inline _Float16 name(_Float16 x, _Float16 y) { return tsm_detail::any_##name(x, y); }       \
+  inline double name(double x, double y) { return tsm_detail::any_##name(x, y); }
 #define TSM_FP3(name, fexpr, dexpr)                                                           \
   namespace tsm_detail {                                                                      \
   inline float k_##name(float x, float y, float z) { return fexpr; }                          \
@@ -554,14 +575,32 @@ inline R abs(const X& x) {
       },
       x);
 }
-template <class X, class Y, class R = tsm_detail::num_t<X, Y>>
+namespace tsm_detail {
+template <class X, class Y, class R = num_t<X, Y>>
+inline R any_min(const X& x, const Y& y) {
+  return apply<R, R>([](auto a, auto b) { return e_min(a, b); }, x, y);
+}
+template <class X, class Y, class R = num_t<X, Y>>
+inline R any_max(const X& x, const Y& y) {
+  return apply<R, R>([](auto a, auto b) { return e_max(a, b); }, x, y);
+}
+}  // namespace tsm_detail
+template <class X, class Y, class R = tsm_detail::num_t<X, Y>, tsm_detail::if_not_scalars<X, Y> = 0>
 inline R min(const X& x, const Y& y) {
-  return tsm_detail::apply<R, R>([](auto a, auto b) { return tsm_detail::e_min(a, b); }, x, y);
+  return tsm_detail::any_min(x, y);
 }
-template <class X, class Y, class R = tsm_detail::num_t<X, Y>>
+template <class X, class Y, class R = tsm_detail::num_t<X, Y>, tsm_detail::if_not_scalars<X, Y> = 0>
 inline R max(const X& x, const Y& y) {
-  return tsm_detail::apply<R, R>([](auto a, auto b) { return tsm_detail::e_max(a, b); }, x, y);
+  return tsm_detail::any_max(x, y);
 }
+// Metal's scalar overloads (see is_library_scalar).
+#define TSM_MINMAX(T)                                                     \
+  inline T min(T x, T y) { return tsm_detail::any_min(x, y); }           \
+  inline T max(T x, T y) { return tsm_detail::any_max(x, y); }
+TSM_MINMAX(char) TSM_MINMAX(signed char) TSM_MINMAX(unsigned char) TSM_MINMAX(short) TSM_MINMAX(unsigned short)
+TSM_MINMAX(int) TSM_MINMAX(unsigned int) TSM_MINMAX(long) TSM_MINMAX(unsigned long) TSM_MINMAX(_Float16)
+TSM_MINMAX(float) TSM_MINMAX(double)
+#undef TSM_MINMAX
 // clamp(x, lo, hi) = min(max(x, lo), hi); undefined in Metal when lo > hi.
 template <class X, class L, class H, class R = tsm_detail::num_t<X, L, H>>
 inline R clamp(const X& x, const L& lo, const H& hi) {
