@@ -238,6 +238,15 @@ def _template_scopes(masked: str) -> List[Tuple[List[str], int, int]]:
     return scopes
 
 
+def _call_arguments(masked: str, open_paren: int) -> List[str]:
+    """The top-level arguments of the parenthesis at ``open_paren`` (none if unbalanced)."""
+    try:
+        close = _rewrite._match_close(masked, open_paren, "(", ")")
+    except _rewrite.ParseError:
+        return []
+    return _rewrite._split_top_level(masked[open_paren + 1:close])
+
+
 def _dependent_constructions(src: str) -> List[Tuple[int, int, str]]:
     """``T(a, b)`` of a template's type parameter T -> ``::metal::__tsm_construct<T>(a, b)``,
     which builds a vector as a vector constructor does and calls a class's constructor
@@ -250,11 +259,7 @@ def _dependent_constructions(src: str) -> List[Tuple[int, int, str]]:
         for c in call.finditer(masked, body_open, body_close):
             if re.search(r"\boperator\s*$", masked[max(0, c.start() - 16):c.start()]):
                 continue
-            try:
-                end = _rewrite._match_close(masked, c.end() - 1, "(", ")")
-            except _rewrite.ParseError:
-                continue
-            if len(_rewrite._split_top_level(masked[c.end():end])) > 1:
+            if len(_call_arguments(masked, c.end() - 1)) > 1:
                 edits[c.start()] = (c.start(), c.end(), f"::metal::__tsm_construct<{c.group(1)}>(")
     return list(edits.values())
 
@@ -273,11 +278,7 @@ def _half_bfloat_casts(src: str) -> List[Tuple[int, int, str]]:
     for m in re.finditer(r"(?<![\w.:>~])(" + spelled + r")\s*\((?!\s*[*&^])", masked):  # not `half (*f)(...)`
         if re.search(r"\b(?:operator|typedef|using)\s*$", masked[max(0, m.start() - 16):m.start()]):
             continue
-        try:
-            close = _rewrite._match_close(masked, m.end() - 1, "(", ")")
-        except _rewrite.ParseError:
-            continue
-        arguments = _rewrite._split_top_level(masked[m.end():close])
+        arguments = _call_arguments(masked, m.end() - 1)
         if len(arguments) == 1 and arguments[0].strip():  # a conversion, not `half()`
             edits[m.start()] = (m.start(), m.end(), f"::metal::__tsm_convert<{m.group(1)}>(")
     for names, body_open, body_close in _template_scopes(masked):
