@@ -898,11 +898,8 @@ class _Walker:
         callee = call.referenced
         if callee is None or self.version < 310:
             return
-        try:
-            parameters = list(callee.get_arguments())
-        except Exception:  # not a function (a call through an object)
-            return
-        for parameter, argument in zip(parameters, call.get_arguments()):
+        # (a callee that is not a function, a call through an object, has no arguments)
+        for parameter, argument in zip(callee.get_arguments(), call.get_arguments()):
             if parameter is None or not _holds_function_address(parameter.type):
                 continue
             named = _strip_to_reference(argument)
