@@ -103,3 +103,31 @@ kernel void clip(device bfloat* x [[buffer(0)]], device float* y [[buffer(1)]], 
     lib.clip(x, y, 5, threads=5)
     np.testing.assert_array_equal(x.float().numpy(), np.clip(values, 0, 4))
     np.testing.assert_array_equal(y.numpy(), np.where(values < 0, 0.5, values))
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+@pytest.mark.parametrize("simd", [False, True])
+def test_a_threadgroup_array_passed_whole_deduces_a_pointer(sanitize, simd):
+    # Sort.metal: merge_partition(tgv, tgv + n, ...) for `template <typename Ptr> int
+    # merge_partition(Ptr A, Ptr B, ...)`. With no SIMD-group function the kernel runs as
+    # barrier regions, where the array is a view of it (both are objects in the emulator).
+    lib = compile_shader(HEAD + """
+template <typename Ptr> inline float dot_halves(Ptr a, Ptr b, int n) {
+  float s = 0;
+  for (int j = 0; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+template <typename T>
+kernel void k(device const T* x [[buffer(0)]], device T* y [[buffer(1)]], uint i [[thread_index_in_threadgroup]]) {
+  threadgroup T tile[8];
+  tile[i] = x[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  float s = dot_halves(tile, tile + 4, 4);
+  y[i] = T(s) + T(SHIFT);
+}
+template [[host_name("k_float")]] kernel void k<float>(device const float*, device float*, uint);
+""".replace("T(SHIFT)", "T(simd_sum(0.0f))" if simd else "T(0)"), sanitize=sanitize)
+    x = torch.arange(8, dtype=torch.float32)
+    y = torch.zeros(8)
+    lib.k_float(x, y, threads=8, group_size=8)
+    np.testing.assert_array_equal(y.numpy(), np.full(8, float(np.dot(np.arange(4), np.arange(4, 8)))))

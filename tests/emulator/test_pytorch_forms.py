@@ -246,3 +246,101 @@ kernel void k(device float* o [[buffer(0)]], device uint* u [[buffer(1)]], uint 
     lib.k(o, u, threads=3)
     np.testing.assert_array_equal(o.numpy(), 2.0 ** np.arange(3) + 1000 + 40000)
     np.testing.assert_array_equal(u.numpy(), np.arange(3) + 10 * (np.arange(3) + 100))
+
+
+def test_void_before_kernel_and_a_call_among_template_arguments():
+    # SpecialOps.metal writes `void kernel i0(...)`; GroupedMM.metal instantiates
+    # `grouped_mm_rows<T, BM, ..., grouped_mm_simdgroups(BM) / 2, 2>(...)`.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+constexpr int lanes(int n) { return n * 2; }
+void kernel twice(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] *= 2; }
+template <typename T, int N>
+kernel void add(device T* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] += T(N); }
+template [[host_name("add_float")]] kernel void add<float, lanes(3) / 2>(device float*, uint);
+""")
+    y = torch.arange(4, dtype=torch.float32)
+    lib.twice(y, threads=4)
+    lib.add_float(y, threads=4)
+    np.testing.assert_array_equal(y.numpy(), 2 * np.arange(4) + 3)
+
+
+# A class with a conversion operator, read from device memory in one arm of `?:` and made
+# in the other (ScaledMM.metal: `c ? args.a[i] : float8_e4m3fn(0.0f)`).
+BYTE_CODE = HEAD + """
+using namespace metal;
+struct code {
+  uchar x;
+  code() = default;
+  code(float v) : x(uchar(v * 2)) {}
+  operator float() const { return float(x) / 2; }
+};
+struct other {
+  uchar x;
+  other(float v) : x(uchar(v)) {}
+  operator float() const { return float(x); }
+};
+kernel void k(device const code* a [[buffer(0)]], device float* y [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  const auto v = i < 3 ? a[i] : code(7.5f);
+  y[i] = float(v);
+}
+"""
+
+
+def test_a_conditional_copies_a_device_object_of_the_other_arms_class():
+    lib = compile_shader(BYTE_CODE)
+    y = torch.zeros(5)
+    lib.k(torch.tensor([2, 5, 9, 1, 1], dtype=torch.uint8), y, threads=5)
+    np.testing.assert_array_equal(y.numpy(), [1.0, 2.5, 4.5, 7.5, 7.5])
+
+
+def test_a_conditional_of_two_classes_still_calls_a_method_on_a_device_object():
+    # Both arms convert to float: `operator float` (a thread member) is called on a device
+    # object, which Metal rejects.
+    with pytest.raises(MetalCompileError, match="cannot convert a device object to the thread address space"):
+        compile_shader(BYTE_CODE.replace("code(7.5f);", "other(7.5f);"))
+
+
+ARRAY_DEDUCTION = HEAD + """
+using namespace metal;
+template <typename A> inline void fill(A v[4], A init) { for (int j = 0; j < 4; ++j) v[j] = init + A(j); }
+kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  float v[4];
+  fill(v, float(i));
+  y[i] = v[3];
+}
+"""
+
+
+def test_an_array_parameter_deduces_from_a_local_array_as_from_a_value():
+    # ScanKernel.metal: load_safe(acc_t values[N_READS], ..., acc_t init) given a local
+    # array and a value: a local is in thread, Metal's default address space.
+    lib = compile_shader(ARRAY_DEDUCTION)
+    y = torch.zeros(3)
+    lib.k(y, threads=3)
+    np.testing.assert_array_equal(y.numpy(), np.arange(3) + 3)
+
+
+def test_an_array_parameter_does_not_deduce_from_a_device_pointer_and_a_value():
+    # There A is `device float` from one argument and `float` from the other.
+    with pytest.raises(MetalCompileError, match="no matching function for call to 'fill'"):
+        compile_shader(ARRAY_DEDUCTION.replace("fill(v, float(i));", "fill(y, float(i));"))
+
+
+def test_a_function_pointer_template_parameter_returning_a_vector():
+    # Quantized.metal: template <typename T, float2 (*get_scale_zero_func)(constant T*, uint2)>.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+inline float2 pair_at(constant float* p, uint2 i) { return float2(p[i.x], p[i.y]); }
+template <typename T, float2 (*get)(constant T*, uint2)>
+kernel void k(constant T* a [[buffer(0)]], device float* y [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  float2 v = get(a, uint2(i, i + 1));
+  y[i] = v.x - 2 * v.y;
+}
+template [[host_name("k_float")]] kernel void k<float, pair_at>(constant float*, device float*, uint);
+""")
+    a = torch.arange(5, dtype=torch.float32) ** 2
+    y = torch.zeros(4)
+    lib.k_float(a, y, threads=4)
+    np.testing.assert_array_equal(y.numpy(), a[:4].numpy() - 2 * a[1:].numpy())

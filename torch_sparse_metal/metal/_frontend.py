@@ -205,6 +205,8 @@ def _vector_constructors(src: str) -> List[Tuple[int, int, str]]:
             before = masked[:m.start()].rstrip()
             if re.search(r"(?:\boperator|\btypedef|\busing|\bstruct|\bclass)$", before):
                 continue
+            if _FUNCTION_POINTER_DECLARATOR.match(masked, m.end() - 1):
+                continue  # `float2 (*f)(...)`: a type, not a construction (PyTorch's Quantized.metal)
             edits.append((m.start(), m.end(), f"::metal::__tsm_make_vector<{src[m.start(1):m.end(1)]}>("))
     declaration = re.compile(r"(?<![\w.:>])(" + "|".join(type_names) + r")\s+(\w+)(\s*\()")
     bodies = [(d.body_open, d.body_close) for d in _rewrite._function_definitions(masked)]
@@ -718,12 +720,29 @@ _DEDUCTION_MISMATCH = re.compile(r"candidate template ignored: cannot deduce a t
                                  r"'(?:const )?__generic \1' equal '(?:const )?__private ")
 
 
+_DEDUCTION_CONFLICT = re.compile(r"candidate template ignored: deduced conflicting types for parameter '\w+' "
+                                 r"\('(.*)' vs\. '(.*)'\)$")
+
+
+def _thread_space_conflict(note: str) -> bool:
+    """``A`` deduced as ``__private float`` from a local array or pointer passed to ``A v[4]``
+    and as ``float`` from a value (PyTorch's ScanKernel ``load_safe(values, in, ..., init)``):
+    in Metal a local is in thread, the default address space, so both deduce ``float``."""
+    m = _DEDUCTION_CONFLICT.match(note)
+    if not m:
+        return False
+    bare = [re.sub(r"\b__(private|generic)\s+", "", side) for side in m.groups()]
+    return bare[0] == bare[1] != m.group(1)
+
+
 def _fails_by_thread_spaces_only(diagnostic) -> bool:
     """Overload resolution that failed where a candidate ``f(thread T& x)`` (T a template
     parameter; clang's __generic) was not deduced from an object in __private (a local,
-    MLX's ``thread_swap(a, b)``): both are Metal's thread, where it deduces. clang deduces
+    MLX's ``thread_swap(a, b)``), or deduced for it a type that differs from another
+    argument's by __private alone: both are Metal's thread, where it deduces. clang deduces
     only from the same address space; the arguments after the one refused go unchecked."""
-    return any(_DEDUCTION_MISMATCH.match(n.spelling) for n in diagnostic.children)
+    return any(_DEDUCTION_MISMATCH.match(n.spelling) or _thread_space_conflict(n.spelling)
+               for n in diagnostic.children)
 
 
 def _not_metal(message: str) -> bool:
@@ -835,6 +854,8 @@ class _Walker:
         self.functions = {k.FUNCTION_DECL, k.CXX_METHOD, k.CONSTRUCTOR, k.CONVERSION_FUNCTION,
                           k.FUNCTION_TEMPLATE}
         self.variables = {k.VAR_DECL.value, k.PARM_DECL.value, k.FIELD_DECL.value}
+        self.conditional = k.CONDITIONAL_OPERATOR.value
+        self.copied: Set[int] = set()  # hashes of conversions that are copies in Metal
 
     def user(self, cursor) -> bool:
         f = cursor.location.file
@@ -856,6 +877,8 @@ class _Walker:
                     self._check_conversion(child, node, via)
             elif kind in self.explicit_casts:
                 self._check_explicit_cast(child, via)
+            elif kind == self.conditional:
+                self.note_conditional_copies(child)
             elif kind == self.lambda_:
                 self.lambdas.append(child)
             elif kind in self.allocation:
@@ -873,6 +896,22 @@ class _Walker:
                         where = presumed_location(child.location)
                         self.walk_function(target, via + f", instantiated from line {where[1]}")
             self._walk(child, fn, via)
+
+    def note_conditional_copies(self, conditional) -> None:
+        """``c ? p[i] : S(0)`` with ``p`` a device pointer to class ``S``: clang's OpenCL
+        rules find no common class type (a thread object cannot become a device one, nor the
+        reverse) and convert both operands through a conversion operator of ``S``, called on
+        the device object. Metal copies the device operand instead, as in ``S s = p[i];``:
+        PyTorch's ScaledMM.metal (``cond ? args.a[i] : float8_e4m3fn(0.0f)``) is built by
+        Apple's compiler. The operands' address-space conversions are those copies."""
+        arms = list(conditional.get_children())[1:]
+        objects = [_converted_object(arm, self.k) for arm in arms]
+        if len(objects) != 2 or any(o is None for o in objects):
+            return
+        classes = [o.type.get_canonical().get_declaration() for o in objects]
+        if any(c is None for c in classes) or classes[0] != classes[1]:
+            return
+        self.copied.update(o.hash for o in objects)
 
     def check_variable(self, variable, via: str = "", function=None) -> None:
         """Function pointers are template arguments only in Metal (clang's extension that
@@ -944,7 +983,8 @@ class _Walker:
         from_space = _address_space(from_type)
         if from_space not in ("__global", "__local", "__constant"):
             return
-        if parent is not None and parent._kind_id == self.call and _is_exempt_copy(parent):
+        if parent is not None and parent._kind_id == self.call and _is_exempt_copy(parent) or \
+                cast.hash in self.copied:
             return
         self.found.append((cast, f"cannot convert a {_AS_WORDS[from_space]} "
                                  f"{_describe(from_type)} to the thread address space "
@@ -952,6 +992,21 @@ class _Walker:
                                  f"a pointer, reference or `this` without one is `thread`): "
                                  f"{_in_metal_words(from_type.spelling)} -> "
                                  f"{_in_metal_words(to_spelling)}{via}"))
+
+
+def _converted_object(expression, k):
+    """The object a conversion-operator call converts (``expression`` is the call, as an
+    implicit conversion), or None."""
+    children = list(expression.get_children())
+    if expression.kind == k.UNEXPOSED_EXPR and len(children) == 1:
+        expression = children[0]
+    if expression.kind != k.CALL_EXPR or expression.referenced is None or \
+            expression.referenced.kind != k.CONVERSION_FUNCTION:
+        return None
+    member = next(iter(expression.get_children()), None)
+    if member is None or member.kind != k.MEMBER_REF_EXPR:
+        return None
+    return next(iter(member.get_children()), None)
 
 
 def _strip_to_reference(e):
@@ -1299,8 +1354,11 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
                                 emulator=True)
     source = prepared.source
     edits = _address_space_overloads(tu, path, prepared, preprocessed)
-    edits += _void_pointer_conversions(tu, path, prepared, preprocessed)
-    edits += _bfloat_conditional_conversions(tu, path, prepared, preprocessed)
+    k = cindex.CursorKind
+    found = _main_file_cursors(tu, path, (k.CALL_EXPR, k.CONDITIONAL_OPERATOR))
+    edits += _void_pointer_conversions(found[k.CALL_EXPR], prepared, preprocessed)
+    edits += _threadgroup_array_arguments(found[k.CALL_EXPR], prepared, preprocessed)
+    edits += _bfloat_conditional_conversions(found[k.CONDITIONAL_OPERATOR], prepared, preprocessed)
     edits += _address_space_specialisations(tu, path, prepared, preprocessed)
     edits += _designators.edits(tu, path, source, preprocessed)
     edits += _program_constants.registrations(tu, path, source, preprocessed)
@@ -1439,11 +1497,16 @@ _MSL_SPACES = {"__global": "device", "__constant": "constant", "__local": "threa
 _FLOATING_SPELLINGS = {"__bf16": "bfloat", "_Float16": "half", "float": "float"}
 
 
-def _main_file_cursors(tu, path: str, kind):
-    """Every cursor of ``kind`` in the declarations of the file clang knows as ``path``."""
+def _main_file_cursors(tu, path: str, kinds) -> Dict[object, List[object]]:
+    """The cursors of each of ``kinds`` in the declarations of the file clang knows as
+    ``path``, found in one walk."""
+    found: Dict[object, List[object]] = {kind: [] for kind in kinds}
     for top in tu.cursor.get_children():
         if top.location.file is not None and top.location.file.name == path:
-            yield from (c for c in top.walk_preorder() if c.kind == kind)
+            for c in top.walk_preorder():
+                if c.kind in found:
+                    found[c.kind].append(c)
+    return found
 
 
 def _cast(expression, to: str, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
@@ -1455,8 +1518,7 @@ def _cast(expression, to: str, prepared: _Prepared, preprocessed: str) -> List[T
     return [(start, start, f"static_cast<{to}>("), (end, end, ")")]
 
 
-def _void_pointer_conversions(tu, path: str, prepared: _Prepared, preprocessed: str
-                              ) -> List[Tuple[int, int, str]]:
+def _void_pointer_conversions(calls, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
     """An argument converted implicitly to a ``device``, ``constant`` or ``threadgroup``
     void pointer is converted by a cast the emulator's C++ sees. There every pointer
     converts to both ``ptr<void>`` and ``ptr<const void>`` by a constructor, so overloads on
@@ -1465,7 +1527,7 @@ def _void_pointer_conversions(tu, path: str, prepared: _Prepared, preprocessed: 
     the argument the parameter's type exactly, as clang chose it."""
     k = _cindex().CursorKind
     edits: List[Tuple[int, int, str]] = []
-    for call in _main_file_cursors(tu, path, k.CALL_EXPR):
+    for call in calls:
         if call.referenced is None:
             continue
         for argument in call.get_arguments():
@@ -1477,7 +1539,41 @@ def _void_pointer_conversions(tu, path: str, prepared: _Prepared, preprocessed: 
     return edits
 
 
-def _bfloat_conditional_conversions(tu, path: str, prepared: _Prepared, preprocessed: str
+def _threadgroup_array_arguments(calls, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
+    """A threadgroup array passed whole to a function decays to a pointer, ``tsm_emu::decayed``
+    in the emulator's C++, where the array is an object (tsm_emu/sanitize.h's tg_var):
+    a template parameter ``Ptr`` deduces the pointer from ``f(tile, tile + n)`` as in Metal
+    (PyTorch's Sort.metal ``merge_partition``), not the array object. An argument clang
+    binds without the decay (a reference to the array) is left alone; the arguments of a
+    call that depends on a template parameter decay in every Metal function but such one."""
+    k = _cindex().CursorKind
+    edits: List[Tuple[int, int, str]] = []
+    for call in calls:
+        for argument in call.get_arguments():
+            decays = argument.kind == k.UNEXPOSED_EXPR and _type_kind(argument.type) == "Pointer"
+            named = next(argument.get_children(), None) if decays else argument
+            if named is None or named.kind != k.DECL_REF_EXPR or (call.referenced is not None and not decays):
+                continue
+            variable = named.referenced
+            if variable is None or variable.kind != k.VAR_DECL:
+                continue
+            array = variable.type  # (the check declares threadgroup arrays as references to them)
+            if _type_kind(array) == "LValueReference":
+                array = array.get_pointee()
+            if _address_space(array) != "__local" or _type_kind(array) not in ("ConstantArray",
+                                                                               "DependentSizedArray"):
+                continue
+            start = prepared.source.original(named.extent.start.offset)
+            end = prepared.source.original(named.extent.end.offset, end=True)
+            # the whole argument, not an operand of one (`tile + n`: a call in a template)
+            if preprocessed[start:end] == variable.spelling and \
+                    preprocessed[:start].rstrip().endswith(("(", ",")) and \
+                    preprocessed[end:].lstrip().startswith((")", ",")):
+                edits += [(start, start, "::tsm_emu::decayed("), (end, end, ")")]
+    return edits
+
+
+def _bfloat_conditional_conversions(conditionals, prepared: _Prepared, preprocessed: str
                                     ) -> List[Tuple[int, int, str]]:
     """``c ? n : x`` with a bfloat and another arithmetic operand (PyTorch's GridSampler3D:
     a ``long`` and a ``bfloat``) has the type the usual arithmetic conversions give, as in
@@ -1487,7 +1583,7 @@ def _bfloat_conditional_conversions(tu, path: str, prepared: _Prepared, preproce
     converted by a cast the emulator's C++ sees."""
     k = _cindex().CursorKind
     edits: List[Tuple[int, int, str]] = []
-    for conditional in _main_file_cursors(tu, path, k.CONDITIONAL_OPERATOR):
+    for conditional in conditionals:
         operands = list(conditional.get_children())[1:]
         result = _FLOATING_SPELLINGS.get(conditional.type.get_canonical().spelling)
         inner = [next(o.get_children(), None) if o.kind == k.UNEXPOSED_EXPR else o for o in operands]

@@ -247,7 +247,12 @@ def find_kernels(src: str) -> List[Kernel]:
         m_decltype = re.match(r"\s*(?:decltype\s*\(\s*([^()]*?)\s*\)|(?!void\b)[\w:]+)\s*([\w:]+\s*<[^;]*?>)\s*;",
                               tail)
         # A qualified name may have spaces around `::` (PyTorch's instantiation macros).
-        m_func = re.match(r"\s*void\s+((?:::\s*)?\w+(?:\s*::\s*\w+)*)\s*(<[^(;]*>)?\s*\(", tail)
+        # `void kernel f(` is as valid as `kernel void f(` (PyTorch's SpecialOps.metal); template
+        # arguments may hold a call (`<T, simdgroups(BM) / 2>`, PyTorch's GroupedMM.metal).
+        void_first = re.search(r"\bvoid\s*$", head_masked) is not None
+        m_func = re.match(r"\s*" + ("" if void_first else r"void\s+") +
+                          r"((?:::\s*)?\w+(?:\s*::\s*\w+)*)\s*(<(?:[^();<>]|\([^()]*\)|<(?:[^();<>]|<[^<>();]*>)*>)*>)?\s*\(",
+                          tail)
         is_instantiation = re.match(r"\s*template\b(?!\s*<)", head_masked) is not None
         is_template = re.match(r"\s*template\s*<", head_masked) is not None
         if m_decltype and is_instantiation:

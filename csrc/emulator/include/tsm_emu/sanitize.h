@@ -294,6 +294,17 @@ tg_view<A> view_of(tg_var<A>& var) {
   return tg_view<A>(var);
 }
 
+// A threadgroup array passed whole to a function: the pointer it decays to in MSL, so a
+// template parameter taking it by value deduces a pointer (the rewriter writes the calls).
+template <class A>
+ptr<std::remove_extent_t<A>> decayed(tg_var<A>& var) {
+  return var;
+}
+template <class A>
+ptr<std::remove_extent_t<A>> decayed(const tg_view<A>& view) {
+  return view;
+}
+
 void register_static_threadgroup_memory(const void* address, size_t bytes, const char* name);
 
 // A program-scope `constant` variable (ggml's lookup tables), which a `constant T*` may
