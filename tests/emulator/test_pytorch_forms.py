@@ -344,3 +344,35 @@ template [[host_name("k_float")]] kernel void k<float, pair_at>(constant float*,
     y = torch.zeros(4)
     lib.k_float(a, y, threads=4)
     np.testing.assert_array_equal(y.numpy(), a[:4].numpy() - 2 * a[1:].numpy())
+
+
+STATIC_MEMBER_OPS = HEAD + """
+using namespace metal;
+struct Ops {
+  template <typename T> static T prod(T a, T b) { return a * b; }
+  template <typename T> static T amax(T a, T b) { return max(a, b); }
+};
+template <typename T, T (*Op)(T, T)>
+kernel void k(device T* y [[buffer(0)]], device const T* x [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  y[i] = Op(y[i], x[i]);
+}
+template [[host_name("k_prod_float")]] kernel void k<float, Ops::prod<float>>(device float*, device const float*, uint);
+template [[host_name("k_amax_int")]] kernel void k<int, Ops::amax<int>>(device int*, device const int*, uint);
+"""
+
+
+def test_a_static_member_function_as_a_function_pointer_template_argument():
+    # ScatterGather.metal: scatter_reduce<T, IT, ScatterReduceOp::prod<T>>.
+    lib = compile_shader(STATIC_MEMBER_OPS)
+    y, x = torch.arange(4, dtype=torch.float32), torch.full((4,), 3.0)
+    lib.k_prod_float(y, x, threads=4)
+    np.testing.assert_array_equal(y.numpy(), 3 * np.arange(4))
+    y, x = torch.tensor([1, 5, 2, 7], dtype=torch.int32), torch.full((4,), 3, dtype=torch.int32)
+    lib.k_amax_int(y, x, threads=4)
+    np.testing.assert_array_equal(y.numpy(), [3, 5, 3, 7])
+
+
+def test_a_static_member_function_of_another_type_is_rejected():
+    # The check takes such parameters as `auto`; the build still matches the types.
+    with pytest.raises(MetalCompileError, match="amax<float>"):
+        compile_shader(STATIC_MEMBER_OPS.replace("k<int, Ops::amax<int>>", "k<int, Ops::amax<float>>"))

@@ -423,8 +423,17 @@ def _template_function_pointers(src: str) -> List[Tuple[int, int, str]]:
     such a parameter a ``__generic`` pointee that no function's address converts to. A
     reference to a function binds the same arguments and is called the same way. So does
     an alias of a function pointer type that a template parameter is declared with (MLX's
-    fft: ``using RadixFunc = void (*)(...);`` and ``template <..., RadixFunc<T> f>``)."""
+    fft: ``using RadixFunc = void (*)(...);`` and ``template <..., RadixFunc<T> f>``).
+
+    A static member function given as such an argument (PyTorch's ScatterGather.metal:
+    ``scatter_reduce<T, IT, ScatterReduceOp::prod<T>>``) has a ``__generic``-qualified
+    type in clang's OpenCL mode, like every member function, which neither binds: where
+    the source gives one, such parameters are ``auto`` (the emulator's C++ build, and
+    Apple's compiler, still check the function's type against the parameter's)."""
     masked = _rewrite._mask_strings_and_directives(src)
+    statics = set(re.findall(r"\bstatic\s+(?:inline\s+|constexpr\s+)*[\w:<>]+\s+(\w+)\s*\(", masked))
+    member_arguments = statics and re.search(r"\w+\s*::\s*(?:" + "|".join(sorted(statics)) +
+                                             r")\b\s*(?:<[^<>;()]*>)?\s*[,>]", masked)
     edits = []
     parameter_lists = []
     for m in re.finditer(r"\btemplate\s*<", masked):
@@ -434,7 +443,16 @@ def _template_function_pointers(src: str) -> List[Tuple[int, int, str]]:
             i += 1
         parameter_lists.append(masked[m.end():i - 1])
         for p in _FUNCTION_POINTER_DECLARATOR.finditer(masked, m.end(), i - 1):
-            edits.append((p.start(), p.end(), f"(&{p.group(1)})"))
+            if member_arguments:
+                # `T (*f)(T, T)` -> `auto f`, from the start of the parameter's type
+                start, depth = p.start(), 0
+                while start > m.end() and (depth or masked[start - 1] != ","):
+                    depth += {">": 1, "<": -1, ")": 1, "(": -1}.get(masked[start - 1], 0)
+                    start -= 1
+                end = _rewrite._match_close(masked, p.end(), "(", ")") + 1
+                edits.append((start, end, f" auto {p.group(1).strip()}"))
+            else:
+                edits.append((p.start(), p.end(), f"(&{p.group(1)})"))
     for m in re.finditer(r"\busing\s+(\w+)\s*=[^;{}]*?(\(\s*\*\s*\))\s*\(", masked):
         if any(re.search(r"\b" + m.group(1) + r"\b", parameters) for parameters in parameter_lists):
             edits.append((m.start(2), m.end(2), "(&)"))
