@@ -131,3 +131,27 @@ template [[host_name("k_float")]] kernel void k<float>(device const float*, devi
     y = torch.zeros(8)
     lib.k_float(x, y, threads=8, group_size=8)
     np.testing.assert_array_equal(y.numpy(), np.full(8, float(np.dot(np.arange(4), np.arange(4, 8)))))
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_conditional_of_a_template_parameter_and_an_integer(sanitize):
+    # GridSampler3D's clip_coordinates<T> (`coord < 0 ? 0 : coord > size - 1 ? size - 1 :
+    # coord`) and HistogramKernel's `w >= 0 ? weight[i] : 1`, instantiated for bfloat (a
+    # class in the emulator's C++), float and long.
+    lib = compile_shader(HEAD + """
+template <typename T> T clip(T coord, long size) { return coord < 0 ? 0 : coord > size - 1 ? size - 1 : coord; }
+template <typename T>
+kernel void k(device T* x [[buffer(0)]], device const T* w [[buffer(1)]], constant int& s [[buffer(2)]],
+              uint i [[thread_position_in_grid]]) {
+  T c = clip(x[i], 5);
+  x[i] = c + ((s >= 0) ? w[i] : 1);
+}
+template [[host_name("k_bfloat")]] kernel void k<bfloat>(device bfloat*, device const bfloat*, constant int&, uint);
+template [[host_name("k_float")]] kernel void k<float>(device float*, device const float*, constant int&, uint);
+template [[host_name("k_long")]] kernel void k<long>(device long*, device const long*, constant int&, uint);
+""", sanitize=sanitize)
+    for name, dtype in (("k_bfloat", torch.bfloat16), ("k_float", torch.float32), ("k_long", torch.int64)):
+        for s, added in ((1, np.array([10, 20, 30, 40])), (-1, np.ones(4))):
+            x = torch.tensor([-2, 3, 9, 4], dtype=dtype)
+            getattr(lib, name)(x, torch.tensor([10, 20, 30, 40], dtype=dtype), s, threads=4)
+            np.testing.assert_array_equal(x.double().numpy(), np.clip([-2, 3, 9, 4], 0, 4) + added)

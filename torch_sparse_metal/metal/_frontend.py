@@ -1598,11 +1598,24 @@ def _bfloat_conditional_conversions(conditionals, prepared: _Prepared, preproces
     C++ (an integer with a floating type converts to that type: ``bfloat`` here). The
     emulator's bfloat is a class, which converts to and from the other operand's type, so
     g++ finds both conversions and rejects the expression: the operand clang converted is
-    converted by a cast the emulator's C++ sees."""
+    converted by a cast the emulator's C++ sees.
+
+    In a template (GridSampler3D's ``clip_coordinates<T>``: ``coord < 0 ? 0 : coord``)
+    an arithmetic operand beside one of a template parameter's type ``T`` becomes
+    ``tsm_emu::conditional_operand<T>(0)``: a bfloat when ``T`` is, itself otherwise."""
     k = _cindex().CursorKind
     edits: List[Tuple[int, int, str]] = []
     for conditional in conditionals:
         operands = list(conditional.get_children())[1:]
+        if len(operands) == 2 and _type_kind(conditional.type) == "Dependent":
+            for operand, other in (operands, operands[::-1]):
+                parameter = _template_parameter_type(other, k)
+                if parameter and _scalar_name(operand.type) in _INTEGERS | set(_FLOATING_SPELLINGS):
+                    start = prepared.source.original(operand.extent.start.offset)
+                    end = prepared.source.original(operand.extent.end.offset, end=True)
+                    if start < end and "__tsm" not in preprocessed[start:end]:
+                        edits += [(start, start, f"::tsm_emu::conditional_operand<{parameter}>("), (end, end, ")")]
+            continue
         result = _FLOATING_SPELLINGS.get(conditional.type.get_canonical().spelling)
         inner = [next(o.get_children(), None) if o.kind == k.UNEXPOSED_EXPR else o for o in operands]
         if result is None or len(operands) != 2 or any(i is None for i in inner) or not any(
@@ -1612,6 +1625,24 @@ def _bfloat_conditional_conversions(conditionals, prepared: _Prepared, preproces
             if operand.kind == k.UNEXPOSED_EXPR and _scalar_name(converted.type) != _scalar_name(operand.type):
                 edits += _cast(operand, result, prepared, preprocessed)
     return edits
+
+
+def _template_parameter_type(expression, k) -> Optional[str]:
+    """The name of the template type parameter that is ``expression``'s type (through
+    parentheses and the operands of a conditional), or None."""
+    while expression.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
+        expression = next(expression.get_children(), None)
+        if expression is None:
+            return None
+    if expression.kind == k.CONDITIONAL_OPERATOR:
+        arms = list(expression.get_children())[1:]
+        return next((n for n in (_template_parameter_type(a, k) for a in arms) if n), None)
+    # (libclang shows no declaration for such a type: its canonical spelling says what it is)
+    if not re.fullmatch(r"(?:(?:const|volatile|__\w+) )*type-parameter-\d+-\d+",
+                        expression.type.get_canonical().spelling):
+        return None
+    name = re.fullmatch(r"(?:(?:const|volatile|__\w+) )*(\w+)", expression.type.spelling)
+    return name.group(1) if name else None
 
 
 def _address_space_specialisations(tu, path: str, prepared: _Prepared, preprocessed: str

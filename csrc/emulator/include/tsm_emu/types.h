@@ -868,6 +868,22 @@ struct numeric_limits<bfloat> {
 
 }  // namespace metal
 
+namespace tsm_emu {
+// An arithmetic operand of `c ? x : t`, whose other operand has a template parameter's type
+// T (the rewriter writes the call): converted to bfloat when T is bfloat, as the usual
+// arithmetic conversions do in Metal (g++ finds the class converting both ways), and the
+// operand itself, an lvalue as before, otherwise.
+template <class T, class X>
+constexpr decltype(auto) conditional_operand(X&& x) {
+  if constexpr (std::is_same<std::remove_cv_t<T>, metal::bfloat>::value &&
+                std::is_arithmetic<std::remove_reference_t<X>>::value) {
+    return metal::bfloat(x);
+  } else {
+    return std::forward<X>(x);
+  }
+}
+}  // namespace tsm_emu
+
 // ---- <metal_limits> macros ------------------------------------------------------------
 // Spelled like GCC's <limits.h>/<float.h> where those define the same names, so including
 // one of those later is harmless.
