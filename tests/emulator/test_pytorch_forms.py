@@ -305,21 +305,24 @@ def test_a_conditional_of_two_classes_still_calls_a_method_on_a_device_object():
 ARRAY_DEDUCTION = HEAD + """
 using namespace metal;
 template <typename A> inline void fill(A v[4], A init) { for (int j = 0; j < 4; ++j) v[j] = init + A(j); }
+template <typename A> inline A weigh(A x, const A w[], long n) { return x * w[n]; }
 kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
   float v[4];
   fill(v, float(i));
-  y[i] = v[3];
+  const float w[2] = {2.0f, 0.5f};
+  y[i] = weigh(v[3], w, 1);
 }
 """
 
 
 def test_an_array_parameter_deduces_from_a_local_array_as_from_a_value():
     # ScanKernel.metal: load_safe(acc_t values[N_READS], ..., acc_t init) given a local
-    # array and a value: a local is in thread, Metal's default address space.
+    # array and a value, and c10/metal/igamma.h's ratevl(T x, const T num[], ...) the value
+    # first: a local is in thread, Metal's default address space.
     lib = compile_shader(ARRAY_DEDUCTION)
     y = torch.zeros(3)
     lib.k(y, threads=3)
-    np.testing.assert_array_equal(y.numpy(), np.arange(3) + 3)
+    np.testing.assert_array_equal(y.numpy(), (np.arange(3) + 3) * 0.5)
 
 
 def test_an_array_parameter_does_not_deduce_from_a_device_pointer_and_a_value():
@@ -376,3 +379,21 @@ def test_a_static_member_function_of_another_type_is_rejected():
     # The check takes such parameters as `auto`; the build still matches the types.
     with pytest.raises(MetalCompileError, match="amax<float>"):
         compile_shader(STATIC_MEMBER_OPS.replace("k<int, Ops::amax<int>>", "k<int, Ops::amax<float>>"))
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_metal_arrays_data_and_copies_from_constant_memory(sanitize):
+    # GridSampler.metal and Pooling.metal: params.sizes.data() of a constant struct's
+    # metal::array; UpSample.metal copies one into a thread array.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+struct P { array<int, 4> sizes; };
+kernel void k(constant P& p [[buffer(0)]], device int* out [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  constant int* s = p.sizes.data();
+  array<int, 4> local = p.sizes;
+  thread int* l = local.data();
+  out[i] = s[i % 4] + 10 * l[(i + 1) % 4];
+}""", sanitize=sanitize)
+    out = torch.zeros(4, dtype=torch.int32)
+    lib.k(torch.tensor([1, 2, 3, 4], dtype=torch.int32), out, threads=4)
+    np.testing.assert_array_equal(out.numpy(), [21, 32, 43, 14])

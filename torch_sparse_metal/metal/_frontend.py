@@ -750,7 +750,7 @@ def _thread_space_conflict(note: str) -> bool:
     if not m:
         return False
     bare = [re.sub(r"\b__(private|generic)\s+", "", side) for side in m.groups()]
-    return bare[0] == bare[1] != m.group(1)
+    return bare[0] == bare[1]
 
 
 def _fails_by_thread_spaces_only(diagnostic) -> bool:

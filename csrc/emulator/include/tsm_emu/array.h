@@ -19,6 +19,8 @@ struct array {
     return elems_[tsm_emu::in_bounds<N>(i, "metal::array", nullptr, 0)];
   }
   constexpr size_t size() const { return N; }
+  constexpr T* data() { return elems_; }
+  constexpr const T* data() const { return elems_; }
   constexpr T* begin() { return elems_; }
   constexpr const T* begin() const { return elems_; }
   constexpr T* end() { return elems_ + N; }
