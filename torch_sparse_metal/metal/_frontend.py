@@ -1562,8 +1562,10 @@ def _threadgroup_array_arguments(calls, prepared: _Prepared, preprocessed: str) 
     in the emulator's C++, where the array is an object (tsm_emu/sanitize.h's tg_var):
     a template parameter ``Ptr`` deduces the pointer from ``f(tile, tile + n)`` as in Metal
     (PyTorch's Sort.metal ``merge_partition``), not the array object. An argument clang
-    binds without the decay (a reference to the array) is left alone; the arguments of a
-    call that depends on a template parameter decay in every Metal function but such one."""
+    binds without the decay (to a reference to the array) is left alone. In a call that
+    depends on a template parameter clang shows no decay; the array is decayed there all
+    the same (none of MLX's, ggml's or PyTorch's kernels binds a threadgroup array to a
+    reference parameter; if one did, the emulator's build would reject it, not miscompute)."""
     k = _cindex().CursorKind
     edits: List[Tuple[int, int, str]] = []
     for call in calls:
