@@ -1527,13 +1527,19 @@ def _main_file_cursors(tu, path: str, kinds) -> Dict[object, List[object]]:
     return found
 
 
-def _cast(expression, to: str, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
-    """Edits that write clang's implicit conversion of ``expression`` to ``to`` as a cast."""
+def _wrap(expression, opener: str, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
+    """Edits that enclose ``expression`` in ``opener`` ... ``)`` (a cast, a call), unless
+    it is not the user's text or holds the check's own."""
     start = prepared.source.original(expression.extent.start.offset)
     end = prepared.source.original(expression.extent.end.offset, end=True)
     if start >= end or "__tsm" in preprocessed[start:end]:
         return []
-    return [(start, start, f"static_cast<{to}>("), (end, end, ")")]
+    return [(start, start, opener), (end, end, ")")]
+
+
+def _cast(expression, to: str, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
+    """Edits that write clang's implicit conversion of ``expression`` to ``to`` as a cast."""
+    return _wrap(expression, f"static_cast<{to}>(", prepared, preprocessed)
 
 
 def _void_pointer_conversions(calls, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
@@ -1613,10 +1619,7 @@ def _bfloat_conditional_conversions(conditionals, prepared: _Prepared, preproces
             for operand, other in (operands, operands[::-1]):
                 parameter = _template_parameter_type(other, k)
                 if parameter and _scalar_name(operand.type) in _INTEGERS | set(_FLOATING_SPELLINGS):
-                    start = prepared.source.original(operand.extent.start.offset)
-                    end = prepared.source.original(operand.extent.end.offset, end=True)
-                    if start < end and "__tsm" not in preprocessed[start:end]:
-                        edits += [(start, start, f"::tsm_emu::conditional_operand<{parameter}>("), (end, end, ")")]
+                    edits += _wrap(operand, f"::tsm_emu::conditional_operand<{parameter}>(", prepared, preprocessed)
             continue
         result = _FLOATING_SPELLINGS.get(conditional.type.get_canonical().spelling)
         inner = [next(o.get_children(), None) if o.kind == k.UNEXPOSED_EXPR else o for o in operands]
