@@ -1,6 +1,7 @@
 """Forms of PyTorch's MPS kernels that the check accepted but the emulator's C++ build
 rejected (issue 15), in this project's own kernels: each builds, plain and sanitized, and
 computes what NumPy does."""
+import math
 import numpy as np
 import pytest
 import torch
@@ -155,3 +156,29 @@ template [[host_name("k_long")]] kernel void k<long>(device long*, device const 
             x = torch.tensor([-2, 3, 9, 4], dtype=dtype)
             getattr(lib, name)(x, torch.tensor([10, 20, 30, 40], dtype=dtype), s, threads=4)
             np.testing.assert_array_equal(x.double().numpy(), np.clip([-2, 3, 9, 4], 0, 4) + added)
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_conditional_of_a_template_parameter_and_a_float(sanitize):
+    # UnaryKernel's angle_functor: `T(isnan(x) ? x : x < 0 ? M_PI_F : 0.0)`. Beside a float a
+    # bfloat converts to float, as a half does; the result is rounded to T once, after.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+template <typename T> T angle(T x) { return T(isnan(x) ? x : x < 0 ? M_PI_F : 0.0); }
+template <typename T> float widened(T x, bool keep) { auto r = keep ? x : 0.5f; return r * 3.0f; }
+template <typename T>
+kernel void k(device T* x [[buffer(0)]], device float* w [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  w[i] = widened(x[i], i % 2 == 0);
+  x[i] = angle(x[i]);
+}
+template [[host_name("k_bfloat")]] kernel void k<bfloat>(device bfloat*, device float*, uint);
+template [[host_name("k_half")]] kernel void k<half>(device half*, device float*, uint);
+template [[host_name("k_float")]] kernel void k<float>(device float*, device float*, uint);
+""", sanitize=sanitize)
+    for name, dtype in (("k_bfloat", torch.bfloat16), ("k_half", torch.float16), ("k_float", torch.float32)):
+        values = torch.tensor([-1.5, 2.0, float("nan"), -0.25], dtype=dtype)
+        x, w = values.clone(), torch.zeros(4)
+        getattr(lib, name)(x, w, threads=4)
+        pi = torch.tensor(math.pi, dtype=dtype).item()
+        np.testing.assert_array_equal(x.float().numpy(), [pi, 0.0, np.nan, pi])
+        np.testing.assert_array_equal(w.numpy(), [values[0].item() * 3, 1.5, np.nan, 1.5])

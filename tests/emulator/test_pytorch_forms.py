@@ -306,11 +306,17 @@ ARRAY_DEDUCTION = HEAD + """
 using namespace metal;
 template <typename A> inline void fill(A v[4], A init) { for (int j = 0; j < 4; ++j) v[j] = init + A(j); }
 template <typename A> inline A weigh(A x, const A w[], long n) { return x * w[n]; }
+template <typename A> struct acc { using type = A; };
+template <typename A> inline A weigh_by_alias(A x) {
+  using acc_t = typename acc<A>::type;  // igamma.h: ratevl(static_cast<accscalar_t>(x), num, ...)
+  const acc_t w[2] = {2., 0.5};
+  return weigh(static_cast<acc_t>(x), w, 1);
+}
 kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
   float v[4];
   fill(v, float(i));
   const float w[2] = {2.0f, 0.5f};
-  y[i] = weigh(v[3], w, 1);
+  y[i] = weigh(v[3], w, 1) + weigh_by_alias(v[0]);
 }
 """
 
@@ -322,7 +328,7 @@ def test_an_array_parameter_deduces_from_a_local_array_as_from_a_value():
     lib = compile_shader(ARRAY_DEDUCTION)
     y = torch.zeros(3)
     lib.k(y, threads=3)
-    np.testing.assert_array_equal(y.numpy(), (np.arange(3) + 3) * 0.5)
+    np.testing.assert_array_equal(y.numpy(), (np.arange(3) + 3) * 0.5 + np.arange(3) * 0.5)
 
 
 def test_an_array_parameter_does_not_deduce_from_a_device_pointer_and_a_value():
@@ -397,3 +403,161 @@ kernel void k(constant P& p [[buffer(0)]], device int* out [[buffer(1)]], uint i
     out = torch.zeros(4, dtype=torch.int32)
     lib.k(torch.tensor([1, 2, 3, 4], dtype=torch.int32), out, threads=4)
     np.testing.assert_array_equal(out.numpy(), [21, 32, 43, 14])
+
+
+TRAITS = HEAD + """
+using namespace metal;
+template <typename T> constexpr constant bool scalar_fp = is_floating_point_v<T> && is_scalar_v<T>;
+struct twice {  // BinaryKernel/UnaryKernel: float2 holds a complex number
+  template <typename T, enable_if_t<scalar_fp<T>, bool> = true> T operator()(T x) { return x * 2; }
+  template <typename T, enable_if_t<is_floating_point_v<T> && is_vector_v<T>, bool> = true>
+  T operator()(T x) { return T(x.x - x.y, x.x + x.y); }
+  template <typename T, enable_if_t<is_integral_v<T> && is_scalar_v<T>, bool> = true>
+  float operator()(T x) { return float(x) + 0.5f; }
+};
+kernel void k(device float* s [[buffer(0)]], device float2* c [[buffer(1)]],
+              device float* n [[buffer(2)]], device int* flags [[buffer(3)]],
+              uint i [[thread_position_in_grid]]) {
+  twice f;
+  s[i] = f(s[i]);
+  c[i] = f(c[i]);
+  n[i] = f(int(i));
+  if (i == 0) flags[0] = int(is_floating_point_v<half4>) | int(is_integral_v<uint2>) << 1 |
+             int(is_arithmetic_v<const float3>) << 2 | int(is_scalar_v<float2>) << 3 |
+             int(is_signed_v<int4>) << 4 | int(is_unsigned_v<int4>) << 5 |
+             int(is_unsigned_v<ushort2>) << 6 | int(is_floating_point_v<int2>) << 7 |
+             int(is_integral_v<float2>) << 8 | int(is_scalar_v<const float>) << 9;
+}"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_type_traits_classify_a_vector_by_its_element(sanitize):
+    # c10/metal/utils.h defines is_scalar_floating_point_v = is_floating_point_v && is_scalar_v:
+    # Metal's is_floating_point_v holds for half2, and UnaryKernel's exp_functor relies on it.
+    lib = compile_shader(TRAITS, sanitize=sanitize)
+    s = torch.tensor([1.5, -2.0, 0.25])
+    c = torch.tensor([[1.0, 2.0], [3.0, -1.0], [0.0, 4.0]])
+    n = torch.zeros(3)
+    flags = torch.zeros(1, dtype=torch.int32)
+    lib.k(s, c, n, flags, threads=3)
+    np.testing.assert_array_equal(s.numpy(), [3.0, -4.0, 0.5])
+    np.testing.assert_array_equal(c.numpy(), [[-1.0, 3.0], [4.0, 2.0], [-4.0, 4.0]])
+    np.testing.assert_array_equal(n.numpy(), [0.5, 1.5, 2.5])
+    expected = 1 | 1 << 1 | 1 << 2 | 0 << 3 | 1 << 4 | 0 << 5 | 1 << 6 | 0 << 7 | 0 << 8 | 1 << 9
+    assert int(flags) == expected
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_kernel_prototype_gives_the_kernel_its_host_name(sanitize):
+    # Indexing.metal: `[[host_name("f")]] kernel void f(device bool*, ...);` after f's
+    # definition. A prototype is not a second kernel; the name it gives is the kernel's.
+    lib = compile_shader(HEAD + """
+[[host_name("early")]] kernel void e(device int*, constant int&, uint);
+kernel void e(device int* y [[buffer(0)]], constant int& a [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) { y[i] = a + int(i); }
+kernel void f(device int* y [[buffer(0)]], constant int& a [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) { y[i] = a * int(i); }
+[[host_name("f_named")]]
+kernel void f(device int*, constant int&, uint);""", sanitize=sanitize)
+    assert sorted(lib.kernel_names) == ["early", "f_named"]
+    y = torch.zeros(4, dtype=torch.int32)
+    three = torch.tensor([3], dtype=torch.int32)
+    lib.f_named(y, three, threads=4)
+    np.testing.assert_array_equal(y.numpy(), [0, 3, 6, 9])
+    lib.early(y, three, threads=4)
+    np.testing.assert_array_equal(y.numpy(), [3, 4, 5, 6])
+
+
+STATIC_CAST_VECTORS = HEAD + """
+using namespace metal;
+struct cmul {
+  float2 operator()(float2 a, float2 b) { return float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }
+};
+template <typename F, typename T>
+kernel void k(device T* out [[buffer(0)]], constant T* a [[buffer(1)]],
+              device int2* rounded [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  F f;
+  using res_t = T;
+  out[i] = static_cast<res_t>(f(static_cast<float2>(a[i]), float2(2.0f, 0.5f)));
+  rounded[i] = static_cast<int2>(static_cast<float2>(a[i]) * 1.5f);
+}
+template [[host_name("k_half2")]] kernel void k<cmul, half2>(device half2*, constant half2*, device int2*, uint);
+template [[host_name("k_float2")]] kernel void k<cmul, float2>(device float2*, constant float2*, device int2*, uint);
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+@pytest.mark.parametrize("name,dtype", [("k_half2", torch.float16), ("k_float2", torch.float32)])
+def test_static_cast_between_vectors_converts_each_element(sanitize, name, dtype):
+    # c10/metal/special_math.h `static_cast<float2>(inp)` of a half2, and indexing.h's
+    # `static_cast<res_t>(f(a, b))` of a local alias: Metal converts element by element.
+    lib = compile_shader(STATIC_CAST_VECTORS, sanitize=sanitize)
+    a = torch.tensor([[1.0, 2.0], [0.5, -1.0], [-3.0, 0.25]], dtype=dtype)
+    out = torch.zeros_like(a)
+    rounded = torch.zeros(3, 2, dtype=torch.int32)
+    getattr(lib, name)(out, a, rounded, threads=3)
+    z = a.double().numpy() @ np.array([1, 1j]) * (2 + 0.5j)
+    np.testing.assert_allclose(out.double().numpy(), np.stack([z.real, z.imag], 1), rtol=1e-3)
+    np.testing.assert_array_equal(rounded.numpy(), np.trunc(a.float().numpy() * 1.5))
+
+
+def test_static_cast_between_vectors_of_different_lengths_is_rejected():
+    with pytest.raises(MetalCompileError, match="static_cast"):
+        compile_shader(HEAD + """
+kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  float4 v = static_cast<float4>(float2(1.0f, 2.0f));
+  y[i] = v.x;
+}""")
+
+
+FUNCTION_POINTER_PARAMETERS = HEAD + """
+using namespace metal;
+struct Ops {
+  template <typename T> static T amax(T a, T b) { return a < b ? b : a; }
+  static float plus(float a, float b) { return a + b; }
+};
+inline float twice_sum(float a, float b) { return 2 * (a + b); }
+template <typename T>
+inline void combine(device T* y, T v, T (*op)(T, T)) { *y = op(*y, v); }
+template <typename T, T (*Op)(T, T)>
+kernel void k(device T* y [[buffer(0)]], device const T* x [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  combine(y + i, x[i], Op);  // c10/metal/atomic.h's atomic_binary_op(..., ReduceOp)
+}
+template [[host_name("k_amax")]] kernel void k<float, Ops::amax<float>>(device float*, device const float*, uint);
+template [[host_name("k_free")]] kernel void k<float, twice_sum>(device float*, device const float*, uint);
+#if __METAL_VERSION__ >= 310
+template [[host_name("k_amax_bfloat")]] kernel void k<bfloat, Ops::amax<bfloat>>(device bfloat*, device const bfloat*, uint);
+#endif
+kernel void plain(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  combine(y + i, 1.5f, &Ops::plus);
+}
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_function_pointer_template_argument_passed_on_to_a_function_pointer_parameter(sanitize):
+    # Indexing.metal's index_reduce<T, IT, IndexReduceOp::amax<T>> passes its ReduceOp to
+    # c10/metal/atomic.h's `T (*op)(T, T)`: what the function is, is known where it is called.
+    lib = compile_shader(FUNCTION_POINTER_PARAMETERS, language_version="3.2", sanitize=sanitize)
+    x = torch.tensor([3.0, -1.0, 2.0])
+    y = torch.tensor([1.0, 0.0, 5.0])
+    lib.k_amax(y, x, threads=3)
+    np.testing.assert_array_equal(y.numpy(), [3.0, 0.0, 5.0])
+    lib.k_free(y, x, threads=3)
+    np.testing.assert_array_equal(y.numpy(), [12.0, -2.0, 14.0])
+    lib.plain(y, threads=3)
+    np.testing.assert_array_equal(y.numpy(), [13.5, -0.5, 15.5])
+    y = torch.tensor([1.0, 0.0, 5.0], dtype=torch.bfloat16)
+    lib.k_amax_bfloat(y, x.bfloat16(), threads=3)
+    np.testing.assert_array_equal(y.float().numpy(), [3.0, 0.0, 5.0])
+
+
+def test_a_static_member_function_of_another_type_for_a_function_pointer_parameter_is_rejected():
+    with pytest.raises(MetalCompileError):
+        compile_shader(FUNCTION_POINTER_PARAMETERS.replace("static float plus(float a, float b)",
+                                                           "static int plus(int a, int b)"), language_version="3.2")
+
+
+def test_a_function_pointer_parameter_still_needs_metal_3_1():
+    with pytest.raises(MetalCompileError, match="function pointer"):
+        compile_shader(FUNCTION_POINTER_PARAMETERS, language_version="3.0")

@@ -137,3 +137,23 @@ def test_arrays_in_buffers_and_constants_stay_checked_pointers(sanitize):
     out = torch.zeros(2)
     lib.members(x, out, threads=2, group_size=2)
     assert out.tolist() == [1.0 + 2.0 + 3.0 + 2.0 + 3.0] * 2
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_thread_pointer_variable_passed_to_a_template_pointer_parameter(sanitize):
+    # `thread T* p` deduces A of a template's `A* q` and `const thread A* q`, as in Metal,
+    # also beside a value the call deduces A from (clang's OpenCL mode deduces
+    # `__private float` from the one and `float` from the other; both are Metal's thread).
+    lib = compile_shader(r"""#include <metal_stdlib>
+using namespace metal;
+template <typename A> inline void fill(A* q, A v, int n) { for (int j = 0; j < n; ++j) q[j] = v + A(j); }
+template <typename A> inline A total(const thread A* q, int n) { A s = 0; for (int j = 0; j < n; ++j) s += q[j]; return s; }
+kernel void k(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  float local[4];
+  thread float* p = local;
+  fill(p, float(i), 4);
+  y[i] = total(p + 1, 3);
+}""", sanitize=sanitize)
+    y = torch.zeros(3)
+    lib.k(y, threads=3)
+    assert y.tolist() == [3 * i + 6 for i in range(3)]

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.metal import MetalCompileError, compile_shader
 
 PRELUDE = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -784,3 +784,44 @@ def test_swizzles_inc_is_generated():
     text = (root / "include" / "tsm_emu" / "swizzles.inc").read_text()
     assert text == gen.render(), "run python csrc/emulator/tools/gen_swizzles.py"
     assert sum(line.startswith("TSM_SWZ(") for line in text.splitlines()) == (4 + 8 + 16) + (9 + 27 + 81) + (16 + 64 + 256)
+
+
+# ---------------------------------------------------------------------------------------
+# Unsuffixed floating literals, and the single-precision fast:: and precise:: variants
+# ---------------------------------------------------------------------------------------
+LITERALS = PRELUDE + kernel(
+    "literals", ["device const float* x", "device float* y", "device float* thirds", "device int* sizes"], """
+  y[i] = x[i] * 0.1;         // a float product in Metal, not a double one rounded
+  auto third = 1.0 / 3.0;
+  thirds[i] = third * x[i];
+  if (i == 0) { sizes[0] = sizeof(1.0); sizes[1] = sizeof(third); sizes[2] = sizeof(2.5e-3 * x[i]); }""") + kernel(
+    "single_variants", ["device const half* h", "device const bfloat* b", "device float* angle", "device int* sizes"], """
+  float a = ::precise::atan2(h[i], 1.0 + h[i]);  // UnaryKernel.metal: the float overload, h converted
+  angle[i] = a + fast::sqrt(int(i)) + precise::sqrt(b[i]);  // FusedOptimizerOps: sqrt of a bfloat
+  if (i == 0) { auto e = precise::exp(h[i]); sizes[0] = sizeof(e); }""")
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_an_unsuffixed_floating_literal_is_a_float(sanitize):
+    lib = compile_shader(LITERALS, sanitize=sanitize)
+    # values where x * 0.1 in float differs from x * 0.1 in double rounded to float
+    x = np.array([2.5900002, 4.07, 5.1800003, 8.14, 9.99], dtype=np.float32)
+    y, thirds = torch.zeros(5), torch.zeros(5)
+    sizes = torch.zeros(3, dtype=torch.int32)
+    run(lib, "literals", torch.from_numpy(x), y, thirds, sizes, threads=5)
+    np.testing.assert_array_equal(y.numpy(), x * np.float32(0.1))
+    assert (y.numpy() != (x.astype(np.float64) * 0.1).astype(np.float32)).all()
+    np.testing.assert_array_equal(thirds.numpy(), np.float32(1 / 3) * x)
+    assert sizes.tolist() == [4, 4, 4]
+    h = torch.tensor([0.5, -0.25, 2.0], dtype=torch.float16)
+    b = torch.tensor([4.0, 0.25, 9.0], dtype=torch.bfloat16)
+    angle = torch.zeros(3)
+    run(lib, "single_variants", h, b, angle, sizes, threads=3)
+    hf = h.float().numpy()
+    np.testing.assert_allclose(angle.numpy(), np.arctan2(hf, 1 + hf) + np.sqrt(np.arange(3)) + [2, 0.5, 3], rtol=1e-6)
+    assert sizes[0] == 4  # precise::exp of a half is a float
+
+
+def test_fast_and_precise_have_no_half_vector_variant():
+    with pytest.raises(MetalCompileError, match="exp"):
+        compile_shader(PRELUDE + kernel("k", ["device half2* h"], "h[i] = precise::exp(h[i]);"))

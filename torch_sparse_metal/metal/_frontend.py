@@ -266,12 +266,14 @@ def _dependent_constructions(src: str) -> List[Tuple[int, int, str]]:
     return list(edits.values())
 
 
-def _half_bfloat_casts(src: str) -> List[Tuple[int, int, str]]:
-    """Explicit conversions between half and bfloat, which Metal has and clang's __bf16 does
-    not: ``static_cast<half>(x)``, ``half(x)`` (and bfloat), and ``static_cast<T>(x)`` of a
-    template's type parameter T (PyTorch's c10/metal/utils.h ``cast_to``) ->
-    ``::metal::__tsm_convert<...>(x)``, which converts through float (exact: both are
-    rounded once, as a direct conversion is). A C-style ``(half)x`` is not rewritten."""
+def _explicit_conversions(src: str) -> List[Tuple[int, int, str]]:
+    """Explicit conversions that Metal has and clang does not: between half and bfloat
+    (``static_cast<half>(x)``, ``half(x)``, and bfloat), and between vectors
+    (``static_cast<float2>(h)``, c10/metal/special_math.h); also ``static_cast<T>(x)`` of a
+    template's type parameter or local alias T, which may be either (PyTorch's
+    c10/metal/utils.h ``cast_to``) -> ``::metal::__tsm_convert<...>(x)``, which converts
+    half and bfloat through float (exact: both are rounded once, as a direct conversion is)
+    and vectors element by element. A C-style ``(half)x`` is not rewritten."""
     masked = _rewrite._mask_strings_and_directives(src)
     edits = {}
     spelled = r"(?:::)?(?:metal::)?(?:half|bfloat)"
@@ -283,7 +285,13 @@ def _half_bfloat_casts(src: str) -> List[Tuple[int, int, str]]:
         arguments = _call_arguments(masked, m.end() - 1)
         if len(arguments) == 1 and arguments[0].strip():  # a conversion, not `half()`
             edits[m.start()] = (m.start(), m.end(), f"::metal::__tsm_convert<{m.group(1)}>(")
+    vectors = "|".join([_VECTOR_TYPE, _VEC_TEMPLATE_TYPE] + list(map(re.escape, _vector_aliases(masked))))
+    for m in re.finditer(r"\bstatic_cast\s*<\s*(" + vectors + r")\s*>\s*\(", masked):
+        edits[m.start()] = (m.start(), m.end(), f"::metal::__tsm_convert<{m.group(1)}>(")
     for names, body_open, body_close in _template_scopes(masked):
+        # and the aliases the body declares (c10/metal/indexing.h: `using res_t = result_of<F, T, T>;`)
+        body = masked[body_open:body_close]
+        names = names + re.findall(r"\busing\s+(\w+)\s*=", body) + re.findall(r"\btypedef\b[^;{}]*?(\w+)\s*;", body)
         cast = re.compile(r"\bstatic_cast\s*<\s*(" + "|".join(map(re.escape, names)) + r")\s*>\s*\(")
         for m in cast.finditer(masked, body_open, body_close):
             edits[m.start()] = (m.start(), m.end(), f"::metal::__tsm_convert<{m.group(1)}>(")
@@ -612,7 +620,7 @@ def _prepare(preprocessed: str) -> _Prepared:
             lints.append((m.start(), f"Metal does not support {what}"))
     source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
     source.apply(_dependent_constructions(source.text))
-    source.apply(_half_bfloat_casts(source.text))
+    source.apply(_explicit_conversions(source.text))
     source.apply(_typedef_vectors(source.text))
     source.apply(_braced_arguments(source.text))
     source.apply(_template_function_pointers(source.text))
@@ -680,6 +688,12 @@ _NOT_METAL_RULES = (
     # explicitly (MLX's fp8.h: static_cast<bfloat16_t>(half)).
     re.compile(r"(static_cast|C-style cast|functional-style cast) from .*\b(_Float16|__bf16)\b.* to "
                r".*\b(_Float16|__bf16)\b.* is not allowed"),
+    # A const thread reference bound to a temporary of another type, which Metal makes in
+    # thread (PyTorch's UnaryKernel.metal: `static_cast<decltype(x.y)>(precise::sqrt(...))`,
+    # decltype of a vector component being a reference); clang's OpenCL mode gives the
+    # temporary no address space. A value in another address space is named with it.
+    re.compile(r"^binding reference of type 'const __private [^']*' to value of type '(?![^']*__)[^']*' "
+               r"changes address space$"),
 )
 
 
@@ -739,7 +753,7 @@ _DEDUCTION_MISMATCH = re.compile(r"candidate template ignored: cannot deduce a t
 
 
 _DEDUCTION_CONFLICT = re.compile(r"candidate template ignored: deduced conflicting types for parameter '\w+' "
-                                 r"\('(.*)' vs\. '(.*)'\)$")
+                                 r"\((.*)\)$")
 
 
 def _thread_space_conflict(note: str) -> bool:
@@ -747,9 +761,40 @@ def _thread_space_conflict(note: str) -> bool:
     and as ``float`` from a value (PyTorch's ScanKernel ``load_safe(values, in, ..., init)``):
     in Metal a local is in thread, the default address space, so both deduce ``float``."""
     m = _DEDUCTION_CONFLICT.match(note)
+    sides = m.group(1).split(" vs. ") if m else []
+    if len(sides) != 2:
+        return False
+    # each side as its canonical type: `'float'`, `'__private acc_t' (aka '__private float')`
+    canonical = [re.findall(r"'([^']*)'", side)[-1] for side in sides]
+    bare = [re.sub(r"\b__(private|generic)\s+", "", side) for side in canonical]
+    return bare[0] == bare[1]
+
+
+_FUNCTION_POINTER_ARGUMENT = re.compile(
+    r"candidate function not viable: no known conversion from '(.*)' to '(.*\(__generic \*.*)' for \w+ argument$|"
+    r"candidate function not viable: no overload of '[\w:]+' matching '.*\(__generic \*.*' for \w+ argument$|"
+    r"candidate template ignored: could not match '.*' against '.*\) __generic'$")
+
+
+_FUNCTION_POINTER_INITIALISATION = re.compile(
+    r"cannot initialize a parameter of type '(.*)' with an [lr]value of type '(.*)': different qualifiers "
+    r"\(unqualified vs '__generic'\)$")
+
+
+def _function_space_only(note: str) -> bool:
+    """A static member function (PyTorch's ``IndexReduceOp::amax<T>``, c10/metal/atomic.h's
+    ``T (*op)(T, T)`` parameter), or an ``auto`` template parameter holding one (see
+    _template_function_pointers), refused by a function-pointer parameter: clang's OpenCL
+    mode qualifies every member function's type ``__generic`` and a function pointer's
+    pointee too, so no member function converts. Metal's function types have no address
+    space; the emulator's C++ build still checks the function's type against the parameter's."""
+    note = re.sub(r"'[^']*' \(aka '([^']*)'\)", r"'\1'", note)  # canonical types
+    m = _FUNCTION_POINTER_ARGUMENT.match(note) or _FUNCTION_POINTER_INITIALISATION.match(note)
     if not m:
         return False
-    bare = [re.sub(r"\b__(private|generic)\s+", "", side) for side in m.groups()]
+    if m.group(1) is None:  # (a template's name or parameter: the type is not spelled out)
+        return True
+    bare = [re.sub(r"\b__(?:private|generic)\b|\s", "", side) for side in (m.group(1), m.group(2))]
     return bare[0] == bare[1]
 
 
@@ -760,13 +805,14 @@ def _fails_by_thread_spaces_only(diagnostic) -> bool:
     argument's by __private alone: both are Metal's thread, where it deduces. clang deduces
     only from the same address space; the arguments after the one refused go unchecked."""
     return any(_DEDUCTION_MISMATCH.match(n.spelling) or _thread_space_conflict(n.spelling)
-               for n in diagnostic.children)
+               or _function_space_only(n.spelling) for n in diagnostic.children)
 
 
 def _not_metal(message: str) -> bool:
     """Whether clang's error ``message`` is a rule of C++ for OpenCL that Metal does not have."""
     return (any(rule.search(message) for rule in _NOT_METAL_RULES) or _same_length_vector_cast(message)
-            or _thread_spaces_only(message) or _same_class_in_two_spaces(message))
+            or _thread_spaces_only(message) or _same_class_in_two_spaces(message)
+            or _function_space_only(message))
 
 
 def _in_metal_words(message: str) -> str:
@@ -1028,11 +1074,14 @@ def _converted_object(expression, k):
 
 
 def _strip_to_reference(e):
-    """An expression without its implicit conversions, parentheses and `&`."""
+    """An expression without its implicit conversions, parentheses and `&`; in a template's
+    instantiation, a non-type template parameter's argument for the parameter (libclang
+    shows such a substitution as a reference to nothing, the argument its child)."""
     k = _cindex().CursorKind
     lib = _cindex().conf.lib
     while e is not None and (e.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR) or (
-            e.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(e) == _ADDRESS_OF)):
+            e.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(e) == _ADDRESS_OF) or (
+            e.kind == k.DECL_REF_EXPR and e.referenced is None and next(e.get_children(), None) is not None)):
         e = next(iter(e.get_children()), None)
     return e
 
@@ -1373,9 +1422,10 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     source = prepared.source
     edits = _address_space_overloads(tu, path, prepared, preprocessed)
     k = cindex.CursorKind
-    found = _main_file_cursors(tu, path, (k.CALL_EXPR, k.CONDITIONAL_OPERATOR))
+    found = _main_file_cursors(tu, path, (k.CALL_EXPR, k.CONDITIONAL_OPERATOR, k.UNEXPOSED_EXPR))
     edits += _void_pointer_conversions(found[k.CALL_EXPR], prepared, preprocessed)
     edits += _threadgroup_array_arguments(found[k.CALL_EXPR], prepared, preprocessed)
+    edits += _thread_pointer_arguments(found[k.CALL_EXPR], found[k.UNEXPOSED_EXPR], prepared, preprocessed)
     edits += _bfloat_conditional_conversions(found[k.CONDITIONAL_OPERATOR], prepared, preprocessed)
     edits += _address_space_specialisations(tu, path, prepared, preprocessed)
     edits += _designators.edits(tu, path, source, preprocessed)
@@ -1426,9 +1476,44 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     for offset, calls in openers.items():
         edits.append((offset, offset, "".join(text for _, text in sorted(calls, reverse=True))))
     edits += _thread_arrays.edits(tu, path, source, preprocessed)  # after the divisions: see there
+    replaced = [(a, b) for a, b, _ in edits if a < b]
+    # (a literal the check's view converts to double is in the emulator's own double code)
+    doubles = {source.original(literal.extent.start.offset) for conversion in found[k.UNEXPOSED_EXPR]
+               if conversion.type.get_canonical().spelling in ("double", "const double")
+               for literal in [next(conversion.get_children(), None)]
+               if literal is not None and literal.kind == k.FLOATING_LITERAL}
+    edits += [e for e in _float_literals(preprocessed)
+              if e[0] not in doubles and not any(a <= e[0] < b for a, b in replaced)]
     translation = _regions.plan(tu, path, prepared, preprocessed, edits, kernels, enabled=regions)
     translation.edits += edits
     return translation
+
+
+def _float_literals(preprocessed: str) -> List[Tuple[int, int, str]]:
+    """``0.1`` -> ``0.1f``: an unsuffixed floating literal is a float in Metal, which has no
+    double (``auto s = 1.0 / n`` is a float, ``x * 0.1`` a float product, and
+    ``precise::atan2(h, 1.0 + h)`` of a half h calls the float overload). A literal that is
+    the whole operand of a conversion (``T(0.7978845608028654)``, ``static_cast<T>(0.5)``)
+    keeps its digits: whatever T is, the value is the literal's rounded to T, also in the
+    emulator's double instantiations. (The emulator's own double code, where the literal
+    converts to double, is left out by the caller.)"""
+    masked = _rewrite._mask_strings_and_directives(preprocessed)
+    scopes = _template_scopes(masked)
+    edits = []
+    for m in _DOUBLE_LITERAL.finditer(masked):
+        before, after = masked[max(0, m.start() - 200):m.start()], masked[m.end():m.end() + 8]
+        conversion = re.search(r"(?:\b(\w+)|\bstatic_cast\s*<[^<>;]*>)\s*\(\s*[-+]?\s*$", before)
+        if conversion and re.match(r"\s*\)", after):
+            name = conversion.group(1)
+            if name is None or name in _CONVERSION_TYPES or any(
+                    name in names and a < m.start() < b for names, a, b in scopes):
+                continue
+        edits.append((m.start(), m.end(), m.group() + "f"))
+    return edits
+
+
+_CONVERSION_TYPES = {"float", "half", "bfloat", "double", "int", "uint", "short", "ushort", "char",
+                     "uchar", "long", "ulong"}
 
 
 def _integer_or_dependent(type_) -> bool:
@@ -1469,6 +1554,12 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
     for (_, name, _), overloads in groups.items():
         if len(overloads) < 2:
             continue
+        tags_of = {canonical: "_".join(_AS_TAGS[m.group(1)] for m in _AS_PATTERN.finditer(
+            redeclarations[0].type.spelling)) for canonical, redeclarations in overloads.items()}
+        if len(set(tags_of.values())) < 2:
+            # not overloads on address space: a template and its explicit specialisations, or
+            # templates told apart by their constraints (c10's functors, `enable_if_t<...> = true`)
+            continue
         first = next(iter(overloads.values()))[0]
         parent = first.semantic_parent
         # A class template's constructors are spelled with its parameters (`cx<T>`).
@@ -1478,10 +1569,6 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
         if constructor or name.startswith("operator"):
             edits += _keep_one_definition(name, overloads, source, preprocessed)
             continue
-        tags_of = {canonical: "_".join(_AS_TAGS[m.group(1)] for m in _AS_PATTERN.finditer(
-            redeclarations[0].type.spelling)) for canonical, redeclarations in overloads.items()}
-        if len(set(tags_of.values())) < 2:
-            continue  # not overloads on address space: a template and its explicit specialisations
         for canonical, redeclarations in overloads.items():
             tags = tags_of[canonical]
             new_name = f"{name}__tsm_as_{tags}"
@@ -1599,6 +1686,49 @@ def _threadgroup_array_arguments(calls, prepared: _Prepared, preprocessed: str) 
     return edits
 
 
+def _thread_pointer_arguments(calls, unexposed, prepared: _Prepared, preprocessed: str
+                              ) -> List[Tuple[int, int, str]]:
+    """A thread pointer passed to a function template's parameter ``A* p`` (``thread A*``),
+    whose pointee names a template parameter: the emulator's C++ keeps such a parameter a
+    raw pointer, which a call deduces ``A`` from (see _rewrite._thread_pointers), while a
+    ``thread T*`` variable is a bounds-carrying ``thread_ptr<T>``, from which nothing deduces.
+    The argument becomes ``tsm_emu::raw_thread_pointer(p)``: the raw pointer, unchecked past
+    the call as the parameter is. Calls of ``calls`` and the calls among ``unexposed`` that
+    clang could not resolve (``f(p, 1.0f)`` deducing ``A`` as ``__private float`` from the one
+    and ``float`` from the other, which the check forgives: both are Metal's thread) are
+    edited; a call in a template, whose callee clang leaves unresolved, is not."""
+    k = _cindex().CursorKind
+    lib = _cindex().conf.lib
+    edits: List[Tuple[int, int, str]] = []
+
+    def pointer_parameters(template) -> Set[int]:
+        parameters = [c for c in template.get_children() if c.kind == k.PARM_DECL]
+        return {i for i, p in enumerate(parameters) if _type_kind(p.type) == "Pointer"
+                and "type-parameter" in p.type.get_pointee().get_canonical().spelling}
+
+    sites = []  # (the positions of template pointer parameters, the arguments)
+    for call in calls:
+        callee = call.referenced
+        if callee is not None and callee.kind in (k.FUNCTION_DECL, k.CXX_METHOD):
+            pattern = lib.clang_getSpecializedCursorTemplate(callee)
+            if pattern is not None and pattern.kind == k.FUNCTION_TEMPLATE:
+                sites.append((pointer_parameters(pattern), list(call.get_arguments())))
+    for expression in unexposed:  # (a call clang recovered from: the callee's name, then the arguments)
+        children = list(expression.get_children())
+        name = next(children[0].get_children(), None) if children and children[0].kind == k.DECL_REF_EXPR else None
+        if name is None or name.kind != k.OVERLOADED_DECL_REF:
+            continue
+        candidates = [lib.clang_getOverloadedDecl(name, i) for i in range(lib.clang_getNumOverloadedDecls(name))]
+        positions = set().union(*(pointer_parameters(c) for c in candidates if c.kind == k.FUNCTION_TEMPLATE))
+        sites.append((positions, children[1:]))
+    for positions, arguments in sites:
+        for i in sorted(positions):
+            if i < len(arguments) and _type_kind(arguments[i].type) == "Pointer" and \
+                    _address_space(arguments[i].type) in (None, "__private", "__generic"):
+                edits += _wrap(arguments[i], "::tsm_emu::raw_thread_pointer(", prepared, preprocessed)
+    return edits
+
+
 def _bfloat_conditional_conversions(conditionals, prepared: _Prepared, preprocessed: str
                                     ) -> List[Tuple[int, int, str]]:
     """``c ? n : x`` with a bfloat and another arithmetic operand (PyTorch's GridSampler3D:
@@ -1608,9 +1738,12 @@ def _bfloat_conditional_conversions(conditionals, prepared: _Prepared, preproces
     g++ finds both conversions and rejects the expression: the operand clang converted is
     converted by a cast the emulator's C++ sees.
 
-    In a template (GridSampler3D's ``clip_coordinates<T>``: ``coord < 0 ? 0 : coord``)
-    an arithmetic operand beside one of a template parameter's type ``T`` becomes
-    ``tsm_emu::conditional_operand<T>(0)``: a bfloat when ``T`` is, itself otherwise."""
+    In a template (GridSampler3D's ``clip_coordinates<T>``: ``coord < 0 ? 0 : coord``;
+    UnaryKernel's ``isnan(x) ? x : x < 0 ? M_PI_F : 0.0``) an arithmetic operand beside one
+    of a template parameter's type ``T``, and that one, each become
+    ``tsm_emu::conditional_operand<O>(...)`` of the other's type ``O``: converted to the
+    type Metal's conversions give the pair when one is a bfloat (an integer to bfloat, a
+    bfloat beside a float to float), themselves otherwise."""
     k = _cindex().CursorKind
     edits: List[Tuple[int, int, str]] = []
     for conditional in conditionals:
@@ -1618,8 +1751,10 @@ def _bfloat_conditional_conversions(conditionals, prepared: _Prepared, preproces
         if len(operands) == 2 and _type_kind(conditional.type) == "Dependent":
             for operand, other in (operands, operands[::-1]):
                 parameter = _template_parameter_type(other, k)
-                if parameter and _scalar_name(operand.type) in _INTEGERS | set(_FLOATING_SPELLINGS):
+                scalar = _arithmetic_type(operand, k)
+                if parameter and scalar:
                     edits += _wrap(operand, f"::tsm_emu::conditional_operand<{parameter}>(", prepared, preprocessed)
+                    edits += _wrap(other, f"::tsm_emu::conditional_operand<{scalar}>(", prepared, preprocessed)
             continue
         result = _FLOATING_SPELLINGS.get(conditional.type.get_canonical().spelling)
         inner = [next(o.get_children(), None) if o.kind == k.UNEXPOSED_EXPR else o for o in operands]
@@ -1630,6 +1765,20 @@ def _bfloat_conditional_conversions(conditionals, prepared: _Prepared, preproces
             if operand.kind == k.UNEXPOSED_EXPR and _scalar_name(converted.type) != _scalar_name(operand.type):
                 edits += _cast(operand, result, prepared, preprocessed)
     return edits
+
+
+def _arithmetic_type(expression, k) -> Optional[str]:
+    """The arithmetic type of ``expression``, also of a conditional whose condition alone
+    depends on a template parameter (``x < 0 ? M_PI_F : 0.0``), or None."""
+    while expression.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
+        expression = next(expression.get_children(), None)
+        if expression is None:
+            return None
+    if expression.kind == k.CONDITIONAL_OPERATOR and _type_kind(expression.type) == "Dependent":
+        arms = {_arithmetic_type(a, k) for a in list(expression.get_children())[1:]}
+        return arms.pop() if len(arms) == 1 else None
+    scalar = _scalar_name(expression.type)
+    return _FLOATING_SPELLINGS.get(scalar, scalar if scalar in _INTEGERS else None)
 
 
 def _template_parameter_type(expression, k) -> Optional[str]:

@@ -235,6 +235,8 @@ def find_kernels(src: str) -> List[Kernel]:
     templates: Dict[str, List[List[Param]]] = {}  # name -> params of each template kernel so named
     instantiations: List[Tuple[str, str, str, int, Optional[List[Param]], Optional[str], bool]] = []
     kernels: List[Kernel] = []
+    defined: Dict[str, int] = {}  # plain kernel -> its index in kernels
+    prototype_names: Dict[str, str] = {}  # plain kernel -> the host name a prototype gives it
     for mark in _KERNEL_MARK.finditer(masked):
         head_start = _head_start(masked, mark.start())
         head = src[head_start:mark.start()]
@@ -272,8 +274,17 @@ def find_kernels(src: str) -> List[Kernel]:
         elif is_instantiation or targs:
             instantiations.append((host_name or name + targs, name, name + targs, mark.start(), params,
                                    src[open_paren + 1:close_paren], bool(targs)))
+        elif re.match(r"\s*;", unattributed[close_paren + 1:]):
+            # A prototype of a kernel defined elsewhere in the file, which may name it
+            # (PyTorch's Indexing.metal: `[[host_name("f")]] kernel void f(device bool*, ...);`).
+            if host_name:
+                prototype_names[name] = host_name
         else:
+            defined[name] = len(kernels)
             kernels.append(Kernel(host_name or name, name, params))
+    for name, host_name in prototype_names.items():
+        if name in defined:
+            kernels[defined[name]].host_name = host_name
     for host_name, base, cxx, offset, params, signature, targs in instantiations:
         if base not in templates and "::" in base:  # `ns::f<T>` of `f` defined in namespace ns
             base = base.rsplit("::", 1)[-1]

@@ -15,8 +15,8 @@
 //   * floating-point functions reject integer-only arguments (sqrt(4) is ambiguous in Metal).
 //   * half and bfloat compute in float and round back; float computes in float (some in
 //     double, then rounds); double (emulator only) computes in double.
-//   * fast:: and precise:: name the same functions: the emulator computes everything
-//     precisely. min/max/clamp on floats have fmin/fmax semantics (a NaN operand is ignored).
+//   * fast:: and precise:: hold the single-precision functions (float scalars and
+//     vectors), which the emulator computes precisely. min/max/clamp on floats have fmin/fmax semantics (a NaN operand is ignored).
 //
 // Not provided: functions Metal lacks (erf, expm1, log1p, remainder, hypot, ...), matrices,
 // and the OpenCL spellings of the integer functions (Metal spells them absdiff, addsat,
@@ -840,33 +840,75 @@ inline R refract(const X& i, const Y& n, const E& eta) {
 }
 
 // ---- fast:: and precise:: -------------------------------------------------------------
-// The emulator computes both precisely.
-#define TSM_MATH_NAMES                                                                        \
-  using metal::abs; using metal::acos; using metal::acosh; using metal::acospi;               \
-  using metal::asin; using metal::asinh; using metal::asinpi; using metal::atan;              \
-  using metal::atan2; using metal::atan2pi; using metal::atanh; using metal::atanpi;          \
-  using metal::cbrt; using metal::ceil; using metal::clamp; using metal::copysign;            \
-  using metal::cos; using metal::cosh; using metal::cospi; using metal::distance;             \
-  using metal::divide; using metal::exp; using metal::exp10; using metal::exp2;               \
-  using metal::fabs; using metal::fdim; using metal::floor; using metal::fma;                 \
-  using metal::fmax; using metal::fmax3; using metal::fmedian3; using metal::fmin;            \
-  using metal::fmin3; using metal::fmod; using metal::fract; using metal::frexp;              \
-  using metal::ilogb; using metal::ldexp; using metal::length; using metal::log;              \
-  using metal::log10; using metal::log2; using metal::logb; using metal::mad;                 \
-  using metal::max; using metal::max3; using metal::median3; using metal::min;                \
-  using metal::min3; using metal::mix; using metal::modf; using metal::nextafter;             \
-  using metal::normalize; using metal::pow; using metal::powr; using metal::rint;             \
-  using metal::round; using metal::rsqrt; using metal::saturate; using metal::sign;           \
-  using metal::sin; using metal::sincos; using metal::sinh; using metal::sinpi;               \
-  using metal::smoothstep; using metal::sqrt; using metal::step; using metal::tan;            \
-  using metal::tanh; using metal::tanpi; using metal::trunc;
+// Both are computed precisely. They exist for single precision alone, as in Metal: a scalar
+// argument of another type (half, bfloat, int) converts to float and the result is a float
+// (the front end's check rejects a half vector). The scalar version is a template, which takes
+// such an argument exactly, over the vector overloads, which would splat it.
+#define TSM_SINGLE(name, n)                                                                   \
+  template <TSM_SCALARS_##n>                                                                 \
+  inline float name(TSM_SCALAR_PARAMS_##n) { return metal::name(TSM_FLOAT_ARGS_##n); }        \
+  inline float2 name(TSM_PARAMS_##n(float2)) { return metal::name(TSM_ARGS_##n); }           \
+  inline float3 name(TSM_PARAMS_##n(float3)) { return metal::name(TSM_ARGS_##n); }           \
+  inline float4 name(TSM_PARAMS_##n(float4)) { return metal::name(TSM_ARGS_##n); }
+#define TSM_SCALAR(X) class X, std::enable_if_t<tsm_detail::is_scalar<X>::value, int> = 0
+#define TSM_SCALARS_1 TSM_SCALAR(X)
+#define TSM_SCALARS_2 TSM_SCALAR(X), TSM_SCALAR(Y)
+#define TSM_SCALARS_3 TSM_SCALAR(X), TSM_SCALAR(Y), TSM_SCALAR(Z)
+#define TSM_SCALAR_PARAMS_1 X x
+#define TSM_SCALAR_PARAMS_2 X x, Y y
+#define TSM_SCALAR_PARAMS_3 X x, Y y, Z z
+#define TSM_FLOAT_ARGS_1 float(x)
+#define TSM_FLOAT_ARGS_2 float(x), float(y)
+#define TSM_FLOAT_ARGS_3 float(x), float(y), float(z)
+#define TSM_PARAMS_1(T) T x
+#define TSM_PARAMS_2(T) T x, T y
+#define TSM_PARAMS_3(T) T x, T y, T z
+#define TSM_ARGS_1 x
+#define TSM_ARGS_2 x, y
+#define TSM_ARGS_3 x, y, z
+#define TSM_SINGLE_1(name) TSM_SINGLE(name, 1)
+#define TSM_SINGLE_2(name) TSM_SINGLE(name, 2)
+#define TSM_SINGLE_3(name) TSM_SINGLE(name, 3)
+#define TSM_SINGLE_NAMES                                                                      \
+  TSM_SINGLE_1(acos) TSM_SINGLE_1(acosh) TSM_SINGLE_1(asin) TSM_SINGLE_1(asinh)                \
+  TSM_SINGLE_1(atan) TSM_SINGLE_1(atanh) TSM_SINGLE_1(cos) TSM_SINGLE_1(cosh)                  \
+  TSM_SINGLE_1(cospi) TSM_SINGLE_1(exp) TSM_SINGLE_1(exp10) TSM_SINGLE_1(exp2)                 \
+  TSM_SINGLE_1(log) TSM_SINGLE_1(log10) TSM_SINGLE_1(log2) TSM_SINGLE_1(rsqrt)                 \
+  TSM_SINGLE_1(sin) TSM_SINGLE_1(sinh) TSM_SINGLE_1(sinpi) TSM_SINGLE_1(sqrt)                  \
+  TSM_SINGLE_1(tan) TSM_SINGLE_1(tanh) TSM_SINGLE_1(tanpi) TSM_SINGLE_1(fabs)                  \
+  TSM_SINGLE_1(abs) TSM_SINGLE_1(floor) TSM_SINGLE_1(ceil) TSM_SINGLE_1(round)                 \
+  TSM_SINGLE_1(trunc) TSM_SINGLE_1(rint) TSM_SINGLE_1(fract)                                   \
+  TSM_SINGLE_2(atan2) TSM_SINGLE_2(pow) TSM_SINGLE_2(powr) TSM_SINGLE_2(divide)                \
+  TSM_SINGLE_2(fmax) TSM_SINGLE_2(fmin) TSM_SINGLE_2(max) TSM_SINGLE_2(min)                    \
+  TSM_SINGLE_3(fma) TSM_SINGLE_3(clamp) TSM_SINGLE_3(mix)                                      \
+  using metal::sincos;
 namespace fast {
-TSM_MATH_NAMES
+TSM_SINGLE_NAMES
 }  // namespace fast
 namespace precise {
-TSM_MATH_NAMES
+TSM_SINGLE_NAMES
 }  // namespace precise
-#undef TSM_MATH_NAMES
+#undef TSM_SINGLE_NAMES
+#undef TSM_SINGLE_3
+#undef TSM_SINGLE_2
+#undef TSM_SINGLE_1
+#undef TSM_ARGS_3
+#undef TSM_ARGS_2
+#undef TSM_ARGS_1
+#undef TSM_PARAMS_3
+#undef TSM_PARAMS_2
+#undef TSM_PARAMS_1
+#undef TSM_FLOAT_ARGS_3
+#undef TSM_FLOAT_ARGS_2
+#undef TSM_FLOAT_ARGS_1
+#undef TSM_SCALAR_PARAMS_3
+#undef TSM_SCALAR_PARAMS_2
+#undef TSM_SCALAR_PARAMS_1
+#undef TSM_SCALARS_3
+#undef TSM_SCALARS_2
+#undef TSM_SCALARS_1
+#undef TSM_SCALAR
+#undef TSM_SINGLE
 
 }  // namespace metal
 

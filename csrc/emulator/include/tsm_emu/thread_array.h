@@ -142,6 +142,13 @@ class thread_ptr {
   T* end_ = nullptr;
 };
 
+// A thread pointer passed to a function template's `A* p` parameter, which the rewriter keeps
+// a raw pointer so that calls deduce A from it: the raw pointer (the front end writes the call).
+template <class T>
+inline T* raw_thread_pointer(const thread_ptr<T>& p) { return p.get(); }
+template <class T>
+inline T* raw_thread_pointer(T* p) { return p; }
+
 // x + i of a C array (from clang's AST, _thread_arrays.py): the pointer its decay is, bounded.
 template <class T, std::size_t N>
 __attribute__((always_inline)) inline thread_ptr<T> bounded(T (&a)[N]) {

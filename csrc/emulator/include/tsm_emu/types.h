@@ -755,20 +755,26 @@ struct remove_addrspace {
 };
 template <class T>
 using remove_addrspace_t = typename remove_addrspace<T>::type;
+// Metal's traits classify a vector by its element type: is_floating_point_v<half2> holds, and
+// is_scalar_v tells the two apart (PyTorch's c10 registers complex ops on float2 through
+// is_floating_point_v and defines is_scalar_floating_point_v for the scalars alone).
 template <class T>
-struct is_floating_point : bool_constant<tsm_detail::is_fp<T>::value> {};
+using trait_scalar_t = typename tsm_detail::vinfo<std::remove_cv_t<T>>::elem;
 template <class T>
-struct is_integral : std::is_integral<T> {};
+struct is_floating_point : bool_constant<tsm_detail::is_fp<trait_scalar_t<T>>::value> {};
+template <class T>
+struct is_integral : std::is_integral<trait_scalar_t<T>> {};
 template <class T>
 struct is_arithmetic : bool_constant<is_floating_point<T>::value || is_integral<T>::value> {};
 template <class T>
-struct is_scalar : is_arithmetic<T> {};
-template <class T>
-struct is_signed : bool_constant<std::is_signed<T>::value || is_floating_point<T>::value> {};
-template <class T>
-struct is_unsigned : std::is_unsigned<T> {};
-template <class T>
 struct is_vector : bool_constant<tsm_detail::vi<T>::vec_like> {};
+template <class T>
+struct is_scalar : bool_constant<is_arithmetic<T>::value && !is_vector<T>::value> {};
+template <class T>
+struct is_signed
+    : bool_constant<std::is_signed<trait_scalar_t<T>>::value || is_floating_point<T>::value> {};
+template <class T>
+struct is_unsigned : std::is_unsigned<trait_scalar_t<T>> {};
 template <class T>
 struct vec_elements : integral_constant<int, tsm_detail::vi<T>::n> {};
 template <class T>
@@ -869,15 +875,19 @@ struct numeric_limits<bfloat> {
 }  // namespace metal
 
 namespace tsm_emu {
-// An arithmetic operand of `c ? x : t`, whose other operand has a template parameter's type
-// T (the rewriter writes the call): converted to bfloat when T is bfloat, as the usual
-// arithmetic conversions do in Metal (g++ finds the class converting both ways), and the
-// operand itself, an lvalue as before, otherwise.
-template <class T, class X>
+// An operand of `c ? x : y` in a template where one operand has a template parameter's type
+// and the other an arithmetic type (the rewriter wraps both, each given the other's type):
+// converted as Metal's usual arithmetic conversions convert the pair when one is a bfloat
+// (g++ finds the class converting both ways) -- an integer beside a bfloat to bfloat, a
+// bfloat beside a float to float -- and the operand itself, an lvalue as before, otherwise.
+template <class Other, class X>
 constexpr decltype(auto) conditional_operand(X&& x) {
-  if constexpr (std::is_same<std::remove_cv_t<T>, metal::bfloat>::value &&
-                std::is_arithmetic<std::remove_reference_t<X>>::value) {
+  using Self = std::remove_cv_t<std::remove_reference_t<X>>;
+  using O = std::remove_cv_t<Other>;
+  if constexpr (std::is_same<O, metal::bfloat>::value && std::is_integral<Self>::value) {
     return metal::bfloat(x);
+  } else if constexpr (std::is_same<Self, metal::bfloat>::value && std::is_floating_point<O>::value) {
+    return O(x);
   } else {
     return std::forward<X>(x);
   }
