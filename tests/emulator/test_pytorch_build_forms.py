@@ -182,3 +182,58 @@ template [[host_name("k_float")]] kernel void k<float>(device float*, device flo
         pi = torch.tensor(math.pi, dtype=dtype).item()
         np.testing.assert_array_equal(x.float().numpy(), [pi, 0.0, np.nan, pi])
         np.testing.assert_array_equal(w.numpy(), [values[0].item() * 3, 1.5, np.nan, 1.5])
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_program_scope_constant_bounds_arrays_passed_whole(sanitize):
+    # LinearAlgebra.metal: `constant uint TILE_DIM = 16;` bounds threadgroup tiles that a
+    # helper takes as `threadgroup T A_tile[TILE_DIM][TILE_DIM]`; c10's `all(a == b)` of half2.
+    lib = compile_shader(HEAD + """
+using namespace metal;
+constant uint TILE = 4;
+template <typename T>
+inline T trace(threadgroup T tile[TILE][TILE], uint n) { T s = 0; for (uint k = 0; k < n; ++k) s += tile[k][k]; return s; }
+kernel void k(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+              device const half2* h [[buffer(2)]], device bool* same [[buffer(3)]],
+              uint2 l [[thread_position_in_threadgroup]], uint2 g [[thread_position_in_grid]]) {
+  threadgroup float tile[TILE][TILE];
+  tile[l.y][l.x] = x[l.y * TILE + l.x];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (l.x == 0 && l.y == 0) out[0] = trace(tile, TILE);
+  if (l.y == 0) same[l.x] = all(h[l.x] == h[l.x + 1]);
+}""", sanitize=sanitize, language_version="3.2")
+    x = torch.arange(16, dtype=torch.float32)
+    out, same = torch.zeros(1), torch.zeros(4, dtype=torch.bool)
+    h = torch.tensor([[1, 2], [1, 2], [1, 3], [0, 3], [0, 3]], dtype=torch.float16)
+    lib.k(x, out, h, same, threads=(4, 4), group_size=(4, 4))
+    assert out.item() == 0 + 5 + 10 + 15
+    assert same.tolist() == [True, False, False, True]
+
+
+NAMESPACED = HEAD + """
+namespace at_ns {
+enum class Epilogue : int { None = 0, Scale = 1 };
+template <typename T, Epilogue E>
+kernel void scale_sum(device T* y [[buffer(0)]], uint l [[thread_index_in_threadgroup]]) {
+  threadgroup T shared[8];
+  shared[l] = y[l];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  T s = 0;
+  for (uint k = 0; k < 8; ++k) s += shared[k];
+  y[l] = E == Epilogue::Scale ? s * T(2) : s;
+}
+template [[host_name("scale_sum_float")]] kernel void scale_sum<float, Epilogue::Scale>(device float*, uint);
+template [[host_name("sum_float")]] kernel void scale_sum<float, Epilogue::None>(device float*, uint);
+}  // namespace at_ns
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_an_instantiation_in_a_namespace_names_its_arguments_there(sanitize):
+    # Gemm.metal: `template [[host_name(...)]] kernel void gemm<..., GemmEpilogue::None>(...)`
+    # inside `namespace at_gemm`, the argument unqualified.
+    lib = compile_shader(NAMESPACED, sanitize=sanitize)
+    for name, factor in (("scale_sum_float", 2), ("sum_float", 1)):
+        y = torch.arange(8, dtype=torch.float32)
+        getattr(lib, name)(y, threads=8, group_size=8)
+        np.testing.assert_array_equal(y.numpy(), np.full(8, 28.0 * factor))

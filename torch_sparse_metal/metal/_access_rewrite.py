@@ -97,6 +97,9 @@ def _operand_start(masked: str, end: int) -> int:
             j = _opening(masked, i)
             if j < 0:
                 break
+            keyword = re.search(r"\b(?:if|while|for|switch)\s*$", masked[:j])
+            if keyword and start < end:
+                break  # `if (c) (*r) = v` (candle): the condition, not a call the target applies
             start, i = j, _back(masked, j - 1)
             continue
         name = re.search(r"[A-Za-z_]\w*$", masked[:i + 1])

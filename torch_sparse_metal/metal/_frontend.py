@@ -532,11 +532,13 @@ def _special_members(src: str) -> List[Tuple[int, int, str]]:
             elif depth == 0:
                 top.append(c)
         top = "".join(top)
+        # (a class template's constructor may be spelled with its arguments: candle's `RMS<T>()`)
         n = re.escape(name)
-        has_ctor = re.search(r"(?<![~\w])" + n + r"\s*\(", top)
-        has_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?(?:(?:thread|__generic)\s+)?" + n +
+        ctor = r"(?<![~\w])" + n + r"\s*(?:<[^<>]*>)?\s*\("
+        has_ctor = re.search(ctor, top)
+        has_copy = re.search(ctor + r"\s*(?:const\s+)?(?:(?:thread|__generic)\s+)?" + n +
                              r"\s*(?:<[^>]*>)?\s*&(?!&)", top)
-        has_constant_copy = re.search(r"(?<![~\w])" + n + r"\s*\(\s*(?:const\s+)?constant\b", top)
+        has_constant_copy = re.search(ctor + r"\s*(?:const\s+)?constant\b", top)
         has_assign = re.search(r"\boperator\s*=\s*\(", top)
         members = []
         if not has_ctor:
@@ -648,12 +650,19 @@ def _prepare(preprocessed: str) -> _Prepared:
     source.apply(_special_members(source.text))
     # libclang does not show explicit instantiations: a call of each instantiated kernel
     # template, in a function of its own, makes the walk below visit the instantiated body.
+    # The function is in the namespaces the instantiation is in, where its template
+    # arguments' names are (PyTorch's Gemm.metal: `gemm<..., GemmEpilogue::None>` in at_gemm).
     calls = " ".join(
-        f"inline void __tsm_instantiation_{i}() {{ {k.cxx}({', '.join(['::metal::__tsm_any()'] * len(k.params))}); }}"
+        _in_namespace(k.namespace, f"inline void __tsm_instantiation_{i}() {{ {k.cxx}"
+                                   f"({', '.join(['::metal::__tsm_any()'] * len(k.params))}); }}")
         for i, k in enumerate(kernels) if "<" in k.cxx)
     end = len(source.text)
     source.apply([(end, end, "\n" + calls + "\n")])
     return _Prepared(source, names, lints)
+
+
+def _in_namespace(name: str, text: str) -> str:
+    return f"namespace {name} {{ {text} }}" if name else text
 
 
 # ---- diagnostics -------------------------------------------------------------------------------
@@ -1426,10 +1435,12 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     edits += _void_pointer_conversions(found[k.CALL_EXPR], prepared, preprocessed)
     edits += _threadgroup_array_arguments(found[k.CALL_EXPR], prepared, preprocessed)
     edits += _thread_pointer_arguments(found[k.CALL_EXPR], found[k.UNEXPOSED_EXPR], prepared, preprocessed)
+    edits += _threadgroup_reference_arguments(found[k.CALL_EXPR], prepared, preprocessed)
     edits += _bfloat_conditional_conversions(found[k.CONDITIONAL_OPERATOR], prepared, preprocessed)
     edits += _address_space_specialisations(tu, path, prepared, preprocessed)
     edits += _designators.edits(tu, path, source, preprocessed)
     edits += _program_constants.registrations(tu, path, source, preprocessed)
+    edits += _constant_variables_const(tu, path, source, preprocessed)
     kind_of = cindex.conf.lib.clang_getCursorBinaryOperatorKind
     binary = (cindex.CursorKind.BINARY_OPERATOR, cindex.CursorKind.COMPOUND_ASSIGNMENT_OPERATOR)
     openers: Dict[int, List[Tuple[int, str]]] = {}
@@ -1487,6 +1498,30 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     translation = _regions.plan(tu, path, prepared, preprocessed, edits, kernels, enabled=regions)
     translation.edits += edits
     return translation
+
+
+def _constant_variables_const(tu, path: str, source: "_Text", preprocessed: str) -> List[Tuple[int, int, str]]:
+    """A program-scope ``constant`` variable is read-only, and one of an integer type
+    initialised with a constant is a constant expression, as a ``const`` one is in C++
+    (PyTorch's LinearAlgebra.metal: ``constant uint TILE_DIM = 16;`` then ``float
+    t[TILE_DIM]``): the emulator's C++, where ``constant`` means nothing, gets ``const``."""
+    k = _cindex().CursorKind
+    edits: List[Tuple[int, int, str]] = []
+
+    def visit(scope) -> None:
+        for cursor in scope.get_children():
+            if cursor.location.file is None or cursor.location.file.name != path:
+                continue
+            if cursor.kind == k.NAMESPACE:
+                visit(cursor)
+            elif cursor.kind == k.VAR_DECL and _address_space(cursor.type) == "__constant" \
+                    and not cursor.type.is_const_qualified():
+                start = source.original(cursor.extent.start.offset)
+                if re.match(r"(?:static\s+)?constant\b", preprocessed[start:start + 20]):
+                    edits.append((start, start, "const "))
+
+    visit(tu.cursor)
+    return edits
 
 
 def _float_literals(preprocessed: str) -> List[Tuple[int, int, str]]:
@@ -1547,7 +1582,10 @@ def _address_space_overloads(tu, path: str, prepared: _Prepared, preprocessed: s
     groups: Dict[Tuple[str, str, str], Dict[int, List[object]]] = {}
     for d in decls:
         parent = d.semantic_parent
-        key = (parent.get_usr() if parent is not None else "", d.spelling, _AS_PATTERN.sub("", d.type.spelling))
+        # (clang marks a constructor defaulted on its first declaration `noexcept`, the
+        # others not: candle's `Taus() thread = default; Taus() threadgroup = default;`)
+        key = (parent.get_usr() if parent is not None else "", d.spelling,
+               " ".join(_AS_PATTERN.sub("", d.type.spelling).replace("noexcept", "").split()))
         groups.setdefault(key, {}).setdefault(d.canonical.location.offset, []).append(d)
     edits: List[Tuple[int, int, str]] = []
     renamed: Dict[int, str] = {}  # canonical declaration offset -> new name
@@ -1729,6 +1767,34 @@ def _thread_pointer_arguments(calls, unexposed, prepared: _Prepared, preprocesse
     return edits
 
 
+def _threadgroup_reference_arguments(calls, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
+    """A threadgroup scalar bound to a ``threadgroup T&`` parameter
+    (``fin(total, ...)`` with ``threadgroup MD& total``: candle's softmax) is passed by
+    address, which is no access: ``tsm_emu::reference_argument(total)``, which the
+    rewriter makes the variable's checked pointer (a use of it elsewhere is a checked
+    read). Without it the sanitizer saw every thread read the variable at the call, a race
+    with the one thread that then writes it."""
+    k = _cindex().CursorKind
+    edits: List[Tuple[int, int, str]] = []
+    for call in calls:
+        callee = call.referenced
+        if callee is None or callee.kind not in (k.FUNCTION_DECL, k.CXX_METHOD):
+            continue
+        for parameter, argument in zip(callee.get_arguments(), call.get_arguments()):
+            if _type_kind(parameter.type) != "LValueReference" or _address_space(parameter.type) != "__local":
+                continue
+            named = _strip_to_reference(argument)
+            variable = named.referenced if named is not None and named.kind == k.DECL_REF_EXPR else None
+            if variable is None or variable.kind != k.VAR_DECL or _address_space(variable.type) != "__local":
+                continue
+            declared = variable.type  # (the check declares a threadgroup variable as a reference to it)
+            if _type_kind(declared) == "LValueReference":
+                declared = declared.get_pointee()
+            if _type_kind(declared) not in ("ConstantArray", "DependentSizedArray", "Pointer"):
+                edits += _wrap(named, "::tsm_emu::reference_argument(", prepared, preprocessed)
+    return edits
+
+
 def _bfloat_conditional_conversions(conditionals, prepared: _Prepared, preprocessed: str
                                     ) -> List[Tuple[int, int, str]]:
     """``c ? n : x`` with a bfloat and another arithmetic operand (PyTorch's GridSampler3D:
@@ -1828,10 +1894,16 @@ def _address_space_specialisations(tu, path: str, prepared: _Prepared, preproces
     return edits
 
 
+_METHOD_KINDS = ("CXX_METHOD", "CONSTRUCTOR", "CONVERSION_FUNCTION", "DESTRUCTOR")
+
+
 def _keep_one_definition(name: str, overloads: Dict[int, List[object]], source: _Text,
                          preprocessed: str) -> List[Tuple[int, int, str]]:
-    """Overloads the emulator cannot name apart: identical bodies collapse to the first."""
-    definitions = [d for redeclarations in overloads.values() for d in redeclarations if d.is_definition()]
+    """Overloads the emulator cannot name apart: identical bodies collapse to the first
+    (defaulted ones too: candle's ``constexpr RMS<T>() = default;`` and ``... threadgroup =
+    default;``, which libclang does not count as definitions in a class template)."""
+    definitions = [d for redeclarations in overloads.values() for d in redeclarations
+                   if d.is_definition() or (d.kind.name in _METHOD_KINDS and d.is_default_method())]
     spans = [(source.original(d.extent.start.offset), source.original(d.extent.end.offset, end=True))
              for d in definitions]
     bodies = {" ".join(_MSL_AS_PATTERN.sub("", preprocessed[a:b]).split()) for a, b in spans}

@@ -195,11 +195,47 @@ def specialize(preprocessed: str, found: Sequence[Tuple["re.Match[str]", str, in
     for m in _DEFINED.finditer(masked):
         if m.group(1) in by_name:
             edits.append((m.start(), m.end(), "true" if by_name[m.group(1)].value is not None else "false"))
+    values = {c.name: c.value for c in constants}
+    values.update(_derived_conditions(masked, values))
     for m in _PARAMETER_CONDITION.finditer(masked):
-        if m.group(2) in by_name:
-            value = by_name[m.group(2)].value
-            edits.append((m.start(2), m.end(2), "true" if value is True else "false"))
+        if m.group(2) in values:
+            edits.append((m.start(2), m.end(2), "true" if values[m.group(2)] is True else "false"))
     return _rewrite._apply(preprocessed, edits)
+
+
+_DERIVED = re.compile(r"(?<![\w.])constant\s+(?:constexpr\s+)?bool\s+(\w+)\s*=\s*([^;{}]*);")
+
+
+def _derived_conditions(masked: str, values: Mapping[str, object]) -> Dict[str, Optional[bool]]:
+    """Program-scope ``constant bool b = a && !c;`` of function constants (candle's and MLX's
+    ``gather_bias = do_gather && use_out_source``), which a parameter's
+    ``[[function_constant(b)]]`` may name: b's value, or None where a constant it uses has
+    none (the parameter is then absent, as for such a constant itself). An expression of
+    anything but bool constants, ``&&``, ``||``, ``!`` and parentheses is left alone."""
+    derived: Dict[str, Optional[bool]] = {}
+
+    def value(node) -> Optional[bool]:
+        if isinstance(node, ast.BoolOp):
+            parts = [value(v) for v in node.values]
+            if None in parts:
+                return None
+            return all(parts) if isinstance(node.op, ast.And) else any(parts)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            inner = value(node.operand)
+            return None if inner is None else not inner
+        if isinstance(node, ast.Name) and node.id in ("true", "false"):
+            return node.id == "true"
+        if isinstance(node, ast.Name) and isinstance({**values, **derived}.get(node.id, 0), (bool, type(None))):
+            return {**values, **derived}[node.id]
+        raise ValueError(node)
+
+    for m in _DERIVED.finditer(masked):
+        python = re.sub(r"!(?!=)", " not ", m.group(2).replace("&&", " and ").replace("||", " or "))
+        try:
+            derived[m.group(1)] = value(ast.parse(python.strip(), mode="eval").body)
+        except (SyntaxError, ValueError, KeyError):
+            continue
+    return derived
 
 
 def kernels_needing(preprocessed: str, constants: Sequence[FunctionConstant],

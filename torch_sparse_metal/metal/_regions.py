@@ -100,6 +100,15 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
             for c in f.walk_preorder():
                 if c.kind in (k.CALL_EXPR, k.DECL_REF_EXPR, k.OVERLOADED_DECL_REF, k.MEMBER_REF_EXPR):
                     names.add(c.spelling or _dependent_name(c))
+                elif c.kind in (k.TYPE_REF, k.TEMPLATE_REF):
+                    # a class it uses: its member functions, which a call through an object
+                    # reaches unnamed (candle's `block_reducer<...> reducer; reducer(value)`,
+                    # whose operator() waits at barriers)
+                    record = c.referenced
+                    if record is not None and record.kind in (k.STRUCT_DECL, k.CLASS_DECL, k.CLASS_TEMPLATE,
+                                                              k.CLASS_TEMPLATE_PARTIAL_SPECIALIZATION):
+                        names.update(m.spelling for m in record.get_children()
+                                     if m.kind in (k.CXX_METHOD, k.FUNCTION_TEMPLATE, k.CONSTRUCTOR))
             names_cache[key] = names
         return names_cache[key]
 

@@ -64,6 +64,8 @@ class Kernel:
     # f(const device float* in, ...);`), or of one of several templates of one name
     # (PyTorch's `fused_sgd`): its parameter list, which selects the function.
     signature: Optional[str] = None
+    offset: int = -1  # where an instantiation of a kernel template is, in the source parsed
+    namespace: str = ""  # the namespaces an instantiation is in (`a::b`), where its arguments are named
 
 
 _ATTRIBUTE = re.compile(r"\[\[(?:[^\[\]]|\[[^\[\]]*\])*?\]\]")
@@ -246,8 +248,9 @@ def find_kernels(src: str) -> List[Kernel]:
         tail = unattributed[mark.end():]
         # `template [[host_name("n")]] kernel decltype(f<T>) f<T>;` (MLX), or with a typedef
         # of the function type: `typedef decltype(f<T>) f_t; ... kernel f_t f<T>;` (ggml).
-        m_decltype = re.match(r"\s*(?:decltype\s*\(\s*([^()]*?)\s*\)|(?!void\b)[\w:]+)\s*([\w:]+\s*<[^;]*?>)\s*;",
-                              tail)
+        # (template arguments may hold a cast: candle's `decltype(gemv<T, ..., (bool)nc>)`)
+        m_decltype = re.match(r"\s*(?:decltype\s*\(\s*((?:[^()]|\([^()]*\))*?)\s*\)|(?!void\b)[\w:]+)\s*"
+                              r"([\w:]+\s*<[^;]*?>)\s*;", tail)
         # A qualified name may have spaces around `::` (PyTorch's instantiation macros).
         # `void kernel f(` is as valid as `kernel void f(` (PyTorch's SpecialOps.metal); template
         # arguments may hold a call (`<T, simdgroups(BM) / 2>`, PyTorch's GroupedMM.metal).
@@ -285,6 +288,7 @@ def find_kernels(src: str) -> List[Kernel]:
     for name, host_name in prototype_names.items():
         if name in defined:
             kernels[defined[name]].host_name = host_name
+    namespaces = namespace_blocks(masked) if instantiations else []
     for host_name, base, cxx, offset, params, signature, targs in instantiations:
         if base not in templates and "::" in base:  # `ns::f<T>` of `f` defined in namespace ns
             base = base.rsplit("::", 1)[-1]
@@ -298,7 +302,8 @@ def find_kernels(src: str) -> List[Kernel]:
                              f"named {base!r} is defined before it", offset)
         if targs and len(overloads) < 2:
             signature = None  # its template arguments alone name the function
-        kernels.append(Kernel(host_name, cxx, params, signature))
+        kernels.append(Kernel(host_name, cxx, params, signature, offset,
+                              "::".join(n for n, a, b in namespaces if n and a < offset < b)))
     seen = set()
     for k in kernels:
         if k.host_name in seen:
@@ -330,6 +335,9 @@ _POINTER_TO_POINTER = re.compile(
 _ADDRESS_SPACE_ARRAY_PARAMETER = re.compile(
     r"(?<=[(,])\s*" + _QUALIFIERS + r"(?:device|constant|threadgroup|thread)\s+" + _QUALIFIERS + r"(" + _TYPE +
     r")\s*(\w+)\s*\[[^\[\];{}]*\](?=\s*[,)])")
+_ADDRESS_SPACE_ARRAYS_PARAMETER = re.compile(
+    r"(?<=[(,])\s*" + _QUALIFIERS + r"(device|constant|threadgroup)\s+" + _QUALIFIERS + r"(" + _TYPE +
+    r")\s*(\w+)\s*\[[^\[\];{}]*\]((?:\s*\[[^\[\];{}]*\])+)(?=\s*[,)])")
 _THREAD_POINTER = re.compile(
     r"(?<![\w:])" + _QUALIFIERS + r"thread\s+" + _QUALIFIERS + r"(" + _TYPE + r")\s*((?:(?:const|volatile)\b\s*)*)\*")
 _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
@@ -337,10 +345,18 @@ _CLOSERS = {")": "(", "]": "[", "}": "{", ">": "<"}
 
 def _array_parameters_as_pointers(src: str) -> str:
     """``constant T name[N]`` (and thread, ...) in a parameter list -> ``constant T* name``,
-    as C++ adjusts it, so that the pointer rewrites below check it like any other."""
+    as C++ adjusts it, so that the pointer rewrites below check it like any other; and
+    ``threadgroup T name[N][M]`` (device, constant) -> ``::tsm_emu::ptr<T[M]> name``, a
+    checked pointer to its rows, what such an array is passed as (PyTorch's LinearAlgebra.metal
+    ``threadgroup T A_tile[TILE_DIM][TILE_DIM]``)."""
     masked = _mask_strings_and_directives(src)
-    return _apply(src, [(m.end(3), m.end(), f"* {m.group(4)}")
-                        for m in _ADDRESS_SPACE_ARRAY_PARAMETER.finditer(masked)])
+    edits = [(m.end(3), m.end(), f"* {m.group(4)}") for m in _ADDRESS_SPACE_ARRAY_PARAMETER.finditer(masked)]
+    for m in _ADDRESS_SPACE_ARRAYS_PARAMETER.finditer(masked):
+        cv = _cv(m.group(1), m.group(3), "const" if m.group(2) == "constant" else "")
+        pointee = " ".join(f"{cv} {src[m.start(4):m.end(4)]}".split())
+        rows = "".join(re.findall(r"\[[^\[\]]*\]", src[m.start(6):m.end(6)]))
+        edits.append((m.start(1), m.end(), f"::tsm_emu::ptr<{pointee}{rows}> {m.group(5)}"))
+    return _apply(src, edits)
 
 
 def _class_scope_specialisations(src: str) -> str:
@@ -528,8 +544,10 @@ def _checked_references(src: str) -> str:
         if name is None:  # a function type's parameter (ggml: `void (*q)(device block &)`)
             edits.append((m.start(), m.end(), checked))
             continue
-        checked += f" {name}"
         local = re.match(r"\s*=", masked[m.end():])
+        if local and pointee == "auto":  # `threadgroup const auto& id = rowids[i];` (candle): deduced
+            checked = "auto"
+        checked += f" {name}"
         if local:  # a local reference: point at what it binds, in the rest of its block
             end = masked.find(";", m.end())
             simple = re.fullmatch(r"\s*\w+\s*\[.*\]\s*", masked[m.end() + local.end():end], re.S)
@@ -672,7 +690,15 @@ def _checked_threadgroup_scalars(src: str) -> str:
             name = re.search(r"(\w+)\s*$", part.strip())
             if name:
                 for use in _uses(masked, name.group(1), end, _block_end(masked, end)):
-                    edits.append((use, use + len(name.group(1)), f"{name.group(1)}.ref()"))
+                    after = use + len(name.group(1))
+                    # bound to a `threadgroup T&` parameter (the front end marks it): its
+                    # address, with no access (see tsm_emu::reference_argument)
+                    wrapper = re.search(r"::tsm_emu::reference_argument\(\s*$", masked[max(0, use - 40):use])
+                    close = re.match(r"\s*\)", masked[after:])
+                    if wrapper and close:
+                        edits.append((use - len(wrapper.group()), after + close.end(), f"{name.group(1)}.pointer()"))
+                    else:
+                        edits.append((use, after, f"{name.group(1)}.ref()"))
     return _apply(src, edits)
 
 
@@ -791,6 +817,18 @@ def _function_definitions(masked: str) -> List[_Definition]:
         defs.append(_Definition(name.group(1), k, j, i, body_close, _KERNEL_MARK.search(head) is not None))
         i = body_close + 1
     return defs
+
+
+def namespace_blocks(masked: str) -> List[Tuple[str, int, int]]:
+    """(name, ``{``, ``}``) of every namespace block of ``masked``, outer ones first (an
+    unnamed one's name is empty; ``namespace a::b {`` is one block named ``a::b``)."""
+    blocks = []
+    for m in re.finditer(r"\bnamespace\s*((?:\w+\s*::\s*)*\w+)?\s*\{", masked):
+        try:
+            blocks.append(("".join((m.group(1) or "").split()), m.end() - 1, _match_close(masked, m.end() - 1, "{", "}")))
+        except ParseError:
+            continue
+    return blocks
 
 
 def _call_pattern(names) -> "re.Pattern[str]":
@@ -974,7 +1012,10 @@ def _add_collective_sites(src: str) -> str:
         if open_paren in definitions or any(a < m.start() < b for a, b in bodies):
             continue
         close = _match_close(masked, open_paren, "(", ")")
-        if re.match(r"\s*;", masked[close + 1:]):
+        # (a call in a body this scan does not see, an operator's: candle's
+        # `return OP::simd_op(value);`, is no prototype)
+        if re.match(r"\s*;", masked[close + 1:]) and \
+                not re.search(r"(?:\breturn|::|[=(,?])\s*$", masked[max(0, m.start() - 40):m.start()]):
             prototypes.append((m.group(1), open_paren, close))
     declared = {name for name, _, _ in prototypes}
     for m in _call_pattern((set(collective_names()) | reaching) - defaulted).finditer(masked):
@@ -1073,29 +1114,35 @@ def binding_table(kernels: List[Kernel], grouped: Set[str] = frozenset(),
                   synchronising: Set[str] = frozenset()) -> str:
     """C++ that registers ``kernels`` with the runtime (appended to the rewritten source):
     those whose function is in ``grouped`` by their group function (barrier regions, see
-    _regions), the others by the function itself, as fibers if in ``synchronising``."""
-    lines = ["", "// ---- generated by torch_sparse_metal.metal: kernel binding table ----",
-             "namespace tsm_emu_generated {"]
-    # Qualified, so a kernel named like a Metal library function (`divide`, `clamp`) is
-    # not ambiguous with it under `using namespace metal`.
-    kernels = [replace(k, cxx=k.cxx if k.cxx.startswith("::") else "::" + k.cxx) for k in kernels]
+    _regions), the others by the function itself, as fibers if in ``synchronising``.
+
+    An instantiation in a namespace is bound in that namespace, where the names among its
+    template arguments are (PyTorch's Gemm.metal: ``gemm<..., GemmEpilogue::None>`` in
+    ``at_gemm``); every other kernel at global scope."""
+    lines = ["", "// ---- generated by torch_sparse_metal.metal: kernel binding table ----"]
     entries = []
     for i, k in enumerate(kernels):
+        scope = "::".join(filter(None, [k.namespace, "tsm_emu_generated"]))
+        if not k.namespace and not k.cxx.startswith("::"):
+            # Qualified, so a kernel named like a Metal library function (`divide`, `clamp`)
+            # is not ambiguous with it under `using namespace metal`.
+            k = replace(k, cxx="::" + k.cxx)
         specs = ", ".join(f"{{{p.kind}, {p.index}}}" for p in k.params) or "{0, 0}"
-        lines.append(f"static const ::tsm_emu::ParamSpec params_{i}[] = {{{specs}}};")
+        body = [f"static const ::tsm_emu::ParamSpec params_{i}[] = {{{specs}}};",
+                f"using function_{i} = decltype({_address(k)});"]
         name = function_name(k.cxx)
         if name in grouped:
-            lines.append(f"static void group_{i}(const ::tsm_emu::DispatchArgs& d, ::tsm_emu::Group& g) "
-                         f"{{ ::tsm_emu::invoke_group(&{group_function_name(k.cxx)}, params_{i}, d, g); }}")
-            invoke, group = "nullptr", f"tsm_emu_generated::group_{i}"
+            body.append(f"static void group_{i}(const ::tsm_emu::DispatchArgs& d, ::tsm_emu::Group& g) "
+                        f"{{ ::tsm_emu::invoke_group(&{group_function_name(k.cxx)}, params_{i}, d, g); }}")
+            invoke, group = "nullptr", f"::{scope}::group_{i}"
         else:
-            lines.append(f"static void invoke_{i}(const ::tsm_emu::DispatchArgs& d, const ::tsm_emu::ThreadInfo& t) "
-                         f"{{ ::tsm_emu::invoke({_address(k)}, params_{i}, d, t); }}")
-            invoke, group = f"tsm_emu_generated::invoke_{i}", "nullptr"
-        entries.append(f'  {{"{k.host_name}", {invoke}, ::tsm_emu::fn_params<decltype({_address(k)})>::count, '
-                       f"tsm_emu_generated::params_{i}, ::tsm_emu::fn_params<decltype({_address(k)})>::types, "
+            body.append(f"static void invoke_{i}(const ::tsm_emu::DispatchArgs& d, const ::tsm_emu::ThreadInfo& t) "
+                        f"{{ ::tsm_emu::invoke({_address(k)}, params_{i}, d, t); }}")
+            invoke, group = f"::{scope}::invoke_{i}", "nullptr"
+        lines.append(f"namespace {scope} {{ " + " ".join(body) + f" }}  // namespace {scope}")
+        entries.append(f'  {{"{k.host_name}", {invoke}, ::tsm_emu::fn_params<::{scope}::function_{i}>::count, '
+                       f"::{scope}::params_{i}, ::tsm_emu::fn_params<::{scope}::function_{i}>::types, "
                        f"{group}, {int(name in synchronising)}}}")
-    lines.append("}  // namespace tsm_emu_generated")
     if not entries:
         entries = ["  {nullptr, nullptr, 0, nullptr, nullptr, nullptr, 0}"]
     lines += ['extern "C" {',

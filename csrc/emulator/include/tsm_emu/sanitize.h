@@ -341,6 +341,11 @@ class tg_scalar {
   T value_;
 };
 
+// A threadgroup variable bound to a `threadgroup T&` parameter: the rewriter writes its
+// checked pointer in place of the call (no access); this stands in where it does not.
+template <class X>
+X&& reference_argument(X&& x) { return static_cast<X&&>(x); }
+
 // &p[i] in a sanitized build: an element's address is pointer arithmetic on a checked
 // pointer or threadgroup array (no access recorded, one past the end allowed); anything
 // else indexable keeps its own meaning.

@@ -63,8 +63,9 @@ inline tsm_emu::SimdExchange exchange(const T& v, uint32_t site) {
 
 struct Sum { template <class T> T operator()(T a, T b) const { return a + b; } };
 struct Product { template <class T> T operator()(T a, T b) const { return a * b; } };
-struct Min { template <class T> T operator()(T a, T b) const { return min(a, b); } };
-struct Max { template <class T> T operator()(T a, T b) const { return max(a, b); } };
+// (min and max of bfloats are floats, as Metal's library has none: back to T, exactly)
+struct Min { template <class T> T operator()(T a, T b) const { return T(min(a, b)); } };
+struct Max { template <class T> T operator()(T a, T b) const { return T(max(a, b)); } };
 struct And { template <class T> T operator()(T a, T b) const { return a & b; } };
 struct Or { template <class T> T operator()(T a, T b) const { return a | b; } };
 struct Xor { template <class T> T operator()(T a, T b) const { return a ^ b; } };

@@ -123,10 +123,13 @@ struct bfloat {
   std::uint16_t bits_;
 
   bfloat() = default;
-  template <class U, std::enable_if_t<std::is_arithmetic<U>::value ||
-                                          std::is_same<U, _Float16>::value,
-                                      int> = 0>
+  template <class U, std::enable_if_t<std::is_integral<U>::value, int> = 0>
   constexpr bfloat(U v) : bits_(tsm_detail::float_to_bfloat_bits(static_cast<float>(v))) {}
+  // From a floating-point type only explicitly, as in Metal: so `c ? b : f` of a bfloat and a
+  // float has one conversion to find, the bfloat's to float (candle's `x > 0 ? x : mul * ...`).
+  template <class U, std::enable_if_t<std::is_floating_point<U>::value || std::is_same<U, _Float16>::value,
+                                      int> = 0>
+  explicit constexpr bfloat(U v) : bits_(tsm_detail::float_to_bfloat_bits(static_cast<float>(v))) {}
   // An object of a class whose only conversion is `operator bool()` (MLX's masks:
   // `op.scale = mask[i]`, `T(mask)`) converts implicitly, as in Metal, where bfloat is
   // arithmetic and this is one user-defined conversion, here two. (Then `f(x)` of an
@@ -770,6 +773,10 @@ template <class T>
 struct is_vector : bool_constant<tsm_detail::vi<T>::vec_like> {};
 template <class T>
 struct is_scalar : bool_constant<is_arithmetic<T>::value && !is_vector<T>::value> {};
+// Apple's name for the types the SIMD-group functions take, which shaders use (candle's
+// reduce.metal: `__is_valid_simdgroup_type<T>::value`).
+template <class T>
+struct __is_valid_simdgroup_type : bool_constant<tsm_detail::is_scalar<trait_scalar_t<T>>::value> {};
 template <class T>
 struct is_signed
     : bool_constant<std::is_signed<trait_scalar_t<T>>::value || is_floating_point<T>::value> {};
@@ -825,8 +832,12 @@ inline T as_type(const U& u) {
 }
 
 // ---- numeric_limits -------------------------------------------------------------------
+// numeric_limits<T> derives from _numeric_limits_impl<T>, as Apple's does: shaders specialise
+// the latter for their own types (candle's reduce.metal, `_numeric_limits_impl<indexed<T>>`).
 template <class T>
-struct numeric_limits : std::numeric_limits<T> {};
+struct _numeric_limits_impl : std::numeric_limits<T> {};
+template <class T>
+struct numeric_limits : _numeric_limits_impl<T> {};
 template <class T>
 struct numeric_limits<const T> : numeric_limits<T> {};
 template <class T>
@@ -835,7 +846,7 @@ template <class T>
 struct numeric_limits<const volatile T> : numeric_limits<T> {};
 
 template <>
-struct numeric_limits<half> {
+struct _numeric_limits_impl<half> {
   static constexpr bool is_specialized = true;
   static constexpr bool is_signed = true;
   static constexpr bool is_integer = false;
@@ -854,7 +865,7 @@ struct numeric_limits<half> {
 };
 
 template <>
-struct numeric_limits<bfloat> {
+struct _numeric_limits_impl<bfloat> {
   static constexpr bool is_specialized = true;
   static constexpr bool is_signed = true;
   static constexpr bool is_integer = false;
