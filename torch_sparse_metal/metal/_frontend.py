@@ -1440,7 +1440,7 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     edits += _address_space_specialisations(tu, path, prepared, preprocessed)
     edits += _designators.edits(tu, path, source, preprocessed)
     edits += _program_constants.registrations(tu, path, source, preprocessed)
-    edits += _constant_variables_const(tu, path, source, preprocessed)
+    edits += _program_constants.made_const(tu, path, source, preprocessed)
     kind_of = cindex.conf.lib.clang_getCursorBinaryOperatorKind
     binary = (cindex.CursorKind.BINARY_OPERATOR, cindex.CursorKind.COMPOUND_ASSIGNMENT_OPERATOR)
     openers: Dict[int, List[Tuple[int, str]]] = {}
@@ -1498,30 +1498,6 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     translation = _regions.plan(tu, path, prepared, preprocessed, edits, kernels, enabled=regions)
     translation.edits += edits
     return translation
-
-
-def _constant_variables_const(tu, path: str, source: "_Text", preprocessed: str) -> List[Tuple[int, int, str]]:
-    """A program-scope ``constant`` variable is read-only, and one of an integer type
-    initialised with a constant is a constant expression, as a ``const`` one is in C++
-    (PyTorch's LinearAlgebra.metal: ``constant uint TILE_DIM = 16;`` then ``float
-    t[TILE_DIM]``): the emulator's C++, where ``constant`` means nothing, gets ``const``."""
-    k = _cindex().CursorKind
-    edits: List[Tuple[int, int, str]] = []
-
-    def visit(scope) -> None:
-        for cursor in scope.get_children():
-            if cursor.location.file is None or cursor.location.file.name != path:
-                continue
-            if cursor.kind == k.NAMESPACE:
-                visit(cursor)
-            elif cursor.kind == k.VAR_DECL and _address_space(cursor.type) == "__constant" \
-                    and not cursor.type.is_const_qualified():
-                start = source.original(cursor.extent.start.offset)
-                if re.match(r"(?:static\s+)?constant\b", preprocessed[start:start + 20]):
-                    edits.append((start, start, "const "))
-
-    visit(tu.cursor)
-    return edits
 
 
 def _float_literals(preprocessed: str) -> List[Tuple[int, int, str]]:

@@ -64,7 +64,6 @@ class Kernel:
     # f(const device float* in, ...);`), or of one of several templates of one name
     # (PyTorch's `fused_sgd`): its parameter list, which selects the function.
     signature: Optional[str] = None
-    offset: int = -1  # where an instantiation of a kernel template is, in the source parsed
     namespace: str = ""  # the namespaces an instantiation is in (`a::b`), where its arguments are named
 
 
@@ -302,7 +301,7 @@ def find_kernels(src: str) -> List[Kernel]:
                              f"named {base!r} is defined before it", offset)
         if targs and len(overloads) < 2:
             signature = None  # its template arguments alone name the function
-        kernels.append(Kernel(host_name, cxx, params, signature, offset,
+        kernels.append(Kernel(host_name, cxx, params, signature,
                               "::".join(n for n, a, b in namespaces if n and a < offset < b)))
     seen = set()
     for k in kernels:
