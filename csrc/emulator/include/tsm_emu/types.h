@@ -774,9 +774,10 @@ struct is_vector : bool_constant<tsm_detail::vi<T>::vec_like> {};
 template <class T>
 struct is_scalar : bool_constant<is_arithmetic<T>::value && !is_vector<T>::value> {};
 // Apple's name for the types the SIMD-group functions take, which shaders use (candle's
-// reduce.metal: `__is_valid_simdgroup_type<T>::value`).
+// reduce.metal: `__is_valid_simdgroup_type<T>::value`): not bfloat (see the check's metal_stdlib).
 template <class T>
-struct __is_valid_simdgroup_type : bool_constant<tsm_detail::is_scalar<trait_scalar_t<T>>::value> {};
+struct __is_valid_simdgroup_type
+    : bool_constant<tsm_detail::is_scalar<trait_scalar_t<T>>::value && !tsm_detail::is_bfloat<trait_scalar_t<T>>::value> {};
 template <class T>
 struct is_signed
     : bool_constant<std::is_signed<trait_scalar_t<T>>::value || is_floating_point<T>::value> {};
