@@ -237,3 +237,37 @@ def test_an_instantiation_in_a_namespace_names_its_arguments_there(sanitize):
         y = torch.arange(8, dtype=torch.float32)
         getattr(lib, name)(y, threads=8, group_size=8)
         np.testing.assert_array_equal(y.numpy(), np.full(8, 28.0 * factor))
+
+
+# A namespace of the shader's own declares functions that Metal's library also has, and calls
+# them unqualified with bfloat and vector arguments (c10/metal/reduction_utils.h: its
+# `simd_max(T)` called with a bfloat). Metal's bfloat and vectors are built-in types, with no
+# namespace that argument-dependent lookup would search, so the calls find the shader's
+# functions alone; the emulator's classes for those types must add nothing either.
+OWN_NAMES = HEAD + """
+namespace mine {
+template <typename T> T simd_max(T v) { return T(::metal::simd_max(float(v)) + 1.0f); }
+template <typename T> T abs(T v) { return -v; }
+template <typename T> T dot(T a, T b) { return a * b; }
+template <typename T> T reduce(T v, float2 w) {
+  float2 m = abs(w);            // mine::abs: (-w.x, -w.y)
+  float2 d = dot(w, w);         // mine::dot: element-wise
+  return simd_max(v) + T(m.x + m.y + d.x + d.y);
+}
+}  // namespace mine
+kernel void own_names(device bfloat* out [[buffer(0)]], device float2* w [[buffer(1)]],
+                      uint i [[thread_position_in_grid]]) {
+  out[i] = mine::reduce(out[i], w[0]);
+}
+"""
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_a_shader_namespace_calls_its_own_functions_with_bfloat_and_vector_arguments(sanitize):
+    lib = compile_shader(OWN_NAMES, sanitize=sanitize)
+    values = torch.arange(32, dtype=torch.float32) - 40.0
+    out = values.to(torch.bfloat16)
+    w = torch.tensor([[1.0, -2.0]])
+    lib.own_names(out, w, threads=32, group_size=32)
+    # mine::simd_max: max -9, plus 1; mine::abs: (-1, 2); mine::dot: (1, 4)
+    np.testing.assert_array_equal(out.float().numpy(), np.full(32, -8.0 + 1.0 + 5.0))

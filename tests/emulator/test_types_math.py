@@ -773,6 +773,35 @@ def test_integer_constants(consts):
     assert z.item() == 0
 
 
+# Vectors in constant expressions, and a vector's numeric_limits (its element type's, broadcast):
+# PyTorch's c10 reads `constexpr auto inf = numeric_limits<T>::infinity().x` with T = float2.
+CONSTEXPR_VECTORS = PRELUDE + """
+template <typename T> float first_infinity() { constexpr auto inf = numeric_limits<T>::infinity().x; return inf; }
+constexpr constant float4 coeffs = float4(float2(1.0f, 2.0f), 3.0f, 4.0f);
+""" + kernel("constexpr_vectors", ["device float* out"], """
+  if (i) return;
+  constexpr float3 t = {5.0f, 6.0f};
+  constexpr float picked = coeffs.w + coeffs[1] + t.y + t.z;  // 4 + 2 + 6 + 0
+  static_assert(picked == 12.0f, "a constant expression");
+  out[0] = first_infinity<float2>();
+  out[1] = picked;
+  out[2] = float(numeric_limits<half4>::max().w);
+  out[3] = float(numeric_limits<int2>::lowest().y);
+  out[4] = numeric_limits<float3>::epsilon().z;
+  out[5] = numeric_limits<uint2>::is_integer && !numeric_limits<float2>::is_integer ? 1.0f : 0.0f;
+  out[6] = isnan(numeric_limits<float4>::quiet_NaN().y) ? 1.0f : 0.0f;
+  out[7] = float(numeric_limits<bfloat2>::lowest().x);""")
+
+
+@pytest.mark.parametrize("sanitize", [False, True])
+def test_vectors_in_constant_expressions_and_their_limits(sanitize):
+    lib = compile_shader(CONSTEXPR_VECTORS, sanitize=sanitize)
+    out = torch.zeros(8)
+    run(lib, "constexpr_vectors", out, threads=1)
+    np.testing.assert_array_equal(out.numpy(), np.array(
+        [np.inf, 12.0, F16.max, -(2.0**31), F32.eps, 1.0, 1.0, -float(torch.finfo(torch.bfloat16).max)], np.float32))
+
+
 # ---------------------------------------------------------------------------------------
 # The generated swizzle table is up to date with its generator
 # ---------------------------------------------------------------------------------------

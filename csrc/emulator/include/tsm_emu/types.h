@@ -1,7 +1,8 @@
 // Scalar and vector types of the Metal Shading Language, for the emulator (C++17, g++).
 //
-// Everything lives in namespace metal; kernels say `using namespace metal;`. Rules for every
-// file of the emulated <metal_stdlib>:
+// Everything lives in namespace metal (the classes for bfloat and the vectors, with their
+// operators, in metal::tsm_detail::builtin: see there); kernels say `using namespace metal;`.
+// Rules for every file of the emulated <metal_stdlib>:
 //   * never include <cmath>, <math.h>, <cstdlib>, <stdlib.h>, <algorithm> or anything else
 //     that declares global C math functions: with `using namespace metal;` at global scope
 //     they would make unqualified calls such as abs(x) ambiguous. Use __builtin_* instead.
@@ -31,6 +32,8 @@
 //     bfloat b is ambiguous in C++: the translation casts the operand clang converts,
 //     but not where the operands' types depend on a template parameter.
 //   * integer vector +, -, * and unary - wrap around (defined), as on the GPU.
+//   * (stricter) a constant expression reads a vector through .x .y .z .w and v[i] only:
+//     not through .r .g .b .a or a swizzle, and vector operators are not constexpr.
 #pragma once
 
 #include <cstddef>
@@ -66,7 +69,23 @@ using intptr_t = std::intptr_t;
 using uintptr_t = std::uintptr_t;
 using ptrdiff_t = decltype(static_cast<int*>(nullptr) - static_cast<int*>(nullptr));
 
+// The classes that stand for types built into Metal (bfloat, the vectors) live with their
+// operators, and nothing else, in a namespace of their own. Metal's own have no associated
+// namespace, so an unqualified call with such an argument inside a shader's namespace must
+// not find metal::simd_max or metal::abs by argument-dependent lookup (PyTorch's c10 declares
+// its own simd_max and calls it with a bfloat, which made the call ambiguous here).
+namespace tsm_detail {
+namespace builtin {
 struct bfloat;
+template <class T, int N>
+struct vec;
+template <class T, int N>
+struct packed_vec;
+}  // namespace builtin
+}  // namespace tsm_detail
+using tsm_detail::builtin::bfloat;
+using tsm_detail::builtin::packed_vec;
+using tsm_detail::builtin::vec;
 
 namespace tsm_detail {
 
@@ -117,6 +136,8 @@ constexpr float bfloat_bits_to_float(std::uint16_t b) {
 
 }  // namespace tsm_detail
 
+namespace tsm_detail {
+namespace builtin {
 // bfloat16: 8 exponent bits, 7 mantissa bits. Converts implicitly to float; arithmetic is
 // done in float and rounded back (round to nearest even).
 struct bfloat {
@@ -151,6 +172,8 @@ struct bfloat {
     return r;
   }
 };
+}  // namespace builtin
+}  // namespace tsm_detail
 
 namespace tsm_detail {
 
@@ -181,7 +204,7 @@ using bf_bin_t = typename bf_bin<A, B>::type;
 template <class A, class B>
 using bf_calc_t = typename bf_bin<A, B>::calc;
 
-}  // namespace tsm_detail
+namespace builtin {
 
 #define TSM_BF_BINOP(op)                                                              \
   template <class A, class B>                                                         \
@@ -228,6 +251,9 @@ constexpr bfloat& operator--(bfloat& a) { return a = bfloat(float(a) - 1.0f); }
 constexpr bfloat operator++(bfloat& a, int) { bfloat r = a; ++a; return r; }
 constexpr bfloat operator--(bfloat& a, int) { bfloat r = a; --a; return r; }
 
+}  // namespace builtin
+}  // namespace tsm_detail
+
 // Metal's half literal suffix: 1.5h. (Literal suffixes without '_' are reserved to the
 // standard library in C++, hence the pragma.)
 #pragma GCC diagnostic push
@@ -240,12 +266,8 @@ constexpr half operator""h(long double v) { return static_cast<half>(v); }
 #pragma GCC diagnostic pop
 
 // ---- vector types ---------------------------------------------------------------------
-template <class T, int N>
-struct vec;
-template <class T, int N>
-struct packed_vec;
-
 namespace tsm_detail {
+namespace builtin {
 
 // Reading proxy for a swizzle of K components (indices I0..I3, -1 when unused) of a vector
 // whose storage holds S elements. It overlays that storage inside the vector's union.
@@ -282,60 +304,83 @@ struct swz {
   }
 };
 
-// Storage: a union of the element array, the named components and the swizzle proxies.
+// Storage: a union of the named components, the element array and the swizzle proxies.
 // S = number of stored elements (4 for a 3-vector, 3 for a packed 3-vector), A = alignment.
+// Constructors make x, y, z, w the active member: a constant expression may read only that one
+// (c10's `constexpr auto inf = numeric_limits<T>::infinity().x`), so there at_(i) names them;
+// at run time it is d_[i] (g++ and clang define reading another member of a union).
 template <class T, int N, int S, int A>
 struct alignas(A) vstore {  // 8 and 16 components (MLX's nax fragments): no named ones
   T d_[S];
   vstore() = default;
   constexpr explicit vstore(int) : d_{} {}
+  constexpr T& at_(int i) { return d_[i]; }
+  constexpr const T& at_(int i) const { return d_[i]; }
 };
+
+#define TSM_VSTORE_AT(n, pick, ...)                                           \
+  constexpr explicit vstore(int) : __VA_ARGS__ {                              \
+    if (!__builtin_is_constant_evaluated())                                   \
+      for (int i = n; i < S; ++i) d_[i] = T(); /* a 3-vector's fourth lane */ \
+  }                                                                           \
+  constexpr T& at_(int i) {                                                   \
+    if (__builtin_is_constant_evaluated()) return pick;                       \
+    return d_[i];                                                             \
+  }                                                                           \
+  constexpr const T& at_(int i) const {                                       \
+    if (__builtin_is_constant_evaluated()) return pick;                       \
+    return d_[i];                                                             \
+  }
 
 #define TSM_SWZ(K, i0, i1, i2, i3, n1, n2) swz<T, K, S, i0, i1, i2, i3> n1, n2;
 
 template <class T, int S, int A>
 struct alignas(A) vstore<T, 2, S, A> {
   union {
-    T d_[S];
     struct { T x, y; };
+    T d_[S];
     struct { T r, g; };
 #define TSM_SWZ_DIM 2
 #include "tsm_emu/swizzles.inc"
 #undef TSM_SWZ_DIM
   };
   vstore() = default;
-  constexpr explicit vstore(int) : d_{} {}
+  TSM_VSTORE_AT(2, (i == 0 ? x : y), x(), y())
 };
 
 template <class T, int S, int A>
 struct alignas(A) vstore<T, 3, S, A> {
   union {
-    T d_[S];
     struct { T x, y, z; };
+    T d_[S];
     struct { T r, g, b; };
 #define TSM_SWZ_DIM 3
 #include "tsm_emu/swizzles.inc"
 #undef TSM_SWZ_DIM
   };
   vstore() = default;
-  constexpr explicit vstore(int) : d_{} {}
+  TSM_VSTORE_AT(3, (i == 0 ? x : i == 1 ? y : z), x(), y(), z())
 };
 
 template <class T, int S, int A>
 struct alignas(A) vstore<T, 4, S, A> {
   union {
-    T d_[S];
     struct { T x, y, z, w; };
+    T d_[S];
     struct { T r, g, b, a; };
 #define TSM_SWZ_DIM 4
 #include "tsm_emu/swizzles.inc"
 #undef TSM_SWZ_DIM
   };
   vstore() = default;
-  constexpr explicit vstore(int) : d_{} {}
+  TSM_VSTORE_AT(4, (i == 0 ? x : i == 1 ? y : i == 2 ? z : w), x(), y(), z(), w())
 };
 
 #undef TSM_SWZ
+#undef TSM_VSTORE_AT
+
+}  // namespace builtin
+using builtin::swz;
 
 // What a type looks like to the vector operators: vectors, packed vectors and swizzle
 // proxies are "vector-like" with n components of type elem; anything else is a scalar.
@@ -379,13 +424,15 @@ constexpr bool ctor_args_ok(int n) {
   return total == n;
 }
 
-template <class T, class X>
-constexpr void put(T* d, int& k, const X& x) {
+// Component k++ of the vector store d takes x (or each of x's components).
+template <class D, class X>
+constexpr void put(D& d, int& k, const X& x) {
+  using T = std::remove_reference_t<decltype(d.at_(0))>;
   if constexpr (vi<X>::vec_like) {
     const typename vi<X>::vec_type v = x;
-    for (int i = 0; i < vi<X>::n; ++i) d[k++] = static_cast<T>(v.d_[i]);
+    for (int i = 0; i < vi<X>::n; ++i) d.at_(k++) = static_cast<T>(v[i]);
   } else {
-    d[k++] = static_cast<T>(x);
+    d.at_(k++) = static_cast<T>(x);
   }
 }
 
@@ -394,6 +441,7 @@ constexpr int storage_count() { return N == 3 ? 4 : N; }
 template <class T, int N>
 constexpr int vec_align() { return int(sizeof(T)) * storage_count<N>(); }
 
+namespace builtin {
 // Constructors shared by vec and packed_vec.
 template <class T, int N, int S, int A>
 struct vcore : vstore<T, N, S, A> {
@@ -405,7 +453,7 @@ struct vcore : vstore<T, N, S, A> {
   // Broadcast: implicit, as Metal converts scalars to vectors implicitly.
   template <class U, std::enable_if_t<is_scalar<U>::value, int> = 0>
   constexpr vcore(const U& s) : vstore<T, N, S, A>(0) {
-    for (int i = 0; i < N; ++i) this->d_[i] = static_cast<T>(s);
+    for (int i = 0; i < N; ++i) this->at_(i) = static_cast<T>(s);
   }
 
   // Brace initialisation names the leading components and zero-fills the rest, as Metal's
@@ -414,7 +462,7 @@ struct vcore : vstore<T, N, S, A> {
   constexpr vcore(std::initializer_list<T> components) : vstore<T, N, S, A>(0) {
     int k = 0;
     for (const T& c : components)
-      if (k < N) this->d_[k++] = c;
+      if (k < N) this->at_(k++) = c;
   }
 
   // Components and smaller vectors, concatenated: float4(a, b, c, d), float4(v2, z, w), ...
@@ -422,9 +470,9 @@ struct vcore : vstore<T, N, S, A> {
             std::enable_if_t<ctor_args_ok<A0, A1, As...>(N), int> = 0>
   constexpr vcore(const A0& a0, const A1& a1, const As&... as) : vstore<T, N, S, A>(0) {
     int k = 0;
-    put(this->d_, k, a0);
-    put(this->d_, k, a1);
-    (put(this->d_, k, as), ...);
+    put(*this, k, a0);
+    put(*this, k, a1);
+    (put(*this, k, as), ...);
   }
 
   // Element-type conversion, explicit as in Metal: float4(int4), bool4(v.xyzw), ...
@@ -433,12 +481,14 @@ struct vcore : vstore<T, N, S, A> {
                                       int> = 0>
   constexpr explicit vcore(const X& src) : vstore<T, N, S, A>(0) {
     int k = 0;
-    put(this->d_, k, src);
+    put(*this, k, src);
   }
 
-  T& operator[](int i) { return this->d_[i]; }
-  constexpr const T& operator[](int i) const { return this->d_[i]; }
+  constexpr T& operator[](int i) { return this->at_(i); }
+  constexpr const T& operator[](int i) const { return this->at_(i); }
 };
+}  // namespace builtin
+using builtin::vcore;
 
 }  // namespace tsm_detail
 
@@ -453,6 +503,8 @@ struct braced {
 };
 }  // namespace tsm_detail
 
+namespace tsm_detail {
+namespace builtin {
 // vec<T, N>: Metal's vector, size and alignment N * sizeof(T) (3-vectors like 4-vectors).
 // Value-initialisation (float4(), float4{}) gives zeros; default-initialisation leaves the
 // components indeterminate, as in Metal.
@@ -486,7 +538,7 @@ struct packed_vec : tsm_detail::vcore<T, N, N, int(alignof(T))> {
   packed_vec() = default;
   packed_vec(const packed_vec&) = default;
   constexpr packed_vec(const vec<T, N>& v) : core(0) {
-    for (int i = 0; i < N; ++i) this->d_[i] = v.d_[i];
+    for (int i = 0; i < N; ++i) (*this)[i] = v[i];
   }
   // packed_float3 p = v.xyz;  (one user-defined conversion, not swizzle -> vec -> packed)
   template <int S, int I0, int I1, int I2, int I3>
@@ -504,6 +556,8 @@ struct packed_vec : tsm_detail::vcore<T, N, N, int(alignof(T))> {
     return *this;
   }
 };
+}  // namespace builtin
+}  // namespace tsm_detail
 
 #define TSM_VEC_NAMES(T, name)                                                       \
   typedef vec<T, 2> name##2;                                                         \
@@ -595,7 +649,7 @@ constexpr T shr(T a, T c) {
   return static_cast<T>(a >> shift_count(c));
 }
 
-}  // namespace tsm_detail
+namespace builtin {
 
 #define TSM_VEC_BINOP(op, expr)                                                      \
   template <class A, class B>                                                        \
@@ -699,6 +753,9 @@ inline V operator--(X& x, int) {
   x -= 1;
   return old;
 }
+
+}  // namespace builtin
+}  // namespace tsm_detail
 
 // ---- <metal_type_traits> ----------------------------------------------------------------
 // The std traits under Metal's names, with half and bfloat counted as floating point, and
@@ -863,6 +920,7 @@ struct _numeric_limits_impl<half> {
   static constexpr half denorm_min() { return half(5.9604644775390625e-08f); }  // 0x1p-24
   static constexpr half infinity() { return half(__builtin_huge_valf()); }
   static constexpr half quiet_NaN() { return half(__builtin_nanf("")); }
+  static constexpr half signaling_NaN() { return half(__builtin_nanf("")); }
 };
 
 template <>
@@ -882,6 +940,29 @@ struct _numeric_limits_impl<bfloat> {
   static constexpr bfloat denorm_min() { return bfloat::from_bits(0x0001); }
   static constexpr bfloat infinity() { return bfloat::from_bits(0x7f80); }
   static constexpr bfloat quiet_NaN() { return bfloat::from_bits(0x7fc0); }
+  static constexpr bfloat signaling_NaN() { return bfloat::from_bits(0x7fc0); }
+};
+
+// A vector's limits are its element type's, each value broadcast (see the check's metal_stdlib).
+template <class T, int N>
+struct _numeric_limits_impl<vec<T, N>> {
+  using S = numeric_limits<T>;
+  static constexpr bool is_specialized = S::is_specialized;
+  static constexpr bool is_signed = S::is_signed;
+  static constexpr bool is_integer = S::is_integer;
+  static constexpr bool is_exact = S::is_exact;
+  static constexpr bool has_infinity = S::has_infinity;
+  static constexpr bool has_quiet_NaN = S::has_quiet_NaN;
+  static constexpr int digits = S::digits;
+  static constexpr int radix = S::radix;
+  static constexpr vec<T, N> min() { return vec<T, N>(S::min()); }
+  static constexpr vec<T, N> max() { return vec<T, N>(S::max()); }
+  static constexpr vec<T, N> lowest() { return vec<T, N>(S::lowest()); }
+  static constexpr vec<T, N> epsilon() { return vec<T, N>(S::epsilon()); }
+  static constexpr vec<T, N> infinity() { return vec<T, N>(S::infinity()); }
+  static constexpr vec<T, N> quiet_NaN() { return vec<T, N>(S::quiet_NaN()); }
+  static constexpr vec<T, N> signaling_NaN() { return vec<T, N>(S::signaling_NaN()); }
+  static constexpr vec<T, N> denorm_min() { return vec<T, N>(S::denorm_min()); }
 };
 
 }  // namespace metal
