@@ -672,6 +672,7 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group) {
 
 thread_local int t_crash_signal = 0;
 thread_local void* t_crash_address = nullptr;
+thread_local int t_crash_code = 0;  // the signal's si_code
 thread_local ThreadInfo t_crash_thread;
 thread_local bool t_crash_thread_known = false;
 
@@ -682,6 +683,7 @@ void on_crash(int sig, siginfo_t* info, void* context) {
   if (t_crash_jump) {
     t_crash_signal = sig;
     t_crash_address = info ? info->si_addr : nullptr;
+    t_crash_code = info ? info->si_code : 0;
     Worker* w = t_worker;
     const ThreadInfo* t = (w && w->current) ? &w->current->info : t_plain_thread;
     t_crash_thread_known = t != nullptr;
@@ -769,13 +771,34 @@ struct CrashCause {
   std::string hint;
 };
 
-CrashCause crash_cause(const Worker& w, int sig, const void* address) {
+// x86-64 raises a general-protection fault, not a page fault, for a load or store of 16 or
+// more bytes that must be aligned and is not: Linux delivers it as SIGSEGV with si_code
+// SI_KERNEL and no address. Kernels meet it through a pointer cast, `(device float4*)(p + 1)`:
+// the emulator's vectors are aligned as Metal's (a float4 to 16 bytes), and an access through
+// a misaligned pointer is undefined in Metal as in C++, though an Apple GPU may not fault.
+bool misaligned_access(int sig, int code, const void* address) {
+#ifdef BUS_ADRALN
+  if (sig == SIGBUS && code == BUS_ADRALN) return true;
+#endif
+#if defined(__x86_64__) && defined(SI_KERNEL)
+  if (sig == SIGSEGV && code == SI_KERNEL && address == nullptr) return true;
+#endif
+  (void)sig, (void)code, (void)address;
+  return false;
+}
+
+CrashCause crash_cause(const Worker& w, int sig, int code, const void* address) {
   switch (sig) {
     case SIGSEGV:
     case SIGBUS:
       if (in_stack_guard(w, address))
         return {"fiber stack overflow", "TSM_EMU_STACK_KB sets the stack size, now " +
                                             std::to_string(stack_size() / 1024) + " KB"};
+      if (misaligned_access(sig, code, address))
+        return {"misaligned or invalid memory access",
+                "most likely a vector or other over-aligned type read or written at an address "
+                "not aligned to it, through a pointer cast such as (device float4*)(p + 1) "
+                "(undefined in Metal), else a wild pointer"};
       return {"invalid memory access", "a wild index or pointer"};
     case SIGFPE: return {"arithmetic fault", "an integer division by zero or overflow"};
     case SIGILL:
@@ -785,7 +808,7 @@ CrashCause crash_cause(const Worker& w, int sig, const void* address) {
 }
 
 KernelFault crash_fault(const Worker& w) {
-  const CrashCause cause = crash_cause(w, t_crash_signal, t_crash_address);
+  const CrashCause cause = crash_cause(w, t_crash_signal, t_crash_code, t_crash_address);
   char address[32];
   std::snprintf(address, sizeof address, "0x%" PRIxPTR, reinterpret_cast<uintptr_t>(t_crash_address));
   std::string msg = std::string(cause.what) + " (" + signal_name(t_crash_signal) + ") at address " + address;
