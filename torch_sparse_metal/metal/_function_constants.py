@@ -213,6 +213,7 @@ def _derived_conditions(masked: str, values: Mapping[str, object]) -> Dict[str, 
     none (the parameter is then absent, as for such a constant itself). An expression of
     anything but bool constants, ``&&``, ``||``, ``!`` and parentheses is left alone."""
     derived: Dict[str, Optional[bool]] = {}
+    known = dict(values)  # the function constants, then each derived one as it is found
 
     def value(node) -> Optional[bool]:
         if isinstance(node, ast.BoolOp):
@@ -225,15 +226,15 @@ def _derived_conditions(masked: str, values: Mapping[str, object]) -> Dict[str, 
             return None if inner is None else not inner
         if isinstance(node, ast.Name) and node.id in ("true", "false"):
             return node.id == "true"
-        if isinstance(node, ast.Name) and isinstance({**values, **derived}.get(node.id, 0), (bool, type(None))):
-            return {**values, **derived}[node.id]
+        if isinstance(node, ast.Name) and node.id in known and isinstance(known[node.id], (bool, type(None))):
+            return known[node.id]
         raise ValueError(node)
 
     for m in _DERIVED.finditer(masked):
         python = re.sub(r"!(?!=)", " not ", m.group(2).replace("&&", " and ").replace("||", " or "))
         try:
-            derived[m.group(1)] = value(ast.parse(python.strip(), mode="eval").body)
-        except (SyntaxError, ValueError, KeyError):
+            derived[m.group(1)] = known[m.group(1)] = value(ast.parse(python.strip(), mode="eval").body)
+        except (SyntaxError, ValueError):
             continue
     return derived
 

@@ -16,7 +16,8 @@
 //   * half and bfloat compute in float and round back; float computes in float (some in
 //     double, then rounds); double (emulator only) computes in double.
 //   * fast:: and precise:: hold the single-precision functions (float scalars and
-//     vectors), which the emulator computes precisely. min/max/clamp on floats have fmin/fmax semantics (a NaN operand is ignored).
+//     vectors), which the emulator computes precisely. min/max/clamp on floats have
+//     fmin/fmax semantics (a NaN operand is ignored).
 //
 // Not provided: functions Metal lacks (erf, expm1, log1p, remainder, hypot, ...), matrices,
 // and the OpenCL spellings of the integer functions (Metal spells them absdiff, addsat,
@@ -866,21 +867,18 @@ inline R refract(const X& i, const Y& n, const E& eta) {
 #define TSM_ARGS_1 x
 #define TSM_ARGS_2 x, y
 #define TSM_ARGS_3 x, y, z
-#define TSM_SINGLE_1(name) TSM_SINGLE(name, 1)
-#define TSM_SINGLE_2(name) TSM_SINGLE(name, 2)
-#define TSM_SINGLE_3(name) TSM_SINGLE(name, 3)
 #define TSM_SINGLE_NAMES                                                                      \
-  TSM_SINGLE_1(acos) TSM_SINGLE_1(acosh) TSM_SINGLE_1(asin) TSM_SINGLE_1(asinh)                \
-  TSM_SINGLE_1(atan) TSM_SINGLE_1(atanh) TSM_SINGLE_1(cos) TSM_SINGLE_1(cosh)                  \
-  TSM_SINGLE_1(cospi) TSM_SINGLE_1(exp) TSM_SINGLE_1(exp10) TSM_SINGLE_1(exp2)                 \
-  TSM_SINGLE_1(log) TSM_SINGLE_1(log10) TSM_SINGLE_1(log2) TSM_SINGLE_1(rsqrt)                 \
-  TSM_SINGLE_1(sin) TSM_SINGLE_1(sinh) TSM_SINGLE_1(sinpi) TSM_SINGLE_1(sqrt)                  \
-  TSM_SINGLE_1(tan) TSM_SINGLE_1(tanh) TSM_SINGLE_1(tanpi) TSM_SINGLE_1(fabs)                  \
-  TSM_SINGLE_1(abs) TSM_SINGLE_1(floor) TSM_SINGLE_1(ceil) TSM_SINGLE_1(round)                 \
-  TSM_SINGLE_1(trunc) TSM_SINGLE_1(rint) TSM_SINGLE_1(fract)                                   \
-  TSM_SINGLE_2(atan2) TSM_SINGLE_2(pow) TSM_SINGLE_2(powr) TSM_SINGLE_2(divide)                \
-  TSM_SINGLE_2(fmax) TSM_SINGLE_2(fmin) TSM_SINGLE_2(max) TSM_SINGLE_2(min)                    \
-  TSM_SINGLE_3(fma) TSM_SINGLE_3(clamp) TSM_SINGLE_3(mix)                                      \
+  TSM_SINGLE(acos, 1) TSM_SINGLE(acosh, 1) TSM_SINGLE(asin, 1) TSM_SINGLE(asinh, 1)           \
+  TSM_SINGLE(atan, 1) TSM_SINGLE(atanh, 1) TSM_SINGLE(cos, 1) TSM_SINGLE(cosh, 1)             \
+  TSM_SINGLE(cospi, 1) TSM_SINGLE(exp, 1) TSM_SINGLE(exp10, 1) TSM_SINGLE(exp2, 1)            \
+  TSM_SINGLE(log, 1) TSM_SINGLE(log10, 1) TSM_SINGLE(log2, 1) TSM_SINGLE(rsqrt, 1)            \
+  TSM_SINGLE(sin, 1) TSM_SINGLE(sinh, 1) TSM_SINGLE(sinpi, 1) TSM_SINGLE(sqrt, 1)             \
+  TSM_SINGLE(tan, 1) TSM_SINGLE(tanh, 1) TSM_SINGLE(tanpi, 1) TSM_SINGLE(fabs, 1)             \
+  TSM_SINGLE(abs, 1) TSM_SINGLE(floor, 1) TSM_SINGLE(ceil, 1) TSM_SINGLE(round, 1)            \
+  TSM_SINGLE(trunc, 1) TSM_SINGLE(rint, 1) TSM_SINGLE(fract, 1) TSM_SINGLE(atan2, 2)          \
+  TSM_SINGLE(pow, 2) TSM_SINGLE(powr, 2) TSM_SINGLE(divide, 2) TSM_SINGLE(fmax, 2)            \
+  TSM_SINGLE(fmin, 2) TSM_SINGLE(max, 2) TSM_SINGLE(min, 2) TSM_SINGLE(fma, 3)                \
+  TSM_SINGLE(clamp, 3) TSM_SINGLE(mix, 3)                                                     \
   using metal::sincos;
 namespace fast {
 TSM_SINGLE_NAMES
@@ -889,9 +887,6 @@ namespace precise {
 TSM_SINGLE_NAMES
 }  // namespace precise
 #undef TSM_SINGLE_NAMES
-#undef TSM_SINGLE_3
-#undef TSM_SINGLE_2
-#undef TSM_SINGLE_1
 #undef TSM_ARGS_3
 #undef TSM_ARGS_2
 #undef TSM_ARGS_1

@@ -134,9 +134,6 @@ constexpr float bfloat_bits_to_float(std::uint16_t b) {
   return __builtin_bit_cast(float, static_cast<std::uint32_t>(b) << 16);
 }
 
-}  // namespace tsm_detail
-
-namespace tsm_detail {
 namespace builtin {
 // bfloat16: 8 exponent bits, 7 mantissa bits. Converts implicitly to float; arithmetic is
 // done in float and rounded back (round to nearest even).
@@ -173,9 +170,6 @@ struct bfloat {
   }
 };
 }  // namespace builtin
-}  // namespace tsm_detail
-
-namespace tsm_detail {
 
 // Result of `a op b` when at least one side is a bfloat and neither is a vector.
 template <class A, class B>
@@ -490,9 +484,6 @@ struct vcore : vstore<T, N, S, A> {
 }  // namespace builtin
 using builtin::vcore;
 
-}  // namespace tsm_detail
-
-namespace tsm_detail {
 // The right-hand side of `v = {a, b, c, d}`, constructed as `V(a, b, c, d)` (the check
 // has already rejected a narrowing list, as Apple's compiler does).
 template <class V>
@@ -501,9 +492,7 @@ struct braced {
   braced(const A&... components) : value(components...) {}
   V value;
 };
-}  // namespace tsm_detail
 
-namespace tsm_detail {
 namespace builtin {
 // vec<T, N>: Metal's vector, size and alignment N * sizeof(T) (3-vectors like 4-vectors).
 // Value-initialisation (float4(), float4{}) gives zeros; default-initialisation leaves the
