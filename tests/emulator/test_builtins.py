@@ -18,6 +18,7 @@ geometry, following Metal's dispatchThreads semantics (docs: ../shared/notes/met
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -51,6 +52,9 @@ using namespace metal;
 
 #define NF 32u
 #define NA 0xFFFFFFFFu
+#ifndef SYNC
+#define SYNC()
+#endif
 
 inline void put3(device uint* r, uint v)    { r[0] = v; r[1] = NA; r[2] = NA; }
 inline void put3(device uint* r, ushort v)  { r[0] = v; r[1] = NA; r[2] = NA; }
@@ -112,6 +116,7 @@ kernel void NAME(device uint* rec [[buffer(0)]],                                
   r[29] = qgiitg;                                                                         \
   r[30] = qgptg;                                                                          \
   r[31] = dqgptg;                                                                         \
+  SYNC();                                                                                 \
 }
 
 BUILTIN_KERNEL(builtins_uint, uint, uint)
@@ -122,21 +127,29 @@ BUILTIN_KERNEL(builtins_uint3, uint3, uint)
 BUILTIN_KERNEL(builtins_ushort3, ushort3, ushort)
 """
 
-# A library that also contains a barrier runs every kernel with one fiber per Metal thread
-# (runtime.cpp); without one, threads run as a plain loop. Both paths must agree.
-FIBER_SUFFIX = r"""
-kernel void force_fiber_mode(device float* out [[buffer(0)]],
-                             uint i [[thread_position_in_grid]]) {
-  threadgroup_barrier(mem_flags::mem_none);
-  out[i] = 0.0f;
-}
+# The three ways the emulator runs a kernel, which must agree: these kernels do not
+# synchronise, so a threadgroup is one loop over its threads calling the kernel; with
+# TSM_EMU_REGIONS=0 the runtime calls it once per thread; a helper that synchronises makes
+# every kernel that calls it run as fibers.
+FIBER_PREFIX = r"""
+#include <metal_stdlib>
+inline void synchronise() { metal::simdgroup_barrier(metal::mem_flags::mem_none); }
+#define SYNC() synchronise()
 """
 
 
-@pytest.fixture(scope="module", params=["plain_loop", "fibers"])
+@pytest.fixture(scope="module", params=["threadgroup_loop", "thread_calls", "fibers"])
 def lib(request):
-    src = SOURCE + (FIBER_SUFFIX if request.param == "fibers" else "")
-    return compile_shader(src)
+    src = (FIBER_PREFIX if request.param == "fibers" else "") + SOURCE
+    regions = os.environ.get("TSM_EMU_REGIONS")
+    os.environ["TSM_EMU_REGIONS"] = "0" if request.param == "thread_calls" else "1"
+    try:
+        return compile_shader(src)
+    finally:
+        if regions is None:
+            del os.environ["TSM_EMU_REGIONS"]
+        else:
+            os.environ["TSM_EMU_REGIONS"] = regions
 
 
 def _dim3(v):

@@ -307,13 +307,14 @@ def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_
     """Check ``views`` against Metal's rules, then translate the emulator's view to C++
     (with barrier regions unless ``regions`` is False; None: :func:`regions_enabled`)."""
     _frontend.check(views.metal, language_version=language_version, origin=origin, main_file=str(path))
+    regions = regions_enabled() if regions is None else regions
     translation = _frontend.emulator_edits(views.emulator, language_version=language_version,
-                                           main_file=str(path), kernels=views.kernels,
-                                           regions=regions_enabled() if regions is None else regions)
+                                           main_file=str(path), kernels=views.kernels, regions=regions)
     emulated = _rewrite._apply(views.emulator, translation.edits)
     text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
             _rewrite.rewrite(emulated, sanitize=sanitize) +
-            _rewrite.binding_table(views.kernels, translation.grouped, translation.synchronising))
+            _rewrite.binding_table(views.kernels, translation.grouped, translation.synchronising,
+                                   straight=regions))
     flags = compile_flags(command) + (sanitized_flags(tuple(command)) if sanitize else ())
     return GeneratedCxx(text, flags, views.kernels, translation.grouped)
 

@@ -973,9 +973,9 @@ class _GroupFunction:
             if builtin is not None and not modified and not pinned:
                 # Read where the thread runs: the scheduler keeps the running thread's place.
                 bindings.append(f"__tsm_pt{i} {p} = ::tsm_emu::builtin_arg<__tsm_pt{i}>({builtin}, "
-                                f"__tsm_g.running);")
+                                f"__tsm_g, __tsm_t);")
                 continue
-            value = (f"(__tsm_g.enter(__tsm_i), ::tsm_emu::builtin_arg<__tsm_pt{i}>({builtin}, __tsm_g.running))"
+            value = (f"::tsm_emu::builtin_arg<__tsm_pt{i}>({builtin}, __tsm_g, __tsm_i)"
                      if builtin is not None else p)
             head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_pb{i}; "
                         f"::tsm_emu::Slots<__tsm_pt{i}> __tsm_p{i}(__tsm_pb{i}, __tsm_g.n); "

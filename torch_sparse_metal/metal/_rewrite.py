@@ -1110,10 +1110,12 @@ def _address(kernel: Kernel) -> str:
 
 
 def binding_table(kernels: List[Kernel], grouped: Set[str] = frozenset(),
-                  synchronising: Set[str] = frozenset()) -> str:
+                  synchronising: Set[str] = frozenset(), straight: bool = False) -> str:
     """C++ that registers ``kernels`` with the runtime (appended to the rewritten source):
     those whose function is in ``grouped`` by their group function (barrier regions, see
-    _regions), the others by the function itself, as fibers if in ``synchronising``.
+    _regions); with ``straight``, those that do not synchronise by a loop over a
+    threadgroup's threads calling the function (``tsm_emu::invoke_straight``); the others
+    by the function itself, called once per thread, as fibers if in ``synchronising``.
 
     An instantiation in a namespace is bound in that namespace, where the names among its
     template arguments are (PyTorch's Gemm.metal: ``gemm<..., GemmEpilogue::None>`` in
@@ -1133,6 +1135,10 @@ def binding_table(kernels: List[Kernel], grouped: Set[str] = frozenset(),
         if name in grouped:
             body.append(f"static void group_{i}(const ::tsm_emu::DispatchArgs& d, ::tsm_emu::Group& g) "
                         f"{{ ::tsm_emu::invoke_group(&{group_function_name(k.cxx)}, params_{i}, d, g); }}")
+            invoke, group = "nullptr", f"::{scope}::group_{i}"
+        elif straight and name not in synchronising:
+            body.append(f"static void group_{i}(const ::tsm_emu::DispatchArgs& d, ::tsm_emu::Group& g) "
+                        f"{{ ::tsm_emu::invoke_straight({_address(k)}, params_{i}, d, g); }}")
             invoke, group = "nullptr", f"::{scope}::group_{i}"
         else:
             body.append(f"static void invoke_{i}(const ::tsm_emu::DispatchArgs& d, const ::tsm_emu::ThreadInfo& t) "

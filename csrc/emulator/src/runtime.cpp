@@ -575,7 +575,8 @@ void run_group_fibers(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, ui
   }
 }
 
-// A region-compiled kernel runs the whole threadgroup in one call (regions.h).
+// A kernel with a group function (barrier regions, or a loop over the threads of one that
+// does not synchronise: regions.h) runs the whole threadgroup in one call.
 void run_group_regions(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, uint32_t n) {
   ThreadInfo first = thread_info(grid, group_size, groups, group, 0);
   const u3 actual = first.threads_per_threadgroup;
@@ -685,6 +686,7 @@ void on_crash(int sig, siginfo_t* info, void* context) {
     t_crash_address = info ? info->si_addr : nullptr;
     t_crash_code = info ? info->si_code : 0;
     Worker* w = t_worker;
+    if (Group* g = t_group) g->complete();
     const ThreadInfo* t = (w && w->current) ? &w->current->info : t_plain_thread;
     t_crash_thread_known = t != nullptr;
     if (t) std::memcpy(&t_crash_thread, t, sizeof t_crash_thread);
@@ -1000,6 +1002,7 @@ void fault(const char* kind, const char* message) {
 static const ThreadInfo* current_thread_or_null() {
   Worker* w = t_worker;
   if (w && w->current) return &w->current->info;
+  if (Group* g = t_group) g->complete();  // a plain dispatch's Group::enter records the index only
   return t_plain_thread;
 }
 
@@ -1083,12 +1086,20 @@ void threadgroup_barrier_wait(uint32_t site, unsigned flags) {
 
 void end_region_segment() {
   end_segment();
-  // A round runs the threads in order: after the last lane of a full SIMD-group every lane
-  // of it is stopped, and its instructions are counted while their log is still in cache (a
-  // threadgroup's logs together outgrow it). A partial one waits for the round's end.
+  // A round runs the threads in order: after the last lane of a SIMD-group (the group's
+  // last thread, for a partial one) every lane of it is stopped, and its instructions are
+  // counted while their log is still in cache (a threadgroup's logs together outgrow it).
   const ThreadInfo* info = g_sanitized_thread.info;
-  if (info && info->thread_index_in_threadgroup % kSimdWidth == kSimdWidth - 1)
+  if (!info) return;
+  const u3 n = info->threads_per_threadgroup;
+  const uint32_t i = info->thread_index_in_threadgroup;
+  if (i % kSimdWidth == kSimdWidth - 1 || i + 1 == n.x * n.y * n.z)
     g_sanitized_thread.sanitizer->flush_instruction_log(info->simdgroup_index_in_threadgroup);
+}
+
+void stop_group() {
+  RuntimeScope scope;
+  throw stop_fault();
 }
 
 // The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
@@ -1153,7 +1164,8 @@ bool resolve_regions(Group& g) {
   if (t_sanitizer) t_sanitizer->flush_instruction_log();  // every thread is stopped
   auto thread = [&](uint32_t t) {
     Group h = g;
-    h.enter(t);
+    h.running.thread_index_in_threadgroup = t;
+    h.complete();
     return where_info(h.running);
   };
   if (release_simd_groups(g, thread)) return true;

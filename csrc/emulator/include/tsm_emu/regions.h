@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -72,14 +73,41 @@ struct Group {
     path_len[t] = uint8_t(sizeof...(W));
     flags[t] = unsigned(f);
   }
-  // Make thread t the running one: what its built-ins and the runtime's reports read.
-  void enter(uint32_t t) {
+  // Make thread t the running one. A plain dispatch records only its index: the kernel
+  // computes its built-ins from it (builtin), and the runtime completes `running` when a
+  // report needs the thread (current_thread, the crash handler); the sanitizer reads
+  // `running` at every access, so a sanitized dispatch completes it at once.
+  // (The loops over threads pass `sanitized` as a local: with -fno-strict-aliasing every
+  // store of the kernel could change the member, so it would be reloaded per thread.)
+  void enter(uint32_t t, bool sanitized_dispatch) {
+    running.thread_index_in_threadgroup = t;
+    if (sanitized_dispatch) complete();
+  }
+  void enter(uint32_t t) { enter(t, sanitized); }
+  void complete() {
+    const uint32_t t = running.thread_index_in_threadgroup;
     const u3 l = local[t];
     running.thread_position_in_threadgroup = l;
     running.thread_position_in_grid = {origin.x + l.x, origin.y + l.y, origin.z + l.z};
-    running.thread_index_in_threadgroup = t;
     running.thread_index_in_simdgroup = t % 32;
     running.simdgroup_index_in_threadgroup = t / 32;
+  }
+  // Thread t's built-in `which` (see builtin_value): the ones that differ between the
+  // threads from t, the others from `running`, the same for all.
+  u3 builtin(int which, uint32_t t) const {
+    switch (which) {
+      case B_THREAD_POSITION_IN_GRID: {
+        const u3 l = local[t];
+        return {origin.x + l.x, origin.y + l.y, origin.z + l.z};
+      }
+      case B_THREAD_POSITION_IN_THREADGROUP: return local[t];
+      case B_THREAD_INDEX_IN_THREADGROUP: return {t, 0, 0};
+      case B_THREAD_INDEX_IN_SIMDGROUP: return {t % 32, 0, 0};
+      case B_SIMDGROUP_INDEX_IN_THREADGROUP: return {t / 32, 0, 0};
+      case B_THREAD_INDEX_IN_QUADGROUP: return {t % 4, 0, 0};
+      case B_QUADGROUP_INDEX_IN_THREADGROUP: return {t / 4, 0, 0};
+      default: return builtin_value(which, running);
+    }
   }
 };
 
@@ -89,6 +117,7 @@ struct Group {
 // cannot tell (and always in sanitized dispatches).
 bool resolve_regions(Group& g);
 void end_region_segment();  // sanitized dispatches: the running thread stopped
+[[noreturn]] void stop_group();  // a stop was requested: the dispatch ends with its fault
 
 // The loop iterations around a barrier, as one key: exact for two nested loops.
 inline uint64_t iteration_key() { return 0; }
@@ -99,35 +128,52 @@ inline uint64_t iteration_key(uint32_t a, uint32_t b, uint32_t c, R... rest) {
   return iteration_key(uint32_t(iteration_key(a, b) * 0x9E3779B97F4A7C15ull >> 32) ^ c, uint32_t(rest)...);
 }
 
-// Every thread waits at the same threadgroup barrier in the same iteration, nothing to
-// report: all run on.
-inline bool all_at_one_barrier(Group& g) {
+// After a round of a plain dispatch: every thread waits at the same threadgroup barrier in
+// the same iteration (all run on), or every thread returned (the threadgroup is done). No
+// early exit, so the compiler vectorises the scan.
+enum class RoundEnd { kOther, kOneBarrier, kReturned };
+inline RoundEnd round_end(const Group& g) {
   const int at = g.at[0];
   const uint64_t iteration = g.iteration[0];
-  if (at <= 0 || g.kinds[at] != W_BARRIER || g.stop->load(std::memory_order_relaxed) != 0) return false;
-  for (uint32_t t = 1; t < g.n; ++t)
-    if (g.at[t] != at || g.iteration[t] != iteration) return false;
-  for (uint32_t t = 0; t < g.n; ++t) g.runnable[t] = 1;
-  return true;
+  if (at == 0 || (at > 0 && g.kinds[at] != W_BARRIER) || g.stop->load(std::memory_order_relaxed) != 0)
+    return RoundEnd::kOther;
+  unsigned differ = 0;
+  if (at < 0) {
+    for (uint32_t t = 1; t < g.n; ++t) differ |= unsigned(g.at[t] != at);
+    return differ ? RoundEnd::kOther : RoundEnd::kReturned;
+  }
+  for (uint32_t t = 1; t < g.n; ++t) differ |= unsigned(g.at[t] != at) | unsigned(g.iteration[t] != iteration);
+  return differ ? RoundEnd::kOther : RoundEnd::kOneBarrier;
 }
 
+// Rounds until every thread returned. A round after which all threads met at one
+// threadgroup barrier runs them all again without their `runnable` flags (all stay 0
+// then); any other goes through resolve_regions, which flags the threads it releases.
 template <class Body>
 inline void run_regions(Group& g, const uint32_t* sites, const uint8_t* kinds, Body&& body) {
   g.sites = sites;
   g.kinds = kinds;
   for (uint32_t t = 0; t < g.n; ++t) {
     g.at[t] = 0;
-    g.runnable[t] = 1;
+    g.runnable[t] = 0;
   }
-  do {
-    for (uint32_t t = 0; t < g.n; ++t) {
-      if (!g.runnable[t]) continue;
-      g.runnable[t] = 0;
-      g.enter(t);
+  const bool sanitized = g.sanitized;
+  const uint32_t n = g.n;
+  for (bool everyone = true;;) {
+    for (uint32_t t = 0; t < n; ++t) {
+      if (!everyone) {
+        if (!g.runnable[t]) continue;
+        g.runnable[t] = 0;
+      }
+      g.enter(t, sanitized);
       g.at[t] = body(t, g.at[t]);
-      if (g.sanitized) end_region_segment();
+      if (sanitized) end_region_segment();
     }
-  } while ((!g.sanitized && all_at_one_barrier(g)) || resolve_regions(g));
+    const RoundEnd end = sanitized ? RoundEnd::kOther : round_end(g);
+    if (end == RoundEnd::kReturned) return;
+    everyone = end == RoundEnd::kOneBarrier;
+    if (!everyone && !resolve_regions(g)) return;
+  }
 }
 
 // Per-thread storage for one kernel variable: a slot per thread of the group, in a buffer
@@ -212,11 +258,11 @@ struct type_at_<I, type_list<H, T...>> : type_at_<I - 1, type_list<T...>> {};
 template <size_t I, class L>
 using type_at = typename type_at_<I, L>::type;
 
-// A built-in argument's value for one thread (see make_arg).
+// Thread t's value of a built-in argument (see make_arg).
 template <class V>
-inline V builtin_arg(int which, const ThreadInfo& t) {
+inline V builtin_arg(int which, const Group& g, uint32_t t) {
   if constexpr (builtin_traits<V>::ok) {
-    return builtin_traits<V>::make(builtin_value(which, t));
+    return builtin_traits<V>::make(g.builtin(which, t));
   } else {
     fault("launch", "built-in parameter of an unsupported type");
   }
@@ -234,6 +280,44 @@ inline void invoke_group_with(void (*f)(Group&, A...), const ParamSpec* p, const
 template <class... A>
 inline void invoke_group(void (*f)(Group&, A...), const ParamSpec* p, const DispatchArgs& d, Group& g) {
   invoke_group_with(f, p, d, g, std::index_sequence_for<A...>{});
+}
+
+// A kernel that does not synchronise at all needs no rounds: a threadgroup is one loop
+// calling the kernel for each of its threads, in thread order as the runtime's
+// one-call-per-thread path runs them. Its arguments are bound once per threadgroup (a
+// buffer's pointer with its bounds, a constant's reference, a value), each call getting its
+// own copy of those passed by value; only the built-ins are each thread's. Per thread that
+// saves what the runtime's path pays: the ThreadInfo's divisions, a call through a pointer
+// and a runtime call for each buffer's bounds.
+template <class A>
+using bound_arg_t = std::conditional_t<std::is_reference<A>::value, A, std::remove_cv_t<A>>;
+
+template <class A>
+inline A thread_arg(const ParamSpec& p, const bound_arg_t<A>& bound, const Group& g, uint32_t t) {
+  if constexpr (!std::is_reference<A>::value && builtin_traits<std::remove_cv_t<A>>::ok) {
+    if (p.kind == P_BUILTIN) return builtin_arg<std::remove_cv_t<A>>(p.index, g, t);
+  }
+  return bound;
+}
+
+template <class... A, size_t... I>
+inline void invoke_straight_with(void (*f)(A...), const ParamSpec* p, const DispatchArgs& d, Group& g,
+                                 std::index_sequence<I...>) {
+  g.enter(0);
+  const std::tuple<bound_arg_t<A>...> bound(make_arg<A>(p[I], d, g.running)...);
+  const bool sanitized = g.sanitized;
+  const std::atomic<int>& stop = *g.stop;
+  for (uint32_t t = 0, n = g.n; t < n; ++t) {
+    if (stop.load(std::memory_order_relaxed) != 0) stop_group();
+    g.enter(t, sanitized);
+    f(thread_arg<A>(p[I], std::get<I>(bound), g, t)...);
+    if (sanitized) end_region_segment();
+  }
+}
+
+template <class... A>
+inline void invoke_straight(void (*f)(A...), const ParamSpec* p, const DispatchArgs& d, Group& g) {
+  invoke_straight_with(f, p, d, g, std::index_sequence_for<A...>{});
 }
 
 }  // namespace tsm_emu

@@ -87,9 +87,10 @@ using InvokeFn = void (*)(const DispatchArgs&, const ThreadInfo&);
 struct Group;  // regions.h
 using GroupFn = void (*)(const DispatchArgs&, Group&);
 
-// How the runtime runs a kernel's threadgroups: with `group` (barrier regions, regions.h)
-// when the translation made one; else as fibers when the kernel synchronises (barriers,
-// SIMD-group functions); else as a plain loop over `invoke`.
+// How the runtime runs a kernel's threadgroups: with `group` when the translation made one
+// (barrier regions, or a loop over the threads of a kernel that does not synchronise:
+// regions.h); else as fibers when the kernel synchronises (barriers, SIMD-group
+// functions); else as a loop calling `invoke` per thread (TSM_EMU_REGIONS=0).
 struct KernelEntry {
   const char* name;
   InvokeFn invoke;
