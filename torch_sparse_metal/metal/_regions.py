@@ -971,7 +971,7 @@ class _GroupFunction:
             head.append(f"using __tsm_pt{i} = std::remove_cv_t<decltype({p})>;")
             pinned = param.canonical.hash in self.pinned
             if builtin is not None and not modified and not pinned:
-                # Read where the thread runs: the scheduler keeps the running thread's place.
+                # Computed from the thread's index (Group::builtin), where the thread runs.
                 bindings.append(f"__tsm_pt{i} {p} = ::tsm_emu::builtin_arg<__tsm_pt{i}>({builtin}, "
                                 f"__tsm_g, __tsm_t);")
                 continue
