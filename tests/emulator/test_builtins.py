@@ -18,7 +18,6 @@ geometry, following Metal's dispatchThreads semantics (docs: ../shared/notes/met
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -141,15 +140,9 @@ inline void synchronise() { metal::simdgroup_barrier(metal::mem_flags::mem_none)
 @pytest.fixture(scope="module", params=["threadgroup_loop", "thread_calls", "fibers"])
 def lib(request):
     src = (FIBER_PREFIX if request.param == "fibers" else "") + SOURCE
-    regions = os.environ.get("TSM_EMU_REGIONS")
-    os.environ["TSM_EMU_REGIONS"] = "0" if request.param == "thread_calls" else "1"
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TSM_EMU_REGIONS", "0" if request.param == "thread_calls" else "1")
         return compile_shader(src)
-    finally:
-        if regions is None:
-            del os.environ["TSM_EMU_REGIONS"]
-        else:
-            os.environ["TSM_EMU_REGIONS"] = regions
 
 
 def _dim3(v):
