@@ -920,6 +920,24 @@ def test_a_stop_stores_only_what_may_be_read_after_it(tmp_path):
     assert "auto& __tsm_h0 = a_tile;" in group and "auto& __tsm_h1 = b_tile;" in group
 
 
+def test_rounds_are_compiled_for_each_stop_of_the_kernel():
+    """A group function's rounds that start from one stop call its body with that stop as a
+    constant (regions.h's run_regions<Stops>): the count must be the kernel's last stop, or
+    the stops past it would run through the general loop, correct but slower."""
+    sources = sorted(SHADERS_DIR.glob("*.metal")) + [SHADERS_DIR / "bench" / "barrier_heavy.metal"]
+    counted = 0
+    for path in sources:
+        cxx = _compiler.generated_cxx(path).text
+        for group in re.split(r"inline void \w+__tsm_group", cxx)[1:]:
+            group = group[:group.find("__tsm_group")] if "__tsm_group" in group else group
+            count = re.search(r"run_regions<(\d+)>", group)
+            assert count, path.name
+            stops = {int(k) for k in re.findall(r"\bcase (\d+):;", group)}
+            assert stops == set(range(1, int(count.group(1)) + 1)), (path.name, count.group(0), stops)
+            counted += 1
+    assert counted >= 15
+
+
 def test_liveness_kernels_run_as_regions(tmp_path):
     assert grouped(LIVE_IN_LOOPS, tmp_path) == {"live_in_for", "live_in_while", "live_in_do", "header_only"}
 

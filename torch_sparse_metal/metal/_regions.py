@@ -15,7 +15,9 @@ keeps the kernel and adds, right after it::
     inline void <kernel>__tsm_group(tsm_emu::Group& g, <the kernel's parameters>)
 
 which runs one whole threadgroup. Its heart is the kernel's body made resumable, as a
-lambda ``(thread, where) -> where next`` that the scheduler calls for each thread in turn:
+lambda ``(thread, where) -> where next`` that the scheduler calls for each thread in turn
+(``run_regions<stops>``: told how many stops there are, it calls the lambda with ``where``
+a constant when all threads resume at one, and the compiler keeps only that stop's code):
 
 * ``switch (where) { case 0: <body> }``; each barrier statement becomes
   ``{ g.arrive(t, <loop iterations>, <flags>); return k; case k:; }``, and each
@@ -997,7 +999,7 @@ class _GroupFunction:
         kinds = ", ".join(["0"] + [str(p.kind) for p in self.points])
         head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
         head.append(f"static const unsigned char __tsm_kinds[] = {{{kinds}}};")
-        head.append("::tsm_emu::run_regions(__tsm_g, __tsm_sites, __tsm_kinds, "
+        head.append(f"::tsm_emu::run_regions<{len(self.points)}>(__tsm_g, __tsm_sites, __tsm_kinds, "
                     "[&](unsigned __tsm_t, int __tsm_at) -> int {")
         head += bindings
         for number, point in enumerate(self.points, start=1):
