@@ -83,13 +83,13 @@ struct Group {
     if (sanitized_dispatch) complete();
   }
   void enter(uint32_t t) { enter(t, sanitized); }
+  // (From builtin, so a report names the thread by the values its kernel computed.)
   void complete() {
     const uint32_t t = running.thread_index_in_threadgroup;
-    const u3 l = local[t];
-    running.thread_position_in_threadgroup = l;
-    running.thread_position_in_grid = {origin.x + l.x, origin.y + l.y, origin.z + l.z};
-    running.thread_index_in_simdgroup = t % 32;
-    running.simdgroup_index_in_threadgroup = t / 32;
+    running.thread_position_in_threadgroup = builtin(B_THREAD_POSITION_IN_THREADGROUP, t);
+    running.thread_position_in_grid = builtin(B_THREAD_POSITION_IN_GRID, t);
+    running.thread_index_in_simdgroup = builtin(B_THREAD_INDEX_IN_SIMDGROUP, t).x;
+    running.simdgroup_index_in_threadgroup = builtin(B_SIMDGROUP_INDEX_IN_THREADGROUP, t).x;
   }
   // Thread t's built-in `which` (see builtin_value): the ones that differ between the
   // threads from t, the others from `running`, the same for all.
