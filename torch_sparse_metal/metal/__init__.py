@@ -95,8 +95,8 @@ def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: b
     ("3.0", "3.1", "3.2" or "4.0": ``__METAL_VERSION__`` and what that version allows; the
     default is what the Metal launcher picks on the newest macOS): what Apple's compiler
     would reject raises :class:`MetalCompileError` naming the file and line.
-    ``sanitize=True``: race-checked variant (one CPU thread, slower; every build checks
-    bounds). ``include_dirs``: where quoted and angle includes resolve, besides the
+    ``sanitize=True``: race-checked variant (each threadgroup one Metal thread at a time, much
+    slower; every build checks bounds). ``include_dirs``: where quoted and angle includes resolve, besides the
     package's ``shaders/`` and the emulated ``<metal_*>`` headers; nothing outside them can
     be included (no absolute paths, no ``..`` or symbolic link out of them).
     ``function_constants``: values of ``[[function_constant(n)]]`` constants, by name or by

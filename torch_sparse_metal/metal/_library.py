@@ -53,7 +53,9 @@ segment_bytes = [DEFAULT_SEGMENT_BYTES]
 # cheapest Metal threads (`y[i] += a * x[i]`: 4096 threads took 110 us on one worker, 120 us
 # on two; 16384 threads 390 and 286 us), and a tiled matmul gained from 4096 threads on
 # (64^3: 494 -> 338 us, 128^3: 3.76 -> 2.03 ms). So by default a dispatch gets one worker
-# per 8K threads, up to the core count: two from 16K threads on.
+# per 8K threads, up to the core count: two from 16K threads on. Sanitized dispatches too:
+# their threads cost 30-70x more and would gain from a second worker sooner, but below 16K
+# threads (most kernels' tests) they keep one order, so a report is the same in every run.
 THREADS_PER_WORKER = 1 << 13
 
 

@@ -121,7 +121,7 @@ struct Worker {
 
 // The runtime's thread-locals: local-dynamic, one look-up of this library's TLS block per
 // function, where g++ otherwise calls __tls_get_addr once per variable (macOS has a single
-// TLS model). A sanitized dispatch's per-access calls read none (g_sanitized_thread).
+// TLS model). A sanitized dispatch's per-access calls read none (Region::sanitizer).
 #if defined(__linux__)
 #define TSM_RUNTIME_TLS __attribute__((tls_model("local-dynamic")))
 #else
@@ -132,6 +132,16 @@ thread_local Worker* t_worker TSM_RUNTIME_TLS = nullptr;
 thread_local const ThreadInfo* t_plain_thread TSM_RUNTIME_TLS = nullptr;  // plain-loop mode
 thread_local Group* t_group TSM_RUNTIME_TLS = nullptr;                     // barrier-region mode
 thread_local Sanitizer* t_sanitizer TSM_RUNTIME_TLS = nullptr;            // sanitized dispatches only
+// The same, in a sanitized dispatch with one worker (a library runs one dispatch at a time:
+// g_dispatch_lock): the services kernel code calls most (count_fmas, note_store) read it
+// instead of the thread-local, whose look-up costs as much as they do.
+Sanitizer* g_sole_sanitizer = nullptr;
+
+// The sanitizer of the worker running the calling kernel code (null: unsanitized).
+inline Sanitizer* running_sanitizer() {
+  Sanitizer* s = g_sole_sanitizer;
+  return s ? s : t_sanitizer;
+}
 
 // The regions of the running dispatch as this worker sees them: the sanitizer's, or the
 // worker's own table in an unsanitized dispatch.
@@ -210,50 +220,28 @@ void run_kernel_code(F&& f) {
   t_runtime_depth = 1;
 }
 
-ThreadId thread_id(const ThreadInfo& t) {
-  const u3 g = t.threadgroup_position_in_grid, n = t.threadgroups_per_grid;
-  return {g.x + n.x * (g.y + n.y * g.z), t.thread_index_in_threadgroup,
-          t.simdgroup_index_in_threadgroup};
-}
-
-// The running Metal thread of a sanitized dispatch, as its per-access calls need it. Plain
-// globals, not thread-locals (which cost a __tls_get_addr call per access in a shared
-// library): a sanitized dispatch runs on one worker, and a library runs one dispatch at a
-// time (g_dispatch_lock). Set by the schedulers (SanitizedThreadScope) for each thread
-// they run, and only in sanitized dispatches.
-struct SanitizedThread {
-  Sanitizer* sanitizer = nullptr;
-  const ThreadInfo* info = nullptr;  // null: no thread of a sanitized dispatch is running
-  AccessLog* touches = nullptr;      // its accesses since it last stopped
-  const uint8_t* mode = nullptr;     // barrier regions: the running thread's CollectiveMode
-};
-SanitizedThread g_sanitized_thread;
-// Nonzero while a per-access call edits the sanitizer's state: a stop request waits for it
-// (on_stop_signal), as it waits for the runtime services that count t_runtime_depth.
-volatile sig_atomic_t g_in_sanitizer = 0;
-
 class SanitizedThreadScope {
  public:
   SanitizedThreadScope(const ThreadInfo* info, AccessLog* touches, const uint8_t* mode = nullptr)
-      : active_(t_sanitizer != nullptr) {
-    if (active_) g_sanitized_thread = {t_sanitizer, info, touches, mode};
+      : sanitizer_(t_sanitizer) {
+    if (sanitizer_) sanitizer_->running = {info, touches, mode};
   }
   ~SanitizedThreadScope() {
-    if (active_) g_sanitized_thread = {};
+    if (sanitizer_) sanitizer_->running = {};
   }
   SanitizedThreadScope(const SanitizedThreadScope&) = delete;
   SanitizedThreadScope& operator=(const SanitizedThreadScope&) = delete;
 
  private:
-  bool active_;
+  Sanitizer* sanitizer_;
 };
 
-// The sanitizer's calls from kernel code (per access, per stop): g_in_sanitizer instead of
-// enter_runtime(), which would read thread-locals; a stop requested meanwhile is taken on the
-// way out, as leave_runtime() takes it.
+// The sanitizer's calls from kernel code (per access, per stop): Sanitizer::in_call instead
+// of enter_runtime(), which would read thread-locals; a stop requested meanwhile is taken on
+// the way out, as leave_runtime() takes it.
 class SanitizerCallScope {
  public:
-  SanitizerCallScope() { mark(1); }
+  explicit SanitizerCallScope(Sanitizer& s) : sanitizer_(s) { mark(1); }
   ~SanitizerCallScope() {
     mark(0);
     // During an exception's unwinding the code below is still the runtime's (RuntimeScope).
@@ -263,16 +251,19 @@ class SanitizerCallScope {
   SanitizerCallScope& operator=(const SanitizerCallScope&) = delete;
 
  private:
-  static void mark(sig_atomic_t value) {
+  void mark(sig_atomic_t value) {
     std::atomic_signal_fence(std::memory_order_seq_cst);
-    g_in_sanitizer = value;
+    sanitizer_.in_call = value;
     std::atomic_signal_fence(std::memory_order_seq_cst);
   }
+  Sanitizer& sanitizer_;
 };
 
-// The running Metal thread and its access log, for the sanitizer.
-inline bool current_accesses(const ThreadInfo** info, AccessLog** touches) {
-  const SanitizedThread& t = g_sanitized_thread;
+// The Metal thread `s`'s worker runs and its access log, for the sanitizer (false: none, or
+// not sanitized).
+inline bool current_accesses(const Sanitizer* s, const ThreadInfo** info, AccessLog** touches) {
+  if (!s) return false;
+  const Sanitizer::Running& t = s->running;
   if (!t.info) return false;
   // A statement that calls a SIMD-group function runs twice in barrier regions (regions.h):
   // the first run's evaluation of the arguments is the kernel's, the second's is not.
@@ -283,11 +274,12 @@ inline bool current_accesses(const ThreadInfo** info, AccessLog** touches) {
 }
 
 void end_segment() {
+  Sanitizer* s = running_sanitizer();
   const ThreadInfo* info;
   AccessLog* touches;
-  if (!current_accesses(&info, &touches)) return;
-  SanitizerCallScope scope;
-  g_sanitized_thread.sanitizer->end_segment(thread_id(*info), *touches);
+  if (!current_accesses(s, &info, &touches)) return;
+  SanitizerCallScope scope(*s);
+  s->end_segment(s->who(*info), *touches);
 }
 
 size_t stack_size() {
@@ -633,7 +625,8 @@ void run_group(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group) {
   w->static_tg_total = 0;
   w->plain_touches.clear();  // a fault may have left a thread's accesses behind
   if (t_sanitizer) {
-    t_sanitizer->begin_group((n + kSimdWidth - 1) / kSimdWidth, w->dynamic_tg_ptrs.data(),
+    const uint32_t linear = group.x + groups.x * (group.y + groups.y * group.z);
+    t_sanitizer->begin_group(linear, (n + kSimdWidth - 1) / kSimdWidth, w->dynamic_tg_ptrs.data(),
                              w->dynamic_tg_bytes.data(), int(w->dynamic_tg_bytes.size()),
                              w->threadgroup_names);
   }
@@ -879,7 +872,7 @@ void chain(const struct sigaction& previous, int sig, siginfo_t* info, void* con
 
 void on_stop_signal(int sig, siginfo_t* info, void* context) {
   if (t_worker != nullptr && t_crash_jump != nullptr) {  // a worker of this library
-    if (t_runtime_depth == 0 && !g_in_sanitizer && stop_requested()) jump_out_to_stop();
+    if (t_runtime_depth == 0 && !(t_sanitizer && t_sanitizer->in_call) && stop_requested()) jump_out_to_stop();
     return;
   }
   chain(g_previous_stop_signal, sig, info, context);  // another library's worker, say
@@ -981,8 +974,7 @@ void after_fork_in_child() {
   for (WorkerSlot& slot : g_slots) slot.state.store(0);
   g_dispatch_running.store(false);
   g_stop.store(kRunning);
-  g_sanitized_thread = {};
-  g_in_sanitizer = 0;
+  g_sole_sanitizer = nullptr;
 }
 
 [[maybe_unused]] const int g_fork_handler_registered =
@@ -1089,12 +1081,13 @@ void end_region_segment() {
   // A round runs the threads in order: after the last lane of a SIMD-group (the group's
   // last thread, for a partial one) every lane of it is stopped, and its instructions are
   // counted while their log is still in cache (a threadgroup's logs together outgrow it).
-  const ThreadInfo* info = g_sanitized_thread.info;
+  Sanitizer* s = running_sanitizer();
+  const ThreadInfo* info = s ? s->running.info : nullptr;
   if (!info) return;
   const u3 n = info->threads_per_threadgroup;
   const uint32_t i = info->thread_index_in_threadgroup;
   if (i % kSimdWidth == kSimdWidth - 1 || i + 1 == n.x * n.y * n.z)
-    g_sanitized_thread.sanitizer->flush_instruction_log(info->simdgroup_index_in_threadgroup);
+    s->flush_instruction_log(info->simdgroup_index_in_threadgroup);
 }
 
 void stop_group() {
@@ -1263,40 +1256,45 @@ void thread_pointer_out_of_bounds(const char* what, long long element, unsigned 
                              (file ? std::string(" (") + base_name(file) + ":" + std::to_string(line) + ")" : ""));
 }
 
-void sanitizer_access(const Bounds* region, const void* element, size_t element_bytes,
+void sanitizer_access(const Bounds* bounds, const void* element, size_t element_bytes,
                       const void* field, size_t field_bytes, bool atomic) {
+  const Region* region = static_cast<const Region*>(bounds);
+  // The worker's sanitizer, through the region (a program constant's is everyone's, and no
+  // region is a fault: those two read the thread-local).
+  Sanitizer* s = region && region->sanitizer ? region->sanitizer : running_sanitizer();
   const ThreadInfo* info;
   AccessLog* touches;
-  if (!current_accesses(&info, &touches)) return;
-  SanitizerCallScope scope;
+  if (!current_accesses(s, &info, &touches)) return;
+  SanitizerCallScope scope(*s);
   // The caller's return address tells the access's place in the kernel's code apart: the
   // checked accesses of sanitize.h are always inlined into it.
-  g_sanitized_thread.sanitizer->access(static_cast<const Region*>(region), element, element_bytes, field,
-                                       field_bytes, atomic, thread_id(*info), *touches,
-                                       uintptr_t(__builtin_return_address(0)));
+  s->access(region, element, element_bytes, field, field_bytes, atomic, s->who(*info), *touches,
+            uintptr_t(__builtin_return_address(0)));
 }
 
 void sanitizer_note_atomic(const void* address, size_t bytes) {
   RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
-  if (t_sanitizer && current_accesses(&info, &touches))
-    t_sanitizer->note_atomic(address, bytes, thread_id(*info), *touches, uintptr_t(__builtin_return_address(0)));
+  Sanitizer* s = running_sanitizer();
+  if (current_accesses(s, &info, &touches))
+    s->note_atomic(address, bytes, s->who(*info), *touches, uintptr_t(__builtin_return_address(0)));
 }
 
 void sanitizer_note_store(const void* address, size_t bytes, bool updates) {
+  Sanitizer* s = running_sanitizer();
   const ThreadInfo* info;
   AccessLog* touches;
-  if (!current_accesses(&info, &touches)) return;
-  SanitizerCallScope scope;
-  g_sanitized_thread.sanitizer->note_store(address, bytes, updates, *touches);
+  if (!current_accesses(s, &info, &touches)) return;
+  SanitizerCallScope scope(*s);
+  s->note_store(address, bytes, updates, *touches);
 }
 
 void inactive_lane_read(uint32_t lane) {
   RuntimeScope scope;
   const ThreadInfo* info;
   AccessLog* touches;
-  if (!t_sanitizer || !current_accesses(&info, &touches)) return;
+  if (!current_accesses(t_sanitizer, &info, &touches)) return;
   raise("inactive_lane", where_info(*info) + " read lane " + std::to_string(lane) +
                              " of its SIMD-group through a shuffle, but that lane is not active "
                              "at this call (it does not exist, returned, or is in another branch): "
@@ -1318,14 +1316,16 @@ void leave_call() {
 void count_fmas(unsigned n) {
   const ThreadInfo* info;
   AccessLog* touches;
-  if (current_accesses(&info, &touches)) g_sanitized_thread.sanitizer->count_fmas(n);
+  Sanitizer* s = running_sanitizer();
+  if (current_accesses(s, &info, &touches)) s->count_fmas(n);
 }
 
 bool inject_spurious_cas_failure() {
   const ThreadInfo* info;
   AccessLog* touches;
-  if (!t_sanitizer || !current_accesses(&info, &touches)) return false;
-  return t_sanitizer->spurious_cas_failure();
+  Sanitizer* s = running_sanitizer();
+  if (!current_accesses(s, &info, &touches)) return false;
+  return s->spurious_cas_failure();
 }
 
 const Bounds* buffer_region(int index) {
@@ -1386,14 +1386,17 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
 
   u3 groups = ceil_div(grid, group);
   uint64_t num_groups = uint64_t(groups.x) * groups.y * groups.z;
-  // A sanitized dispatch runs one Metal thread at a time: its bookkeeping needs no locks
-  // and a thread's writes are told apart from reads by comparing bytes when it stops.
-  std::unique_ptr<Sanitizer> sanitizer;
-  if (l->sanitize)
-    sanitizer.reset(new Sanitizer(grid, group, l->buffers, l->buffer_bytes, l->buffer_names, l->num_buffers,
-                                  l->segment_bytes ? l->segment_bytes : 128));
-  unsigned workers = l->sanitize ? 1u : unsigned(std::max(1, l->num_workers));
+  unsigned workers = unsigned(std::max(1, l->num_workers));
   workers = unsigned(std::min<uint64_t>({workers, num_groups, kMaxWorkers}));
+  // Sanitized, each worker has a sanitizer of its own, sharing the buffers' shadows (sanitizer.h).
+  std::vector<std::unique_ptr<Shadow>> shadows;
+  std::vector<std::unique_ptr<Sanitizer>> sanitizers;
+  if (l->sanitize) {
+    for (int i = 0; i < l->num_buffers; ++i) shadows.emplace_back(new Shadow(size_t(l->buffer_bytes[i]), workers));
+    for (unsigned i = 0; i < workers; ++i)
+      sanitizers.emplace_back(new Sanitizer(grid, group, l->buffers, l->buffer_bytes, l->buffer_names,
+                                            l->num_buffers, l->segment_bytes ? l->segment_bytes : 128, shadows));
+  }
 
   install_crash_handlers();
   install_stop_signal_handler();
@@ -1412,7 +1415,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
   auto work_body = [&](Worker* w, unsigned index) {
     t_runtime_depth = 1;
     t_worker = w;
-    t_sanitizer = sanitizer.get();
+    t_sanitizer = sanitizers.empty() ? nullptr : sanitizers[index].get();
     w->kernel = &tsm_kernel_table[k];
     w->fault_raised = false;
     w->stack_bytes = w->stacks.empty() ? stack_size() : w->stack_bytes;
@@ -1425,7 +1428,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
       w->dynamic_tg[i].assign(size_t(l->threadgroup_bytes[i]) + 16, 0);
       w->dynamic_tg_ptrs[i] = w->dynamic_tg[i].data();
     }
-    if (!sanitizer) {  // the sanitizer keeps its own regions
+    if (!t_sanitizer) {  // the sanitizer keeps its own regions
       w->regions.set_buffers(l->buffers, l->buffer_bytes, l->buffer_names, l->num_buffers);
       w->regions.set_threadgroup_args(w->dynamic_tg_ptrs.data(), w->dynamic_tg_bytes.data(),
                                       l->num_threadgroup, l->threadgroup_names);
@@ -1439,8 +1442,10 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     if (sigsetjmp(jump, 1) != 0) {
       w->current = nullptr;
       t_plain_thread = nullptr;
-      g_sanitized_thread = {};  // the jump skipped the scopes that reset these
-      g_in_sanitizer = 0;
+      if (t_sanitizer) {  // the jump skipped the scopes that reset these
+        t_sanitizer->running = {};
+        t_sanitizer->in_call = 0;
+      }
       t_runtime_depth = 1;
       std::lock_guard<std::mutex> g(fault_lock);
       if (!faulted) {
@@ -1502,7 +1507,9 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     Watchdog watchdog(l->time_limit_s);
     g_dispatch_running.store(true);
     if (workers == 1) {
-      work(pool[0].get(), 0);
+      g_sole_sanitizer = sanitizers.empty() ? nullptr : sanitizers[0].get();
+      work(pool[0].get(), 0);  // catches everything
+      g_sole_sanitizer = nullptr;
     } else {
       std::vector<std::thread> threads;
       try {
@@ -1515,15 +1522,11 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     g_dispatch_running.store(false);
   }
   if (faulted) return fail(first_fault.kind, first_fault.message);
-  if (sanitizer) {
-    const Counters& c = sanitizer->counters();
-    const uint64_t values[] = {c.device_bytes_read, c.device_bytes_written, c.threadgroup_accesses,
-                               c.bank_conflicts, c.barriers, c.fmas, c.atomics,
-                               c.device_instructions, c.device_transactions, c.device_min_transactions,
-                               c.atomic_instructions, c.atomic_conflicts, c.memory_instructions,
-                               c.active_lanes};
-    static_assert(sizeof values == sizeof l->counters, "tsm_launch.counters lists every counter");
-    std::memcpy(l->counters, values, sizeof values);
+  if (!sanitizers.empty()) {
+    Counters c;
+    for (const auto& s : sanitizers) c += s->counters();
+    static_assert(std::size(Counters::kFields) == std::size(tsm_launch{}.counters), "tsm_launch.counters lists every counter");
+    for (size_t i = 0; i < std::size(Counters::kFields); ++i) l->counters[i] = c.*Counters::kFields[i];
   }
   return 0;
 }

@@ -12,8 +12,9 @@ namespace {
 constexpr unsigned kMemDevice = 1, kMemThreadgroup = 2;  // metal::mem_flags
 
 std::unique_ptr<Region> make_region(void* base, size_t bytes, RegionKind kind, int index,
-                                    std::string name) {
+                                    std::string name, Sanitizer* owner = nullptr) {
   std::unique_ptr<Region> r(new Region);
+  r->sanitizer = owner;
   r->base = static_cast<char*>(base);
   r->bytes = bytes;
   r->begin = r->base;
@@ -60,7 +61,7 @@ void Regions::set_buffers(void* const* buffers, const uint64_t* bytes, const cha
   threadgroup_vars_.clear();
   for (int i = 0; i < num_buffers; ++i)
     buffers_.push_back(make_region(buffers[i], size_t(bytes[i]), R_BUFFER, i,
-                                   names && names[i] ? names[i] : ""));
+                                   names && names[i] ? names[i] : "", owner_));
 }
 
 void Regions::set_threadgroup_args(void* const* args, const uint64_t* bytes, int num_args,
@@ -76,14 +77,14 @@ void Regions::set_threadgroup_args(void* const* args, const uint64_t* bytes, int
   threadgroup_args_.clear();
   for (int i = 0; i < num_args; ++i)
     threadgroup_args_.push_back(make_region(args[i], size_t(bytes[i]), R_THREADGROUP_ARG, i,
-                                            names && names[i] ? names[i] : ""));
+                                            names && names[i] ? names[i] : "", owner_));
 }
 
 Region* Regions::static_variable(const void* address, size_t bytes, const char* name) {
   for (auto& r : threadgroup_vars_)
     if (r->base == address) return r.get();
   threadgroup_vars_.push_back(make_region(const_cast<void*>(address), bytes, R_THREADGROUP_VAR,
-                                          int(threadgroup_vars_.size()), name ? name : ""));
+                                          int(threadgroup_vars_.size()), name ? name : "", owner_));
   return threadgroup_vars_.back().get();
 }
 
@@ -120,17 +121,24 @@ const Region* Regions::find(const void* address) const {
 }
 
 Sanitizer::Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
-                     const char* const* names, int num_buffers, uint32_t segment_bytes)
+                     const char* const* names, int num_buffers, uint32_t segment_bytes,
+                     std::vector<std::unique_ptr<Shadow>>& shadows)
     : grid_(grid), group_size_(group_size), groups_(ceil_div(grid, group_size)),
       segment_bytes_(segment_bytes) {
   // Segments are found by masking, not dividing (metal.instrumented checks this too).
   if (segment_bytes == 0 || (segment_bytes & (segment_bytes - 1)) != 0)
     fault("launch", "the transaction counters' segment size must be a power of two");
+  owner_ = this;
   set_buffers(buffers, bytes, names, num_buffers);
+  for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->shadow = shadows[i].get();
 }
 
-void Sanitizer::begin_group(uint32_t simdgroups, void* const* args, const uint64_t* bytes,
+void Sanitizer::begin_group(uint32_t group, uint32_t simdgroups, void* const* args, const uint64_t* bytes,
                             int num_args, const char* const* names) {
+  // Which weak compare-and-swaps fail follows from the threadgroup and its own calls only,
+  // whichever worker runs it and whatever ran before: reproducible.
+  group_ = group;
+  cas_calls_ = group % 3;
   tg_epoch_ = dev_epoch_ = 0;
   sg_tg_epoch_.assign(simdgroups, 0);
   sg_dev_epoch_.assign(simdgroups, 0);
@@ -280,12 +288,29 @@ unsigned word_mask(size_t word, size_t offset, size_t bytes) {
   return (1u << to) - (1u << from);
 }
 
-// A word's cell: threadgroup memory's or a buffer's shadow.
+// The cell of a word of threadgroup memory, or of a buffer (its shadow's, under the lock of
+// its page while in scope).
 template <bool kThreadgroup>
-Cell& cell(Region& r, size_t word) {
-  if constexpr (kThreadgroup) return r.group_shadow[word];
-  return r.shadow[word];
-}
+class CellOf;
+template <>
+class CellOf<true> {
+ public:
+  CellOf(Region& r, size_t word) : cell_(r.group_shadow[word]) {}
+  Cell& operator*() { return cell_; }
+
+ private:
+  Cell& cell_;
+};
+template <>
+class CellOf<false> {
+ public:
+  CellOf(Region& r, size_t word) : page_(*r.shadow, word), word_(word) {}
+  Cell& operator*() { return page_[word_]; }
+
+ private:
+  Shadow::PageLock page_;
+  size_t word_;
+};
 }  // namespace
 
 // Inline: record calls it once per word an access touched.
@@ -293,6 +318,15 @@ template <bool kThreadgroup>
 [[gnu::always_inline]] inline void Sanitizer::record_word(Region& r, const Touch& t, Cell& c, Access now,
                                                           bool write, bool reads_first, bool whole_element) {
   const unsigned mask = now.mask();
+  // A read of device bytes nobody wrote, which two threads of two other threadgroups read
+  // already (reads that hold: threads of different threadgroups are never ordered): any write
+  // to come conflicts with one of those two, whoever makes it, so this read adds nothing.
+  // Leaving the cell as it is keeps it in every worker's cache (a word that all threadgroups
+  // read is the common case: a matmul's operands).
+  if (!kThreadgroup && !write && !(mask & c.write_mask) && c.n_reads == 2 &&
+      c.reads[0].group != c.reads[1].group && now.group != c.reads[0].group &&
+      now.group != c.reads[1].group && (c.reads[0].mask() & c.reads[1].mask() & mask) == mask)
+    return;
   if (reads_first && (mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
   if (kThreadgroup && write && whole_element) c.written |= mask;
   // Threadgroup memory's writes of an earlier interval are ordered before this access.
@@ -325,12 +359,23 @@ template <bool kThreadgroup>
     if (!ordered<kThreadgroup>(c.reads[i], now)) c.reads[kept++] = c.reads[i];
   c.n_reads = kept;
   if (write) return;
-  if (kept == 2) {
-    c.reads[1] = now;  // two unordered readers already: keep the first and the latest
-  } else {
+  if (kept < 2) {
     c.reads[kept] = now;
     c.n_reads = uint8_t(kept + 1);
+    return;
   }
+  // Two unordered readers already. Of one threadgroup (threadgroup memory's always): keep the
+  // first and the latest. Once two threadgroups read, keep one read of each, the latest (a
+  // write of any threadgroup conflicts with the other's; a later read of a threadgroup is
+  // ordered before fewer of its writes): threadgroups running at once on several workers
+  // interleave their reads, and a threadgroup's later reads must not push the other's out.
+  if (now.group == c.reads[1].group)
+    c.reads[1] = now;
+  else if (now.group == c.reads[0].group)
+    c.reads[0] = now;
+  else if (c.reads[0].group == c.reads[1].group)
+    c.reads[1] = now;
+  // else a third threadgroup: any write conflicts with one of the two already (above)
 }
 
 // Inline: end_segment calls it once per access it logged.
@@ -347,12 +392,14 @@ template <bool kThreadgroup>
   if (bytes == 4 && offset % 4 == 0) {  // one whole word, most accesses: no mask to compute
     Access now = who;
     now.bits |= 0xF;
-    record_word<kThreadgroup>(r, t, cell<kThreadgroup>(r, offset / 4), now, write, reads_first, whole_element);
+    CellOf<kThreadgroup> c(r, offset / 4);
+    record_word<kThreadgroup>(r, t, *c, now, write, reads_first, whole_element);
   } else {
     for (size_t word = offset / 4, end = (offset + bytes + 3) / 4; word < end; ++word) {
       Access now = who;
       now.bits |= uint8_t(word_mask(word, offset, bytes));
-      record_word<kThreadgroup>(r, t, cell<kThreadgroup>(r, word), now, write, reads_first, whole_element);
+      CellOf<kThreadgroup> c(r, word);
+      record_word<kThreadgroup>(r, t, *c, now, write, reads_first, whole_element);
     }
   }
   if (kThreadgroup && write && !whole_element) mark_written(t);

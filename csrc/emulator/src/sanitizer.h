@@ -1,12 +1,20 @@
 // The sanitizer's bookkeeping (internal to the runtime object).
 //
-// A sanitized dispatch runs on one worker, one Metal thread at a time, so nothing here
-// needs locks. Each access of a thread is checked against its region's bounds when it
-// happens and logged with a snapshot of the bytes (a repeat of a logged access is counted
-// on it, see AccessLog); when the thread stops (barrier, SIMD-group function, end) its logged accesses
+// A sanitized dispatch runs each threadgroup on one worker, one Metal thread at a time; its
+// workers (one per 8K threads of the dispatch, as unsanitized, up to the core count) run
+// different threadgroups, each with a Sanitizer of its own. They share the buffers' shadows
+// only (Shadow, locked per page): threadgroup memory, the epochs and the counters are per
+// threadgroup or summed at the end. Threads of different threadgroups are never ordered
+// within a dispatch, so a race between two of them is found whichever runs first; with
+// several workers which pair of the racing threads is named can vary between runs.
+// Each access of a thread is checked against its region's bounds when it happens and
+// logged with a snapshot of the bytes (a repeat of a logged access is counted on it, see
+// AccessLog); when the thread stops (barrier, SIMD-group function, end) its logged accesses
 // are classified and compared with the other threads' accesses to the same bytes in the
 // region's shadow. An access is a write if the rewriter marked it as an assignment's target
-// (sanitize.h) or if it changed the bytes; otherwise a read.
+// (sanitize.h) or if it changed the bytes; otherwise a read. (With several workers, a read
+// of bytes another threadgroup changes before the reader stops counts as a write: a race
+// either way, reported with that wording.)
 // Two accesses of different threads, at least one a write, race unless ordered:
 //   threadgroup memory: by a threadgroup_barrier with mem_threadgroup, or, for lanes of one
 //                       SIMD-group, a simdgroup_barrier with mem_threadgroup;
@@ -23,10 +31,13 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -69,18 +80,46 @@ struct Cell {  // one 4-byte word of a region
 
 // The cells of the words of a buffer a dispatch touched: pages of them, allocated when
 // first touched, found by index (a hash table's lookup was the sanitizer's main cost).
+// Shared by a dispatch's workers, which run different threadgroups at the same time: a
+// worker holds a page's lock (PageLock) while it reads or updates the page's cells.
 class Shadow {
  public:
-  Cell& operator[](size_t word) {
-    const size_t page = word / kPageWords;
-    if (page >= pages_.size()) pages_.resize(page + 1);
-    if (!pages_[page]) pages_[page].reset(new Cell[kPageWords]);
-    return pages_[page][word % kPageWords];
-  }
+  // `workers`: how many use it at once (one: no locking).
+  Shadow(size_t bytes, unsigned workers)
+      : pages_((bytes / 4 + kPageWords) / kPageWords), locked_(workers > 1 ? pages_.size() : 0) {}
+
+  // Holds the lock of the page of a word while in scope, with the page allocated.
+  class PageLock {
+   public:
+    PageLock(Shadow& s, size_t word) : lock_(nullptr) {
+      const size_t page = word / kPageWords;
+      if (!s.locked_.empty()) {
+        lock_ = &s.locked_[page].held;
+        while (lock_->exchange(true, std::memory_order_acquire))
+          while (lock_->load(std::memory_order_relaxed)) std::this_thread::yield();
+      }
+      if (!s.pages_[page]) s.pages_[page].reset(new Cell[kPageWords]);
+      cells_ = s.pages_[page].get();
+    }
+    ~PageLock() {
+      if (lock_) lock_->store(false, std::memory_order_release);
+    }
+    PageLock(const PageLock&) = delete;
+    PageLock& operator=(const PageLock&) = delete;
+    Cell& operator[](size_t word) { return cells_[word % kPageWords]; }
+
+   private:
+    std::atomic<bool>* lock_;
+    Cell* cells_;
+  };
 
  private:
   static constexpr size_t kPageWords = 256;
   std::vector<std::unique_ptr<Cell[]>> pages_;
+  struct alignas(64) Lock {  // a cache line each: workers on neighbouring pages do not share one
+    std::atomic<bool> held{false};
+  };
+  std::vector<Lock> locked_;  // per page, when shared
 };
 
 // The cells of threadgroup memory (32 KB at most): one per word, found directly. Each
@@ -108,6 +147,8 @@ class GroupShadow {
   uint32_t generation_ = 0;
 };
 
+class Sanitizer;
+
 // A buffer or threadgroup variable: its Bounds (what kernel code checks, sanitize.h), its
 // name for reports, and (sanitized) the shadow of its accesses.
 struct Region : Bounds {
@@ -116,8 +157,12 @@ struct Region : Bounds {
   RegionKind kind = R_BUFFER;
   int index = 0;
   std::string name;
-  Shadow shadow;             // a buffer's
+  Shadow* shadow = nullptr;  // a buffer's: the dispatch's, shared by its workers
   GroupShadow group_shadow;  // threadgroup memory's
+  // The sanitizer of the worker whose threads reach the region through this object (null:
+  // unsanitized, or a program constant): what the per-access calls find the running thread
+  // through, instead of a thread-local (whose look-up cost a fifth of an access, measured).
+  Sanitizer* sanitizer = nullptr;
 };
 
 // "[[buffer(0)]] `out`", "threadgroup variable `tile`", ...
@@ -141,6 +186,7 @@ class Regions {
 
  protected:
   std::vector<std::unique_ptr<Region>> buffers_, threadgroup_args_, threadgroup_vars_;
+  Sanitizer* owner_ = nullptr;  // stamped on the regions made (Region::sanitizer)
 };
 
 // How the first access of a Touch used it, when the rewriter said (sanitize.h).
@@ -237,6 +283,19 @@ struct Counters {
   uint64_t device_instructions = 0, device_transactions = 0, device_min_transactions = 0;
   uint64_t atomic_instructions = 0, atomic_conflicts = 0;
   uint64_t memory_instructions = 0, active_lanes = 0;
+
+  // Every counter, in the order the launch reports them (tsm_launch.counters).
+  static constexpr uint64_t Counters::*kFields[] = {
+      &Counters::device_bytes_read,   &Counters::device_bytes_written,   &Counters::threadgroup_accesses,
+      &Counters::bank_conflicts,      &Counters::barriers,               &Counters::fmas,
+      &Counters::atomics,             &Counters::device_instructions,    &Counters::device_transactions,
+      &Counters::device_min_transactions, &Counters::atomic_instructions, &Counters::atomic_conflicts,
+      &Counters::memory_instructions, &Counters::active_lanes};
+  // Another worker's, at the end of a dispatch.
+  Counters& operator+=(const Counters& o) {
+    for (auto field : kFields) this->*field += o.*field;
+    return *this;
+  }
 };
 
 // One lane's memory access, kept until the SIMD-group's lanes all stop and its accesses
@@ -266,20 +325,39 @@ struct InstructionLog {
   size_t used = 0;
   size_t accesses = 0;
   size_t latest = kNone;  // the place of the latest access logged, if it still is there
+  size_t previous = kNone;  // the place before it: a loop alternating two is not searched
 
   void clear() {
     for (size_t p = 0; p < used; ++p) places[p].accesses.clear();
     used = accesses = 0;
-    latest = kNone;
+    latest = previous = kNone;
   }
 };
 
 class Sanitizer : public Regions {
  public:
+  // `shadows`: the dispatch's, one per buffer, shared with its other workers' sanitizers.
   Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
-            const char* const* names, int num_buffers, uint32_t segment_bytes);
+            const char* const* names, int num_buffers, uint32_t segment_bytes,
+            std::vector<std::unique_ptr<Shadow>>& shadows);
 
-  void begin_group(uint32_t simdgroups, void* const* args, const uint64_t* bytes, int num_args,
+  // The Metal thread the worker runs, set by the schedulers (runtime.cpp), and its accesses
+  // since it last stopped; `mode`, in barrier regions, its CollectiveMode.
+  struct Running {
+    const ThreadInfo* info = nullptr;  // null: none
+    AccessLog* touches = nullptr;
+    const uint8_t* mode = nullptr;
+  };
+  Running running;
+  // A thread of the running threadgroup (whose linear index begin_group took).
+  ThreadId who(const ThreadInfo& t) const {
+    return {group_, t.thread_index_in_threadgroup, t.simdgroup_index_in_threadgroup};
+  }
+  // Nonzero while a call from kernel code edits this state: a stop request waits for it.
+  volatile sig_atomic_t in_call = 0;
+
+  // `group`: its linear index in the grid.
+  void begin_group(uint32_t group, uint32_t simdgroups, void* const* args, const uint64_t* bytes, int num_args,
                    const char* const* names);
   // Also: its shadow starts afresh.
   void static_variable(const void* address, size_t bytes, const char* name);
@@ -299,7 +377,8 @@ class Sanitizer : public Regions {
   // Every thread of the threadgroup has returned.
   void end_group();
 
-  // Every third weak compare-and-swap fails spuriously (deterministic, so reproducible).
+  // Every third weak compare-and-swap of a threadgroup fails spuriously, counted from a
+  // start that depends on its index (a group's first may fail too): reproducible.
   bool spurious_cas_failure() { return ++cas_calls_ % 3 == 0; }
 
   void count_fmas(uint32_t n) { counters_.fmas += n; }
@@ -339,6 +418,7 @@ class Sanitizer : public Regions {
   void report_uninitialized_read();
 
   u3 grid_, group_size_, groups_;
+  uint32_t group_ = 0;  // the running threadgroup's linear index
   uint32_t tg_epoch_ = 0, dev_epoch_ = 0;
   std::vector<uint32_t> sg_tg_epoch_, sg_dev_epoch_;
   uint64_t cas_calls_ = 0;

@@ -58,12 +58,15 @@ inline void with_size(size_t bytes, F f) {
   const uintptr_t key = site << 1 | uintptr_t(device);
   size_t p = log.latest;
   if (p >= log.used || log.places[p].key != key) {
+    p = log.previous;
     // A kernel has few places between two stops: a linear search.
-    for (p = 0; p < log.used && log.places[p].key != key;) ++p;
+    if (p >= log.used || log.places[p].key != key)
+      for (p = 0; p < log.used && log.places[p].key != key;) ++p;
     if (p == log.used) {
       if (log.used == log.places.size()) log.places.emplace_back();
       log.places[log.used++].key = key;
     }
+    log.previous = log.latest;
   }
   log.latest = p;
   ++log.accesses;
