@@ -136,6 +136,21 @@ kernel void tg_simd_exchange(device uint* out [[buffer(0)]],
   out[lid] = t[lid ^ partner];
 }
 
+// Threads 0 and 1 (SIMD-group 0) and `reader` read t[0]; after a simdgroup_barrier, which
+// orders SIMD-group 0's reads before it, thread 0 writes t[0]: a race with `reader` unless it
+// too is in SIMD-group 0 (the sanitizer keeps two reads of a word; the third's must not be
+// dropped when it is of another SIMD-group).
+kernel void tg_three_readers_then_simd_write(device float* out [[buffer(0)]],
+                                             constant uint& reader [[buffer(1)]],
+                                             uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[1];
+  if (lid == 0) t[0] = 1.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lid < 2 || lid == reader) out[lid] = t[0];
+  simdgroup_barrier(mem_flags::mem_threadgroup);
+  if (lid == 0) t[0] = 2.0f;
+}
+
 kernel void dev_simd_exchange(device uint* buf [[buffer(0)]],
                               device uint* out [[buffer(1)]],
                               constant uint& partner [[buffer(2)]],
@@ -607,6 +622,20 @@ def test_simdgroup_barrier_does_not_order_different_simdgroups(lib):
     # Lane 0 of SIMD-group 0 reads t[32], which lane 0 of SIMD-group 1 wrote.
     assert "threadgroup variable `t` element 32" in str(fault)
     assert f"{thread(32, 32, 0)} wrote it and {thread(0, 0, 0)} read it" in str(fault)
+
+
+@pytest.mark.parametrize("reader", [2, 31, 32, 63])
+def test_a_third_read_of_another_simdgroup_is_remembered(lib, reader):
+    out = torch.zeros(64)
+    if reader < 32:  # all three ordered before the write by the simdgroup_barrier
+        run(lib.tg_three_readers_then_simd_write, out, reader, threads=64, group_size=64)
+        assert out[reader].item() == 1.0
+        return
+    fault = fault_of(lib.tg_three_readers_then_simd_write, out, reader, threads=64, group_size=64)
+    assert fault.kind == "threadgroup_race", str(fault)
+    assert "threadgroup variable `t` element 0" in str(fault)
+    assert f"{thread(reader, reader, 0)} read it (or stored the value already there) and " \
+           f"{thread(0, 0, 0)} wrote it" in str(fault)
 
 
 @pytest.mark.parametrize("flags", [0, 1], ids=lambda f: FLAG_NAMES[f])

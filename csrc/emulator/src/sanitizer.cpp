@@ -313,21 +313,39 @@ class CellOf<false> {
 };
 }  // namespace
 
+// Whether a read of a word adds nothing to its cell: every write to come that would conflict
+// with it conflicts with one of the two reads the cell holds, which cover its bytes, and no
+// write the cell holds needs checking against it. Leaving the cell untouched saves the update
+// and, for a buffer, keeps the cell in every worker's cache (a matmul's operands: words that
+// every threadgroup of a row reads).
+//   device memory: the two are of two other threadgroups and nothing wrote the bytes: threads
+//     of different threadgroups are never ordered.
+//   threadgroup memory: the two are of this interval (epoch), of two threads, and nothing
+//     wrote the bytes in it; and they are of two SIMD-groups (a simdgroup_barrier orders at
+//     most one of them before a write), or of the reader's SIMD-group and its current
+//     SIMD-group interval (what orders them before a write orders the read too).
+template <bool kThreadgroup>
+[[gnu::always_inline]] inline bool covered_read(const Cell& c, Access now) {
+  const unsigned mask = now.mask();
+  const Access &a = c.reads[0], &b = c.reads[1];
+  if (c.n_reads != 2 || (a.mask() & b.mask() & mask) != mask) return false;
+  if constexpr (!kThreadgroup) {
+    return !(mask & c.write_mask) && a.group != b.group && now.group != a.group && now.group != b.group;
+  } else {
+    if ((mask & c.write_mask) && c.write_epoch == now.epoch) return false;
+    if (a.epoch != now.epoch || b.epoch != now.epoch) return false;
+    return a.simdgroup != b.simdgroup || (a.simdgroup == now.simdgroup && b.simdgroup == now.simdgroup &&
+                                          a.sg_epoch == now.sg_epoch && b.sg_epoch == now.sg_epoch);
+  }
+}
+
 // Inline: record calls it once per word an access touched.
 template <bool kThreadgroup>
 [[gnu::always_inline]] inline void Sanitizer::record_word(Region& r, const Touch& t, Cell& c, Access now,
                                                           bool write, bool reads_first, bool whole_element) {
   const unsigned mask = now.mask();
-  // A read of device bytes nobody wrote, which two threads of two other threadgroups read
-  // already (reads that hold: threads of different threadgroups are never ordered): any write
-  // to come conflicts with one of those two, whoever makes it, so this read adds nothing.
-  // Leaving the cell as it is keeps it in every worker's cache (a word that all threadgroups
-  // read is the common case: a matmul's operands).
-  if (!kThreadgroup && !write && !(mask & c.write_mask) && c.n_reads == 2 &&
-      c.reads[0].group != c.reads[1].group && now.group != c.reads[0].group &&
-      now.group != c.reads[1].group && (c.reads[0].mask() & c.reads[1].mask() & mask) == mask)
-    return;
   if (reads_first && (mask & ~c.written) && !uninitialized_) remember_uninitialized_read(t, now);
+  if (!write && covered_read<kThreadgroup>(c, now)) return;
   if (kThreadgroup && write && whole_element) c.written |= mask;
   // Threadgroup memory's writes of an earlier interval are ordered before this access.
   const unsigned written_bytes = mask & c.write_mask;
