@@ -391,9 +391,9 @@ template <bool kThreadgroup>
     c.reads[1] = now;
   else if (now.group == c.reads[0].group)
     c.reads[0] = now;
-  else if (c.reads[0].group == c.reads[1].group)
+  else if (c.reads[0].group == c.reads[1].group || (c.reads[0].mask() & c.reads[1].mask() & mask) != mask)
     c.reads[1] = now;
-  // else a third threadgroup: any write conflicts with one of the two already (above)
+  // else a third threadgroup's read of bytes both others read: any write conflicts with one
 }
 
 // Inline: end_segment calls it once per access it logged.
