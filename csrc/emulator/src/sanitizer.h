@@ -81,12 +81,15 @@ struct Cell {  // one 4-byte word of a region
 // The cells of the words of a buffer a dispatch touched: pages of them, allocated when
 // first touched, found by index (a hash table's lookup was the sanitizer's main cost).
 // Shared by a dispatch's workers, which run different threadgroups at the same time: a
-// worker holds a page's lock (PageLock) while it reads or updates the page's cells.
+// worker holds a page's lock (PageLock) while it reads or updates the page's cells. The
+// locks are a fixed set, page p taking lock p % kLocks: their memory does not grow with the
+// buffer (a lock per page was a 64-byte cache line per 1 KB of buffer, allocated and
+// cleared by every dispatch), and neighbouring pages still take different ones.
 class Shadow {
  public:
   // `workers`: how many use it at once (one: no locking).
   Shadow(size_t bytes, unsigned workers)
-      : pages_((bytes / 4 + kPageWords) / kPageWords), locked_(workers > 1 ? pages_.size() : 0) {}
+      : pages_(((bytes + 3) / 4 + kPageWords - 1) / kPageWords), locked_(workers > 1 ? kLocks : 0) {}
 
   // Holds the lock of the page of a word while in scope, with the page allocated.
   class PageLock {
@@ -94,7 +97,7 @@ class Shadow {
     PageLock(Shadow& s, size_t word) : lock_(nullptr) {
       const size_t page = word / kPageWords;
       if (!s.locked_.empty()) {
-        lock_ = &s.locked_[page].held;
+        lock_ = &s.locked_[page % kLocks].held;
         while (lock_->exchange(true, std::memory_order_acquire))
           while (lock_->load(std::memory_order_relaxed)) std::this_thread::yield();
       }
@@ -114,12 +117,12 @@ class Shadow {
   };
 
  private:
-  static constexpr size_t kPageWords = 256;
+  static constexpr size_t kPageWords = 256, kLocks = 64;
   std::vector<std::unique_ptr<Cell[]>> pages_;
   struct alignas(64) Lock {  // a cache line each: workers on neighbouring pages do not share one
     std::atomic<bool> held{false};
   };
-  std::vector<Lock> locked_;  // per page, when shared
+  std::vector<Lock> locked_;  // kLocks, when shared
 };
 
 // The cells of threadgroup memory (32 KB at most): one per word, found directly. Each
