@@ -753,10 +753,10 @@ class _GroupFunction:
                 parent = point.ancestors[-1]
                 wrap = parent.kind != k.COMPOUND_STMT
                 opener = (("{ " if wrap else "") +
-                          f"{{ __tsm_g.mode = ::tsm_emu::kPosting; (void)({text}); "
-                          f"__tsm_g.mode = ::tsm_emu::kOrdinary; "
+                          f"{{ __tsm_g.set_mode(::tsm_emu::kPosting); (void)({text}); "
+                          f"__tsm_g.set_mode(::tsm_emu::kOrdinary); "
                           f"__tsm_g.wait(__tsm_t, ::metal::mem_flags::mem_none{where}, {site}u);"
-                          f"{resume} __tsm_g.mode = ::tsm_emu::kReplaying; }} ")
+                          f"{resume} __tsm_g.set_mode(::tsm_emu::kReplaying); }} ")
                 s_start = self.span(point.statement)[0]
                 insert(s_start, opener, (1, depth - 0.5))
                 if wrap:
@@ -1000,7 +1000,7 @@ class _GroupFunction:
         head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
         head.append(f"static const unsigned char __tsm_kinds[] = {{{kinds}}};")
         head.append(f"::tsm_emu::run_regions<{len(self.points)}>(__tsm_g, __tsm_sites, __tsm_kinds, "
-                    "[&](unsigned __tsm_t, int __tsm_at) -> int {")
+                    "[&](::tsm_emu::Group& __tsm_g, unsigned __tsm_t, int __tsm_at) -> int {")
         head += bindings
         for number, point in enumerate(self.points, start=1):
             stored = " ".join(text for text, live in saves if live(point))

@@ -57,6 +57,11 @@ struct Group {
   const uint32_t* sites;          // per stop k: its Site (line << 12 | call on the line)
   const uint8_t* kinds;           // per stop k: its WaitKind
   uint8_t mode = kOrdinary;       // the running thread's SIMD-group function: see WaitKind
+  // The group the runtime sees (t_group): itself, or what a copy was made from. A thread's
+  // body sets `mode` there (set_mode), where the runtime's SIMD-group functions read it.
+  Group* home = this;
+
+  void set_mode(CollectiveMode m) { home->mode = m; }
 
   // At a barrier: how thread t got there (its mem_flags; the iterations of the loops around
   // it, so the same barrier in two different iterations is two places).
@@ -183,9 +188,14 @@ inline void run_regions(Group& g, const uint32_t* sites, const uint8_t* kinds, B
 #ifndef __TSM_SANITIZE__
     if (everyone && !sanitized && at[0] <= Stops) {
       at_stop<Stops>(at[0], [&](auto stop) {
+        // The threads' bodies get a copy of the group, a local whose address does not
+        // escape: the compiler keeps the members they use (the per-thread arrays, the
+        // built-ins' sources) in registers across the kernel's stores, which with
+        // -fno-strict-aliasing could have changed them in `g` (tree reduction 18% faster).
+        Group copy = g;
         for (uint32_t t = 0; t < n; ++t) {
           g.enter(t, false);
-          at[t] = body(t, decltype(stop)::value);
+          at[t] = body(copy, t, decltype(stop)::value);
         }
       });
     } else
@@ -197,7 +207,7 @@ inline void run_regions(Group& g, const uint32_t* sites, const uint8_t* kinds, B
           runnable[t] = 0;
         }
         g.enter(t, sanitized);
-        at[t] = body(t, at[t]);
+        at[t] = body(g, t, at[t]);
         if (sanitized) end_region_segment();
       }
     }
