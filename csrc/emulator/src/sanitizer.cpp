@@ -504,22 +504,23 @@ void Sanitizer::pair_place(Place& place) {
     std::stable_sort(log.begin(), log.end(), [](const LaneAccess& a, const LaneAccess& b) { return a.lane < b.lane; });
     find_runs();
   }
+  InstructionLanes step;
   for (size_t k = 0;; ++k) {
-    step_.clear();
+    step.n = 0;
     for (const auto& run : lane_runs_)
-      if (run.first + k < run.second) step_.push_back(&log[run.first + k]);
-    if (step_.empty()) break;
-    count_instruction(step_, place.device());
+      if (run.first + k < run.second) step.at[step.n++] = &log[run.first + k];
+    if (step.n == 0) break;
+    count_instruction(step, place.device());
   }
 }
 
-void Sanitizer::count_instruction(const std::vector<const LaneAccess*>& lanes, bool device) {
+void Sanitizer::count_instruction(const InstructionLanes& lanes, bool device) {
   ++counters_.memory_instructions;
-  counters_.active_lanes += lanes.size();
-  if (lanes[0]->atomic) count_atomic_conflicts(lanes);
+  counters_.active_lanes += lanes.n;
+  if (lanes.at[0]->atomic) count_atomic_conflicts(lanes);
   if (device)
     count_transactions(lanes);
-  else if (!lanes[0]->atomic)
+  else if (!lanes.at[0]->atomic)
     count_bank_conflicts(lanes);
 }
 
@@ -527,11 +528,16 @@ namespace {
 constexpr unsigned kBanks = 32;  // of 4-byte words
 
 // Whether the lanes touch at most one word in each bank (the same word twice is a broadcast).
-bool one_word_per_bank(const std::vector<const LaneAccess*>& lanes) {
+bool one_word_per_bank(const InstructionLanes& lanes) {
   uintptr_t bank_word[kBanks];
   uint32_t banks_used = 0;
-  for (const LaneAccess* a : lanes)
-    for (uintptr_t w = a->address / 4, last = (a->address + a->bytes - 1) / 4; w <= last; ++w) {
+  uintptr_t previous = ~uintptr_t(0);  // the word of the lane before, if it touched one
+  for (const LaneAccess* a : lanes) {
+    const uintptr_t first = a->address / 4, last = (a->address + a->bytes - 1) / 4;
+    // The previous lane's one word again (a row read by a SIMD-group's lanes): a broadcast.
+    if (first == last && first == previous) continue;
+    previous = first == last ? first : ~uintptr_t(0);
+    for (uintptr_t w = first; w <= last; ++w) {
       const unsigned bank = unsigned(w % kBanks);
       if (!(banks_used >> bank & 1)) {
         banks_used |= uint32_t(1) << bank;
@@ -540,11 +546,12 @@ bool one_word_per_bank(const std::vector<const LaneAccess*>& lanes) {
         return false;
       }
     }
+  }
   return true;
 }
 }  // namespace
 
-void Sanitizer::count_bank_conflicts(const std::vector<const LaneAccess*>& lanes) {
+void Sanitizer::count_bank_conflicts(const InstructionLanes& lanes) {
   // Most instructions touch at most one word per bank: no conflict, told without sorting.
   if (one_word_per_bank(lanes)) return;
   // Distinct words per bank among the lanes' accesses: same word = broadcast.
@@ -559,7 +566,7 @@ void Sanitizer::count_bank_conflicts(const std::vector<const LaneAccess*>& lanes
   counters_.bank_conflicts += worst - 1;
 }
 
-void Sanitizer::count_transactions(const std::vector<const LaneAccess*>& lanes) {
+void Sanitizer::count_transactions(const InstructionLanes& lanes) {
   const uintptr_t segment = segment_bytes_;
   const unsigned shift = unsigned(__builtin_ctz(segment_bytes_));  // a power of two (constructor)
   ranges_.clear();  // the bytes touched, [begin, end) per lane
@@ -583,7 +590,7 @@ void Sanitizer::count_transactions(const std::vector<const LaneAccess*>& lanes) 
   counters_.device_min_transactions += (bytes + segment - 1) >> shift;
 }
 
-void Sanitizer::count_atomic_conflicts(const std::vector<const LaneAccess*>& lanes) {
+void Sanitizer::count_atomic_conflicts(const InstructionLanes& lanes) {
   words_.clear();  // the lanes' addresses
   for (const LaneAccess* a : lanes) words_.push_back(a->address);
   std::sort(words_.begin(), words_.end());

@@ -320,6 +320,15 @@ struct Place {
   bool device() const { return key & 1; }
 };
 
+// One SIMD-group instruction's lanes, an access each (at most 32: a lane's accesses at a
+// place are one run), in lane order.
+struct InstructionLanes {
+  const LaneAccess* at[32];
+  uint32_t n = 0;
+  const LaneAccess* const* begin() const { return at; }
+  const LaneAccess* const* end() const { return at + n; }
+};
+
 // A SIMD-group's accesses since its lanes last stopped, by place as they are logged: pairing
 // them needs no sort.
 struct InstructionLog {
@@ -439,17 +448,16 @@ class Sanitizer : public Regions {
                        size_t bytes, bool atomic);
   void pair_instructions(InstructionLog& log);
   void pair_place(Place& place);
-  void count_instruction(const std::vector<const LaneAccess*>& lanes, bool device);
-  void count_bank_conflicts(const std::vector<const LaneAccess*>& lanes);
-  void count_transactions(const std::vector<const LaneAccess*>& lanes);
-  void count_atomic_conflicts(const std::vector<const LaneAccess*>& lanes);
+  void count_instruction(const InstructionLanes& lanes, bool device);
+  void count_bank_conflicts(const InstructionLanes& lanes);
+  void count_transactions(const InstructionLanes& lanes);
+  void count_atomic_conflicts(const InstructionLanes& lanes);
 
   uint32_t segment_bytes_;
   // Per SIMD-group: its lanes' memory accesses since the last flush.
   std::vector<InstructionLog> instruction_log_;
   // Scratch of the flush, reused.
   std::vector<std::pair<size_t, size_t>> lane_runs_;
-  std::vector<const LaneAccess*> step_;
   std::vector<uintptr_t> words_;
   std::vector<std::pair<uintptr_t, uintptr_t>> ranges_;
 };
