@@ -9,6 +9,7 @@ import queue as queue_module
 import socket
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -59,7 +60,11 @@ def _worker(rank: int, world: int, port: int, queue) -> None:
         shard = x.tensor_split(world)[rank]  # uneven shards are fine
         weights = make_weights().tensor_split(world)[rank]
         with tsm.use_backend("emulator"):
-            queue.put((rank, fit_all(shard, weights, distributed=True)))
+            results = fit_all(shard, weights, distributed=True)
+        # By value: a tensor put on a torch.multiprocessing queue travels as a handle the
+        # receiver redeems from this process, which may have exited by then (seen with the
+        # suite on two pytest workers: FileNotFoundError for its listener).
+        queue.put((rank, [tuple(v.numpy() if torch.is_tensor(v) else v for v in r) for r in results]))
         dist.barrier()  # leave together: see tests/_ddp_train.py
     finally:
         dist.destroy_process_group()
@@ -79,7 +84,9 @@ def _run_two_ranks(world: int) -> dict:
     for p in procs:
         p.start()
     try:
-        results = dict(queue.get(timeout=120) for _ in procs)
+        results = {rank: [tuple(torch.from_numpy(v) if isinstance(v, np.ndarray) else v for v in r)
+                          for r in by_value]
+                   for rank, by_value in (queue.get(timeout=120) for _ in procs)}
     finally:
         for p in procs:
             p.join(timeout=60)
