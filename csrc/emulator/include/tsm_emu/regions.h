@@ -192,6 +192,8 @@ inline void run_regions(Group& g, const uint32_t* sites, const uint8_t* kinds, B
         // escape: the compiler keeps the members they use (the per-thread arrays, the
         // built-ins' sources) in registers across the kernel's stores, which with
         // -fno-strict-aliasing could have changed them in `g` (tree reduction 18% faster).
+        // The copy's `running` and `mode` go stale in the round: a body reads neither (a
+        // thread's built-ins come from its index, `mode` is set through `home`).
         Group copy = g;
         for (uint32_t t = 0; t < n; ++t) {
           g.enter(t, false);
