@@ -320,10 +320,12 @@ struct Place {
   bool device() const { return key & 1; }
 };
 
-// One SIMD-group instruction's lanes, an access each (at most 32: a lane's accesses at a
-// place are one run), in lane order.
+constexpr uint32_t kSimdLanes = 32;
+
+// One SIMD-group instruction's lanes, an access each (a lane's accesses at a place are one
+// run), in lane order.
 struct InstructionLanes {
-  const LaneAccess* at[32];
+  const LaneAccess* at[kSimdLanes];
   uint32_t n = 0;
   const LaneAccess* const* begin() const { return at; }
   const LaneAccess* const* end() const { return at + n; }

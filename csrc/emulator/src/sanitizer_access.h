@@ -22,7 +22,6 @@ constexpr size_t kIndexFrom = 4096;
 // instructions before the stop (about 24 MB): a thread that runs millions of accesses
 // without stopping (a long loop, a spin-wait) must not grow the log without bound.
 constexpr size_t kMaxInstructionLog = size_t(1) << 20;
-constexpr uint32_t kSimdLanes = 32;
 
 inline AccessLog::Key key_of(const Touch& t) {
   return {t.address, t.bytes, t.element_bytes, t.element_offset, t.atomic};
