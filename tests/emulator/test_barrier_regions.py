@@ -929,7 +929,7 @@ def test_rounds_are_compiled_for_each_stop_of_the_kernel():
     for path in sources:
         cxx = _compiler.generated_cxx(path).text
         for group in re.split(r"inline void \w+__tsm_group", cxx)[1:]:
-            count = re.search(r"run_regions<(\d+)>", group)
+            count = re.search(r"run_regions<(\d+), (?:true|false)>", group)
             assert count, path.name
             stops = {int(k) for k in re.findall(r"\bcase (\d+):;", group)}
             assert stops == set(range(1, int(count.group(1)) + 1)), (path.name, count.group(0), stops)

@@ -1894,3 +1894,16 @@ def _emulator_limit(cursor, message: str) -> MetalCompileError:
     file, line, _ = presumed_location(cursor.location)
     return MetalCompileError.from_diagnostics("the emulator cannot compile this shader",
                                               [(file, line, message, "")])
+
+
+def dependent_operator(call) -> Optional[Tuple[str, int]]:
+    """An operator a template's dependent types leave unresolved: its name and operand
+    count (``operator*`` of one operand is a dereference, of two a product)."""
+    if call.referenced is not None or call.spelling:
+        return None
+    kids = list(call.get_children())
+    for c in kids:
+        names = [d.spelling for d in c.walk_preorder() if d.kind.name == "OVERLOADED_DECL_REF"]
+        if c.kind.name in ("DECL_REF_EXPR", "UNEXPOSED_EXPR") and names and names[0].startswith("operator"):
+            return names[0], len(kids) - 1
+    return None

@@ -46,6 +46,10 @@ a constant when all threads resume at one, and the compiler keeps only that stop
   in two different iterations is divergence, and the same SIMD-group function two
   places, as under fibers.
 
+* ``run_regions<stops, uniform>``: ``uniform`` says that every thread of a threadgroup
+  takes the same way from stop to stop (_uniformity.py); the scheduler then records where
+  a round's threads wait once for all of them.
+
 Whatever does not qualify runs as fibers, as before; so does every kernel when
 ``TSM_EMU_REGIONS=0``.
 """
@@ -57,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
+from ._uniformity import in_metal, node_key, uniform_control
 
 Edit = Tuple[int, int, str]
 
@@ -343,7 +348,7 @@ class _GroupFunction:
                     return False
                 if c.kind == k.CALL_EXPR:
                     target = c.referenced
-                    operator = _dependent_operator(c)
+                    operator = _frontend.dependent_operator(c)
                     if operator is not None and not re.fullmatch(r"operator(?:[-+*/%^&|<>]|<<|>>)?=|"
                                                                  r"operator(?:\+\+|--)", operator[0]):
                         continue
@@ -372,7 +377,7 @@ class _GroupFunction:
             if node.kind == k.MEMBER_REF_EXPR and kids:
                 if "->" in self.masked[self.span(kids[0])[1]:self.span(node)[1]]:
                     return True
-            operator = _dependent_operator(node) if node.kind == k.CALL_EXPR else None
+            operator = _frontend.dependent_operator(node) if node.kind == k.CALL_EXPR else None
             if operator is not None:
                 if operator[0] in ("operator[]", "operator->", "operator()") or operator == ("operator*", 1):
                     return True
@@ -615,7 +620,7 @@ class _GroupFunction:
                 return lib.clang_getCursorUnaryOperatorKind(parent) in _MODIFYING_UNARY
             if parent.kind == k.CALL_EXPR:
                 # `p += n` with `n` of a template parameter's type: an operator clang left unresolved
-                operator = _dependent_operator(parent)
+                operator = _frontend.dependent_operator(parent)
                 if operator in (("operator++", 1), ("operator--", 1), ("operator&", 1)):
                     return True
                 if operator is not None and first == child and _ASSIGNING_OPERATOR.fullmatch(operator[0]):
@@ -999,7 +1004,10 @@ class _GroupFunction:
         kinds = ", ".join(["0"] + [str(p.kind) for p in self.points])
         head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
         head.append(f"static const unsigned char __tsm_kinds[] = {{{kinds}}};")
-        head.append(f"::tsm_emu::run_regions<{len(self.points)}>(__tsm_g, __tsm_sites, __tsm_kinds, "
+        stops = {node_key(p.call) for p in self.points}
+        uniform = uniform_control(self.body, self.params, self.entry.params, lambda c: node_key(c) in stops)
+        head.append(f"::tsm_emu::run_regions<{len(self.points)}, {str(uniform).lower()}>(__tsm_g, __tsm_sites, "
+                    "__tsm_kinds, "
                     "[&](::tsm_emu::Group& __tsm_g, unsigned __tsm_t, int __tsm_at) -> int {")
         head += bindings
         for number, point in enumerate(self.points, start=1):
@@ -1049,35 +1057,11 @@ def _callee_name(call) -> str:
     return ""
 
 
-def _dependent_operator(call) -> Optional[Tuple[str, int]]:
-    """An operator a template's dependent types leave unresolved: its name and operand
-    count (``operator*`` of one operand is a dereference, of two a product)."""
-    if call.referenced is not None or call.spelling:
-        return None
-    kids = list(call.get_children())
-    for c in kids:
-        names = [d.spelling for d in c.walk_preorder() if d.kind.name == "OVERLOADED_DECL_REF"]
-        if c.kind.name in ("DECL_REF_EXPR", "UNEXPOSED_EXPR") and names and names[0].startswith("operator"):
-            return names[0], len(kids) - 1
-    return None
-
-
 def _effect_free(function) -> bool:
     """A constructor or conversion, or a function of Metal's library other than an atomic:
     calling it has no effect but its result and reads no memory of the kernel's."""
     return (function.kind.name in ("CONSTRUCTOR", "CONVERSION_FUNCTION") or
-            (_in_metal(function) and not function.spelling.startswith("atomic")))
-
-
-def _in_metal(cursor) -> bool:
-    """Declared in Metal's library (namespace metal): its functions have no effects but
-    their results, atomics aside."""
-    parent = cursor.semantic_parent
-    while parent is not None and parent.kind.name != "TRANSLATION_UNIT":
-        if parent.kind.name == "NAMESPACE" and parent.spelling == "metal":
-            return True
-        parent = parent.semantic_parent
-    return False
+            (in_metal(function) and not function.spelling.startswith("atomic")))
 
 
 def _line_marker(line: int, file: str) -> str:

@@ -1096,6 +1096,13 @@ void stop_group() {
   throw stop_fault();
 }
 
+void broken_uniformity() {
+  RuntimeScope scope;
+  raise("internal", "the emulator's translation said this kernel's threads all take the same way from "
+                    "barrier to barrier, but they did not: a bug of the emulator (torch_sparse_metal/metal/"
+                    "_uniformity.py); TSM_EMU_REGIONS=0 runs the kernel without it");
+}
+
 // The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
 // the lanes waiting at the SIMD-group stop whose path comes first (loops' sites and
 // iterations, then the stop's site, as fibers' call paths compare) meet; the others keep
