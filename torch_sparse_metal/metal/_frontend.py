@@ -1896,6 +1896,14 @@ def _emulator_limit(cursor, message: str) -> MetalCompileError:
                                               [(file, line, message, "")])
 
 
+# clang's CXBinaryOperatorKind and CXUnaryOperatorKind, as the AST walks compare them.
+ASSIGNMENT_OPERATORS = frozenset(range(22, 33))  # = *= /= %= += -= <<= >>= &= ^= |=
+LOGICAL_OPERATORS = frozenset((20, 21))          # && ||
+COMMA_OPERATOR = 33
+INC_DEC_OPERATORS = frozenset((1, 2, 3, 4))      # x++ x-- ++x --x
+ADDRESS_OF, DEREFERENCE = 5, 6                   # &x *p
+
+
 def dependent_operator(call) -> Optional[Tuple[str, int]]:
     """An operator a template's dependent types leave unresolved: its name and operand
     count (``operator*`` of one operand is a dereference, of two a product)."""

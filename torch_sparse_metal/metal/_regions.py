@@ -174,8 +174,8 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
 
 # ---- the group function of one kernel ------------------------------------------------------------
 
-_ASSIGNMENTS = set(range(22, 33))  # clang's CXBinaryOperatorKind: = *= /= ... |=
-_MODIFYING_UNARY = {1, 2, 3, 4, 5}  # CXUnaryOperatorKind: x++ x-- ++x --x &x
+_ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
+_MODIFYING_UNARY = _frontend.INC_DEC_OPERATORS | {_frontend.ADDRESS_OF}
 _ASSIGNING_OPERATOR = re.compile(r"operator(?:[-+*/%^&|<>]|<<|>>)?=")
 _HOISTED_KINDS = ("TYPEDEF_DECL", "TYPE_ALIAS_DECL", "STRUCT_DECL", "CLASS_DECL", "UNION_DECL", "ENUM_DECL",
                   "STATIC_ASSERT", "TYPE_ALIAS_TEMPLATE_DECL", "USING_DECLARATION", "USING_DIRECTIVE")
@@ -208,8 +208,8 @@ class _Point:
 
 W_BARRIER, W_COLLECTIVE, W_SIMDGROUP_BARRIER = 0, 1, 2  # regions.h's WaitKind
 _MAX_WAIT_PATH = 16  # regions.h's kMaxWaitPath
-_LOGICAL = {20, 21}  # CXBinaryOperatorKind: && ||
-_INC_DEC = {1, 2, 3, 4}  # CXUnaryOperatorKind: x++ x-- ++x --x
+_LOGICAL = _frontend.LOGICAL_OPERATORS
+_INC_DEC = _frontend.INC_DEC_OPERATORS
 
 
 class _GroupFunction:
@@ -372,7 +372,7 @@ class _GroupFunction:
             kids = list(node.get_children())
             if node.kind == k.ARRAY_SUBSCRIPT_EXPR:
                 return True
-            if node.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(node) == 6:  # *p
+            if node.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(node) == _frontend.DEREFERENCE:
                 return True
             if node.kind == k.MEMBER_REF_EXPR and kids:
                 if "->" in self.masked[self.span(kids[0])[1]:self.span(node)[1]]:

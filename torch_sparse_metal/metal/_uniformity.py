@@ -41,12 +41,7 @@ UNIFORM_BUILTINS = frozenset((
     "dispatch_quadgroups_per_threadgroup",
 ))
 
-_ASSIGN_OPS = set(range(22, 33))  # CXBinaryOperatorKind: = *= /= %= += -= <<= >>= &= ^= |=
-_LOGICAL = {20, 21}               # && ||
-_COMMA = 33
-_INC_DEC = {1, 2, 3, 4}           # CXUnaryOperatorKind: x++ x-- ++x --x
 _ASSIGNING_OPERATOR = re.compile(r"operator(?:[-+*/%^&|]|<<|>>)?=|operator(?:\+\+|--)")
-_DEREF_OR_ADDRESS = {5, 6}        # &x *p
 _LITERALS = ("INTEGER_LITERAL", "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "CHARACTER_LITERAL",
              "CXX_NULL_PTR_LITERAL_EXPR", "CXX_UNARY_EXPR")  # (sizeof, alignof)
 _VALUE_OF_OPERANDS = ("UNEXPOSED_EXPR", "PAREN_EXPR", "CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR",
@@ -111,7 +106,7 @@ class _Kernel:
             if target is not None and target.kind.name in ("VAR_DECL", "PARM_DECL"):
                 self.use(target.canonical.hash, node, ancestors)
         elif kind in _CONTROL or kind == "CONDITIONAL_OPERATOR" or (
-                kind == "BINARY_OPERATOR" and self.lib.clang_getCursorBinaryOperatorKind(node) in _LOGICAL):
+                kind == "BINARY_OPERATOR" and self.lib.clang_getCursorBinaryOperatorKind(node) in _frontend.LOGICAL_OPERATORS):
             self.controls.append((node, self.conditions(node, kids), list(ancestors)))
         for c in kids:
             self.collect(c, ancestors + [node])
@@ -149,7 +144,7 @@ class _Kernel:
             elif (ak in _LVALUE_PARTS and _first(a) == node) or ak in _CASTS or \
                     (ak == "CONDITIONAL_OPERATOR" and _first(a) != node) or \
                     (ak == "BINARY_OPERATOR" and _first(a) != node and
-                     self.lib.clang_getCursorBinaryOperatorKind(a) == _COMMA):
+                     self.lib.clang_getCursorBinaryOperatorKind(a) == _frontend.COMMA_OPERATOR):
                 whole = False
             else:
                 break
@@ -158,17 +153,17 @@ class _Kernel:
         pk = parent.kind.name if parent is not None else ""
         where = ancestors[:i + 1]
         if pk in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and _first(parent) == node and \
-                self.lib.clang_getCursorBinaryOperatorKind(parent) in _ASSIGN_OPS:
+                self.lib.clang_getCursorBinaryOperatorKind(parent) in _frontend.ASSIGNMENT_OPERATORS:
             if whole:
                 rhs = list(parent.get_children())[1]
                 self.assignments[key].append((rhs, where, pk == "COMPOUND_ASSIGNMENT_OPERATOR"))
                 return
         elif pk == "UNARY_OPERATOR":
             op = self.lib.clang_getCursorUnaryOperatorKind(parent)
-            if op in _INC_DEC and whole:
+            if op in _frontend.INC_DEC_OPERATORS and whole:
                 self.assignments[key].append((None, where, True))
                 return
-            if op not in _INC_DEC and op != 5:  # (5: &x)
+            if op not in _frontend.INC_DEC_OPERATORS and op != _frontend.ADDRESS_OF:
                 return
         elif pk == "CALL_EXPR":
             if self.call_reads(parent, node):
@@ -246,7 +241,8 @@ class _Kernel:
                 return target.semantic_parent is not None and \
                     target.semantic_parent.kind.name in ("TRANSLATION_UNIT", "NAMESPACE")
             return False
-        if kind == "UNARY_OPERATOR" and self.lib.clang_getCursorUnaryOperatorKind(node) in _DEREF_OR_ADDRESS:
+        if kind == "UNARY_OPERATOR" and self.lib.clang_getCursorUnaryOperatorKind(node) in (
+                _frontend.ADDRESS_OF, _frontend.DEREFERENCE):
             return False
         if kind in _VALUE_OF_OPERANDS:
             return bool(kids) and all(self.value(c) for c in kids)
