@@ -15,14 +15,15 @@ def test_sanitizer_benchmark_rows():
         ("tiled_matmul", "16x16x16"), ("tiled_matmul", "20x20x20"),
         ("tree_reduce", "256"), ("tree_reduce", "400")]
     for r in rows:
-        assert r["plain_s"] > 0 and r["sanitized_s"] > 0
+        assert r["plain_s"] > 0 and r["sanitized_s"] > 0 and r["counted_s"] > 0
         assert r["slowdown"] == r["sanitized_s"] / r["plain_s"]
+        assert r["counted_slowdown"] == r["counted_s"] / r["plain_s"]
     # The reported barrier waits are what the sanitized dispatches counted: the emulator
     # counts one per threadgroup barrier, each one waited at by every thread of the group.
-    # Per row: plain check, plain timing, sanitized check, sanitized timing.
-    assert len(launches) == 4 * len(rows)
+    # Per row: a check and a timing plain, sanitized, and sanitized inside record().
+    assert len(launches) == 6 * len(rows)
     for i, r in enumerate(rows):
-        plain, sanitized = launches[4 * i: 4 * i + 2], launches[4 * i + 2: 4 * i + 4]
+        plain, sanitized = launches[6 * i: 6 * i + 2], launches[6 * i + 2: 6 * i + 6]
         assert all(l.kernel == r["kernel"] for l in plain + sanitized)
         assert all(l.counters is None for l in plain)
         for l in sanitized:

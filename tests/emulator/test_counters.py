@@ -84,6 +84,23 @@ def test_plain_libraries_report_no_counters():
     assert launches[0].counters is None
 
 
+def test_dispatches_begun_outside_record_are_not_counted(lib, monkeypatch):
+    """Pairing accesses into instructions is skipped when nothing records: a record() block
+    opened (in another thread) while such a dispatch runs gets no counters for it, rather
+    than counters missing the per-instruction ones."""
+    from torch_sparse_metal.metal import _library
+
+    x = torch.arange(32 * 32, dtype=torch.float32)
+    monkeypatch.setattr(_library, "recording", lambda: False)  # the block opens just after the check
+    with record() as launches:
+        lib.transpose_unpadded(x, torch.empty(32 * 32), threads=(32, 32), group_size=(32, 32))
+    assert launches[0].counters is None
+    monkeypatch.undo()
+    with record() as launches:
+        lib.transpose_unpadded(x, torch.empty(32 * 32), threads=(32, 32), group_size=(32, 32))
+    assert launches[0].counters["bank_conflicts"] == 32 * 31
+
+
 def test_instrumented_gives_package_kernels_counters(monkeypatch):
     import torch_sparse_metal as tsm
     from torch_sparse_metal.metal import instrumented

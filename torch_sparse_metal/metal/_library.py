@@ -16,7 +16,7 @@ from ._binding import (MAX_BUFFERS, MAX_THREADS_PER_THREADGROUP, ParamInfo, chec
                        check_group, check_threadgroup_memory, scalar_bytes)
 from ._compiler import CompiledLibrary
 from ._errors import FAULT_KINDS, KernelFault, LaunchError, UnknownKernelError
-from ._record import COUNTERS, as_dim3, record_launch
+from ._record import COUNTERS, as_dim3, record_launch, recording
 
 MAX_THREADGROUP_MEMORY = 32 * 1024
 
@@ -39,6 +39,7 @@ class _Launch(ctypes.Structure):
         ("interruptible", ctypes.c_int32),
         ("time_limit_s", ctypes.c_double),
         ("segment_bytes", ctypes.c_uint32),
+        ("count_instructions", ctypes.c_int32),
     ]
 
 
@@ -155,6 +156,9 @@ class Kernel:
         launch.interruptible = int(threading.current_thread() is threading.main_thread())
         launch.time_limit_s = time_limit
         launch.segment_bytes = segment_bytes[-1]
+        # The counters reach nobody outside a record() block.
+        counting = self._library.sanitize and recording()
+        launch.count_instructions = int(counting)
         for i, name in enumerate(self._buffer_names):
             launch.buffer_names[i] = name
         for i, name in enumerate(self._threadgroup_names):
@@ -165,7 +169,7 @@ class Kernel:
         err = ctypes.create_string_buffer(4096)
         rc = self._library._dispatch(self._index, ctypes.byref(launch), err, len(err))
         del keepalive
-        counters = dict(zip(COUNTERS, launch.counters)) if self._library.sanitize and rc == 0 else None
+        counters = dict(zip(COUNTERS, launch.counters)) if counting and rc == 0 else None
         record_launch(self.name, grid, group, "emulator", counters)
         if rc != 0:
             kind, _, message = err.value.decode(errors="replace").partition("\t")

@@ -38,8 +38,9 @@ def lane_efficiency(counters: Dict[str, int]) -> float:
 class Launch:
     """One kernel dispatch: ``threads`` is the grid in threads, ``group_size`` the threadgroup.
 
-    ``counters`` (emulator, sanitized libraries only; None otherwise), summed over the
-    dispatch: ``device_bytes_read`` / ``device_bytes_written`` (what the kernel asked for, no
+    ``counters`` (emulator, sanitized libraries only, and only for a dispatch that began
+    inside a record() block: counting costs a sanitized dispatch about a quarter of its time;
+    None otherwise), summed over the dispatch: ``device_bytes_read`` / ``device_bytes_written`` (what the kernel asked for, no
     cache model; an access that changed memory counts as written), ``threadgroup_accesses``,
     ``bank_conflicts`` (extra cycles: per SIMD-group instruction, a bank serving n distinct
     4-byte words of 32 banks costs n - 1), ``barriers`` (threadgroup barriers completed),
@@ -79,6 +80,11 @@ def record() -> Iterator[List[Launch]]:
     finally:
         with _lock:
             _active[:] = [a for a in _active if a is not launches]
+
+
+def recording() -> bool:
+    """Whether a record() block is open: a launch made now is collected."""
+    return bool(_active)
 
 
 def record_launch(kernel: str, threads: Dim3, group_size: Dim3, backend: str,

@@ -1403,7 +1403,8 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     for (int i = 0; i < l->num_buffers; ++i) shadows.emplace_back(new Shadow(size_t(l->buffer_bytes[i]), workers));
     for (unsigned i = 0; i < workers; ++i)
       sanitizers.emplace_back(new Sanitizer(grid, group, l->buffers, l->buffer_bytes, l->buffer_names,
-                                            l->num_buffers, l->segment_bytes ? l->segment_bytes : 128, shadows));
+                                            l->num_buffers, l->segment_bytes ? l->segment_bytes : 128,
+                                            l->count_instructions != 0, shadows));
   }
 
   install_crash_handlers();

@@ -122,9 +122,9 @@ const Region* Regions::find(const void* address) const {
 
 Sanitizer::Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_t* bytes,
                      const char* const* names, int num_buffers, uint32_t segment_bytes,
-                     std::vector<std::unique_ptr<Shadow>>& shadows)
+                     bool count_instructions, std::vector<std::unique_ptr<Shadow>>& shadows)
     : grid_(grid), group_size_(group_size), groups_(ceil_div(grid, group_size)),
-      segment_bytes_(segment_bytes) {
+      count_instructions_(count_instructions), segment_bytes_(segment_bytes) {
   // Segments are found by masking, not dividing (metal.instrumented checks this too).
   if (segment_bytes == 0 || (segment_bytes & (segment_bytes - 1)) != 0)
     fault("launch", "the transaction counters' segment size must be a power of two");
@@ -210,7 +210,7 @@ void Sanitizer::note_atomic(const void* address, size_t bytes, const ThreadId& w
                             uintptr_t site) {
   ++counters_.atomics;
   unmark_plain_access(address, bytes, who, log);
-  log_instruction(who, site, find(address), address, bytes, true);
+  if (count_instructions_) log_instruction(who, site, find(address), address, bytes, true);
 }
 
 void Sanitizer::unmark_plain_access(const void* address, size_t bytes, const ThreadId& who, AccessLog& log) {

@@ -90,7 +90,7 @@ inline void with_size(size_t bytes, F f) {
   if (atomic) return;  // an instruction of its own, logged by note_atomic
   const bool device = region->kind == R_BUFFER;
   if (!device) ++counters_.threadgroup_accesses;
-  log_instruction(who, site, region, address, bytes, false);
+  if (count_instructions_) log_instruction(who, site, region, address, bytes, false);
 }
 
 [[gnu::always_inline]] inline void Sanitizer::log_access(AccessLog& log, const Region* region,
