@@ -19,6 +19,7 @@ import torch
 
 from torch_sparse_metal._paths import SHADERS_DIR
 from torch_sparse_metal.metal import KernelFault, _compiler, _regions, compile_shader
+from torch_sparse_metal.metal._uniformity import Uniformity
 
 from _hang_guard import call_with_timeout
 from _schedules import both_ways
@@ -243,7 +244,7 @@ NOT_UNIFORM = {"memory_bound", "device_reference_bound", "thread_bound", "simdgr
                "counted_in_a_loop_condition", "a_threadgroup_variable", "written_through_an_operator",
                "assigned_through_a_conditional", "assigned_through_a_cast", "early_return", "break_by_thread"}
 
-ORIGINAL_UNIFORM_CONTROL = _regions.uniform_control
+ORIGINAL_ANALYSE = _regions.analyse
 _VERDICT = re.compile(r"inline void (\w+?)__tsm_group.*?run_regions<\d+, (true|false)>", re.S)
 
 
@@ -279,15 +280,18 @@ kernel void sums(device float* out [[buffer(0)]], device const float* x [[buffer
                  uint lane [[thread_index_in_simdgroup]]) {
   threadgroup float t[128];
   t[lid] = x[gid];
+  const uint rounds = 2 * size;  // one value in every thread, across every stop
+  uint done = 0;
   threadgroup_barrier(mem_flags::mem_threadgroup);
   for (uint stride = size / 2; stride >= 32; stride /= 2) {
     if (lid < stride) t[lid] += t[lid + stride];
+    done += stride;
     threadgroup_barrier(mem_flags::mem_threadgroup);
   }
   const float v = lid < 32 ? t[lid] : 0.0f;
   const float s = simd_sum(v);
   if (lid == 0) out[group] = s;
-  out[64 + gid] = float(lane) + s;
+  out[64 + gid] = float(lane) + s + float(rounds + done);
 }
 """
 
@@ -309,6 +313,67 @@ def test_a_uniform_kernel_agrees_with_fibers_bit_for_bit(monkeypatch, tmp_path, 
     np.testing.assert_allclose(outs[0][:2].numpy(), want, rtol=1e-5, atol=1e-5)
 
 
+# Which variables live across a barrier as one copy for the threadgroup: those with one
+# value in every thread, and the loop's counter.
+VARIABLES = HEADER + r"""
+kernel void variables(device float* out [[buffer(0)]], device const uint* n [[buffer(1)]],
+                      threadgroup float* t [[threadgroup(0)]],
+                      uint lid [[thread_position_in_threadgroup]], uint gid [[thread_position_in_grid]],
+                      uint size [[threads_per_threadgroup]]) {
+  const uint half_size = size / 2;
+  uint mine = lid * 2;     // a thread's position
+  uint loaded = n[0];      // memory
+  uint picked = 0;
+  if (lid < 3) picked = 1; // under a thread's condition
+  float acc = 0.0f;
+  for (uint k = 0; k < half_size; k += 32) {
+    t[lid] = float(k + mine + loaded + picked);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    acc += t[(lid + 1) % size];
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  out[gid] = acc + float(half_size);
+}
+"""
+_SLOTS = re.compile(r"::tsm_emu::Slots<.*?, (true|false)> __tsm_([sc])(\d+)\(")  # (true: if a scalar)
+
+
+def shared_variables(cxx: str) -> dict:
+    """Variable (a loop counter: "counter k") -> whether its slots are one for the threadgroup."""
+    names = dict((index, name) for name, index in re.findall(r"\b(\w+?)__tsm(\d+)\b", cxx))
+    return {names[i] if kind == "s" else f"counter {i}": shared == "true"
+            for shared, kind, i in _SLOTS.findall(cxx)}
+
+
+@pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
+def test_variables_with_one_value_in_every_thread_are_one_copy(monkeypatch, tmp_path, sanitize):
+    path = tmp_path / "variables.metal"
+    path.write_text(VARIABLES)
+    cxx = _compiler.generated_cxx(path).text
+    assert verdicts(cxx) == {"variables": True}
+    assert shared_variables(cxx) == {"half_size": True, "k": True, "counter 0": True, "mine": False,
+                                     "loaded": False, "picked": False, "acc": False}
+    regions, fibers = both_ways(VARIABLES, monkeypatch, sanitize)
+    outs = []
+    for lib in (regions, fibers):
+        out = torch.zeros(256)
+        call_with_timeout(lib.variables, out, torch.tensor([5], dtype=torch.int32), threads=256, group_size=128,
+                          threadgroup_memory=[128 * 4])
+        outs.append(out)
+    assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+    neighbour = (np.arange(256) + 1) % 128  # whose value each thread adds
+    want = sum(k + 2 * neighbour + 5 + (neighbour < 3) for k in range(0, 64, 32)) + 64
+    np.testing.assert_array_equal(outs[0].numpy(), want)
+
+
+def test_a_kernel_that_is_not_uniform_keeps_every_variable_per_thread(tmp_path):
+    path = tmp_path / "diverges.metal"
+    path.write_text(DIVERGES)
+    cxx = _compiler.generated_cxx(path).text
+    assert verdicts(cxx) == {"diverges": False}
+    assert shared_variables(cxx) == {"k": False, "counter 0": False}
+
+
 DIVERGES = HEADER + r"""
 kernel void diverges(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
   threadgroup float t[64];
@@ -326,13 +391,35 @@ def test_a_false_promise_is_caught_by_the_sanitizer(monkeypatch, tmp_path):
     code's text, and no other test may load the mocked build.)"""
     monkeypatch.setenv("TSM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("TSM_EMU_REGIONS", "1")
-    monkeypatch.setattr(_regions, "uniform_control", lambda *args: True)
+    monkeypatch.setattr(_regions, "analyse", lambda *args: Uniformity(True, frozenset()))
     lib = compile_shader(DIVERGES.replace("diverges", "said_to_be_uniform"), sanitize=True)
     # (Not a KernelFault: the kernel is not at fault.)
     with pytest.raises(RuntimeError, match="internal: the emulator's translation said this kernel's threads"):
         call_with_timeout(lib.said_to_be_uniform, torch.zeros(64), threads=64, group_size=64)
-    monkeypatch.setattr(_regions, "uniform_control", ORIGINAL_UNIFORM_CONTROL)
+    monkeypatch.setattr(_regions, "analyse", ORIGINAL_ANALYSE)
     honest = compile_shader(DIVERGES, sanitize=True)
     with pytest.raises(KernelFault) as e:
         call_with_timeout(honest.diverges, torch.zeros(64), threads=64, group_size=64)
     assert e.value.kind == "barrier_divergence"
+
+
+def test_a_false_uniform_variable_is_caught_by_the_sanitizer(monkeypatch, tmp_path):
+    """A uniform kernel whose every variable is said to have one value in all threads (the
+    analysis mocked): the sanitized run compares each thread's value of `mine` (its own
+    position) at the barrier with the first thread's, and stops with the emulator's fault
+    naming it; the plain build of the honest analysis gives the right answer."""
+    monkeypatch.setenv("TSM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TSM_EMU_REGIONS", "1")
+
+    def everything_uniform(body, *args):
+        said = ORIGINAL_ANALYSE(body, *args)
+        assert said.control
+        return Uniformity(True, frozenset(c.canonical.hash for c in body.walk_preorder()
+                                          if c.kind.name == "VAR_DECL"))
+
+    monkeypatch.setattr(_regions, "analyse", everything_uniform)
+    source = VARIABLES.replace("variables(", "said_to_share(")
+    lib = compile_shader(source, sanitize=True)
+    with pytest.raises(RuntimeError, match="internal: the emulator's translation said the variable `mine`"):
+        call_with_timeout(lib.said_to_share, torch.zeros(256), torch.tensor([5], dtype=torch.int32),
+                          threads=256, group_size=128, threadgroup_memory=[128 * 4])

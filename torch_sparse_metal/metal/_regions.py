@@ -48,7 +48,10 @@ a constant when all threads resume at one, and the compiler keeps only that stop
 
 * ``run_regions<stops, uniform>``: ``uniform`` says that every thread of a threadgroup
   takes the same way from stop to stop (_uniformity.py); the scheduler then records where
-  a round's threads wait once for all of them.
+  a round's threads wait once for all of them. Such a kernel's variables with one value in
+  every thread, and its loops' iteration counters, are one copy for the threadgroup
+  (``Slots<T, true>``), which the lambda after the body (``commit``) carries from one
+  round to the next.
 
 Whatever does not qualify runs as fibers, as before; so does every kernel when
 ``TSM_EMU_REGIONS=0``.
@@ -61,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
-from ._uniformity import in_metal, node_key, uniform_control
+from ._uniformity import analyse, in_metal, node_key
 
 Edit = Tuple[int, int, str]
 
@@ -966,12 +969,12 @@ class _GroupFunction:
             if pinned:
                 bindings.append(f"auto& {name} = {slot}[__tsm_t];")
                 return
-            local = f"::tsm_emu::local_t<decltype({slot}[0])>"
+            local = f"::tsm_emu::local_t<decltype({slot}.in(0))>"
             if not saved:  # never written: read, never stored back
-                bindings.append(f"{local} {name} = {slot}[__tsm_t];")
+                bindings.append(f"{local} {name} = {slot}.in(__tsm_t);")
                 return
             n = len(saves)
-            bindings.append(f"auto& __tsm_r{n} = {slot}[__tsm_t]; {local} {name} = __tsm_r{n};")
+            bindings.append(f"auto& __tsm_r{n} = {slot}.out(__tsm_t); {local} {name} = {slot}.in(__tsm_t);")
             saves.append((f"::tsm_emu::store_local(__tsm_r{n}, {name});", live))
         for i, (param, builtin, modified) in enumerate(self.thread_params):
             p = param.spelling
@@ -991,23 +994,33 @@ class _GroupFunction:
             per_thread(p, f"__tsm_p{i}", pinned, saved=modified)
         probes, types = self.probes(fine)
         head += probes
+        stops = {node_key(p.call) for p in self.points}
+        uniformity = analyse(self.body, self.params, self.entry.params, lambda c: node_key(c) in stops)
+        # Variables with one value in every thread, and the loops' counters of a uniform
+        # kernel: one copy for the threadgroup (Slots<T, true>, regions.h), which
+        # run_regions' commit carries from round to round.
+        shared: List[str] = []
         for f in self.frames:
+            pinned = f.var.canonical.hash in self.pinned
+            one = not pinned and f.var.canonical.hash in uniformity.variables
             head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_sb{f.index}; "
-                        f"::tsm_emu::Slots<{types[f.index]}> __tsm_s{f.index}(__tsm_sb{f.index}, __tsm_g.n);")
-            per_thread(f.name, f"__tsm_s{f.index}", f.var.canonical.hash in self.pinned,
-                       live=lambda point, f=f: self.live(f, point))
+                        f"::tsm_emu::Slots<{types[f.index]}, {str(one).lower()}> "
+                        f"__tsm_s{f.index}(__tsm_sb{f.index}, __tsm_g.n, \"{f.var.spelling}\");")
+            shared += [f"__tsm_s{f.index}"] if one else []
+            per_thread(f.name, f"__tsm_s{f.index}", pinned, live=lambda point, f=f: self.live(f, point))
         for counter in range(len(self.loops)):
             head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_cb{counter}; "
-                        f"::tsm_emu::Slots<unsigned> __tsm_c{counter}(__tsm_cb{counter}, __tsm_g.n);")
+                        f"::tsm_emu::Slots<unsigned, {str(uniformity.control).lower()}> "
+                        f"__tsm_c{counter}(__tsm_cb{counter}, __tsm_g.n, \"(the iterations of a loop)\");")
+            shared += [f"__tsm_c{counter}"] if uniformity.control else []
             per_thread(f"__tsm_it{counter}", f"__tsm_c{counter}", live=lambda point, c=counter: c in point.loops)
         sites = ", ".join(["0u"] + [f"{s}u" for s in self.sites])
         kinds = ", ".join(["0"] + [str(p.kind) for p in self.points])
         head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
         head.append(f"static const unsigned char __tsm_kinds[] = {{{kinds}}};")
-        stops = {node_key(p.call) for p in self.points}
-        uniform = uniform_control(self.body, self.params, self.entry.params, lambda c: node_key(c) in stops)
-        head.append(f"::tsm_emu::run_regions<{len(self.points)}, {str(uniform).lower()}>(__tsm_g, __tsm_sites, "
-                    "__tsm_kinds, "
+        commit = " ".join(f"{slots}.commit();" for slots in shared)
+        head.append(f"::tsm_emu::run_regions<{len(self.points)}, {str(uniformity.control).lower()}>(__tsm_g, "
+                    "__tsm_sites, __tsm_kinds, "
                     "[&](::tsm_emu::Group& __tsm_g, unsigned __tsm_t, int __tsm_at) -> int {")
         head += bindings
         for number, point in enumerate(self.points, start=1):
@@ -1017,7 +1030,7 @@ class _GroupFunction:
         file, line = self.where(self.body)
         end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]
         return (f"\n{_line_marker(line, file)}\n" + " ".join(head) + " " + body +
-                f" }} return -1; }}); }}\n{_line_marker(end_line, end_file)}\n")
+                f" }} return -1; }}, [&] {{ {commit} }}); }}\n{_line_marker(end_line, end_file)}\n")
 
 
 def _threadgroup_array(var) -> bool:

@@ -22,14 +22,22 @@ A condition that is not uniform is allowed around code that cannot take a thread
 no stop, no ``return``, no ``goto``, no ``break`` or ``continue`` out of it. Such code
 rejoins where it started (``if (lid < stride) scratch[lid] += ...``).
 
+In a uniform kernel every round runs all threads from one stop, so a uniform variable has
+one value in all of them whenever they stop: the translation keeps one copy of it for the
+threadgroup instead of a slot per thread (``Slots<T, true>``, regions.h), and the loops
+around stops (whose conditions are uniform, or the kernel would not be) count their
+iterations once for all too.
+
 The analysis is a promise the sanitized runs check: there, ``run_regions`` verifies that
-every round of a kernel said to be uniform ends as the promise says (regions.h), so each
-sanitized test of such a kernel tests this module.
+every round of a kernel said to be uniform runs every thread from where the first starts
+and ends with them all where the first stops (regions.h), so each sanitized test of such a
+kernel tests this module.
 """
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from . import _frontend, _rewrite
 
@@ -349,13 +357,26 @@ def _first(node):
     return next(iter(node.get_children()), None)
 
 
-def uniform_control(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
-                    is_stop: Callable[[object], bool]) -> bool:
-    """Whether every thread of a threadgroup takes the same way between the kernel's stops
-    (see the module's docstring). ``body``: the kernel's COMPOUND_STMT; ``params``: its
-    PARM_DECLs, ``entries`` what the binding says of each; ``is_stop(cursor)``: whether a
-    cursor is one of its barriers or SIMD-group function calls."""
-    return _Kernel(body, params, entries, is_stop).uniform_control()
+@dataclass(frozen=True)
+class Uniformity:
+    """``control``: every thread of a threadgroup takes the same way between the kernel's
+    stops. ``variables``: then, the kernel's own variables (their declarations' canonical
+    cursors' hashes) that have one value in all threads; empty when not."""
+    control: bool
+    variables: FrozenSet[int]
+
+
+def analyse(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
+            is_stop: Callable[[object], bool]) -> Uniformity:
+    """The kernel's uniformity (see the module's docstring). ``body``: the kernel's
+    COMPOUND_STMT; ``params``: its PARM_DECLs, ``entries`` what the binding says of each;
+    ``is_stop(cursor)``: whether a cursor is one of its barriers or SIMD-group function
+    calls."""
+    kernel = _Kernel(body, params, entries, is_stop)
+    if not kernel.uniform_control():
+        return Uniformity(False, frozenset())
+    own = {c.canonical.hash for c in body.walk_preorder() if c.kind.name == "VAR_DECL"}
+    return Uniformity(True, frozenset(kernel.uniform & own))
 
 
 def in_metal(cursor) -> bool:

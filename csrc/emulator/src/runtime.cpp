@@ -1103,6 +1103,15 @@ void broken_uniformity() {
                     "_uniformity.py); TSM_EMU_REGIONS=0 runs the kernel without it");
 }
 
+void broken_uniform_variable(const char* name) {
+  RuntimeScope scope;
+  raise("internal", std::string("the emulator's translation said ") +
+                        (name ? "the variable `" + std::string(name) + "`" : std::string("a variable")) +
+                        " of this kernel has one value in every thread of a threadgroup, but two threads "
+                        "stored different ones at a barrier: a bug of the emulator (torch_sparse_metal/"
+                        "metal/_uniformity.py); TSM_EMU_REGIONS=0 runs the kernel without it");
+}
+
 // The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
 // the lanes waiting at the SIMD-group stop whose path comes first (loops' sites and
 // iterations, then the stop's site, as fibers' call paths compare) meet; the others keep
