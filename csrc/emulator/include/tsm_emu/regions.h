@@ -266,10 +266,11 @@ __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t*
     } else
 #endif
     {
-      // A uniform kernel's every round runs all threads from one place (its uniform
-      // variables are one for all): checked in sanitized dispatches, before and after.
+      // A uniform kernel's every round runs all threads (its uniform variables are one for
+      // all) from one place (where the round before left them all, checked below):
+      // checked in sanitized dispatches.
       const bool promised = Uniform && sanitized;
-      if (promised && !((everyone || resolved_all(g)) && all_where_first(g))) broken_uniformity();
+      if (promised && !everyone && !resolved_all(g)) broken_uniformity();
       for (uint32_t t = 0; t < n; ++t) {
         if (!everyone) {
           if (!runnable[t]) continue;
