@@ -39,17 +39,18 @@ class Launch:
     """One kernel dispatch: ``threads`` is the grid in threads, ``group_size`` the threadgroup.
 
     ``counters`` (emulator, sanitized libraries only, and only for a dispatch that began
-    inside a record() block: counting costs a sanitized dispatch about a quarter of its time;
-    None otherwise), summed over the dispatch: ``device_bytes_read`` / ``device_bytes_written`` (what the kernel asked for, no
-    cache model; an access that changed memory counts as written), ``threadgroup_accesses``,
-    ``bank_conflicts`` (extra cycles: per SIMD-group instruction, a bank serving n distinct
-    4-byte words of 32 banks costs n - 1), ``barriers`` (threadgroup barriers completed),
-    ``fmas`` (explicit fma/mad calls and simdgroup_matrix products), ``atomics``; and per
-    SIMD-group instruction (the k-th access of each lane at one place in the code between
-    two stops): ``device_instructions``, ``device_transactions`` (distinct aligned segments
-    touched, loads, stores and atomics) and ``device_min_transactions`` (what the bytes
-    touched would need), ``atomic_instructions`` and ``atomic_conflicts`` (lanes on the
-    busiest address minus one), ``memory_instructions`` and their ``active_lanes``. See
+    inside a record() block: counting costs a sanitized dispatch about a quarter of its
+    time; None otherwise), summed over the dispatch: ``device_bytes_read`` /
+    ``device_bytes_written`` (what the kernel asked for, no cache model; an access that
+    changed memory counts as written), ``threadgroup_accesses``, ``bank_conflicts`` (extra
+    cycles: per SIMD-group instruction, a bank serving n distinct 4-byte words of 32 banks
+    costs n - 1), ``barriers`` (threadgroup barriers completed), ``fmas`` (explicit fma/mad
+    calls and simdgroup_matrix products), ``atomics``; and per SIMD-group instruction (the
+    k-th access of each lane at one place in the code between two stops):
+    ``device_instructions``, ``device_transactions`` (distinct aligned segments touched,
+    loads, stores and atomics) and ``device_min_transactions`` (what the bytes touched would
+    need), ``atomic_instructions`` and ``atomic_conflicts`` (lanes on the busiest address
+    minus one), ``memory_instructions`` and their ``active_lanes``. See
     :func:`coalescing_efficiency` and :func:`lane_efficiency`.
     """
     kernel: str

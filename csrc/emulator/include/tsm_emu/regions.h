@@ -406,8 +406,10 @@ class Slots<T, Uniform, true> {
 
  private:
   V in_{}, out_{};
-  bool stored_ = false;
   const char* name_;
+#ifdef __TSM_SANITIZE__
+  bool stored_ = false;  // by a thread of this round
+#endif
 };
 
 #ifdef __TSM_SANITIZE__
