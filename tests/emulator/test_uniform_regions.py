@@ -261,6 +261,71 @@ def test_each_way_a_value_differs_between_threads_is_not_uniform(tmp_path):
     assert {k for k, v in said.items() if v} == UNIFORM
 
 
+# Ways a review found a thread's own value past the analysis (each once judged uniform; in
+# the plain build a variable of one value in every thread would then be one copy, and read
+# the last thread's value): through a typedef of a reference, an alias of one, a `mutable`
+# member a const method sets, a user's operator taking a reference, a reference member of
+# an aggregate, a structured binding, a user's conversion or constructor with an atomic.
+HOLES = HEADER + r"""
+#define LOOP(bound) \
+  for (uint k = 0; k < (bound); ++k) { t[lid] += 1.0f; threadgroup_barrier(mem_flags::mem_threadgroup); }
+#define KERNEL(name) \
+  kernel void name(device float* out [[buffer(0)]], device atomic_uint* c [[buffer(1)]], \
+                   threadgroup float* t [[threadgroup(0)]], uint lid [[thread_position_in_threadgroup]])
+
+typedef thread uint& uref;
+void set_through(uref v, uint x) { v = x; }
+struct Box { mutable uint v; void set(uint x) const { v = x; } };
+enum class Phase : uint { A = 1 };
+uint operator*(thread Phase& p, uint d) { p = Phase(d); return d; }
+struct Ref { thread uint& r; };
+struct Pair { uint a, b; };
+struct Next {
+  device atomic_uint* c;
+  operator uint() const { return atomic_fetch_add_explicit(c, 1u, memory_order_relaxed) % 2 + 1; }
+};
+struct Counter { device atomic_uint* c; };
+struct Ticket {
+  uint v;
+  Ticket(Counter k) : v(atomic_fetch_add_explicit(k.c, 1u, memory_order_relaxed) % 2 + 1) {}
+};
+
+KERNEL(typedef_of_a_reference) { uint n = 1; set_through(n, lid % 2 + 1); t[lid] = 0.0f; LOOP(n) out[lid] = t[lid]; }
+KERNEL(alias_of_a_reference) {
+  uint n = 1;
+  { uref r = n; r = lid % 2 + 1; }
+  t[lid] = 0.0f; LOOP(n) out[lid] = t[lid];
+}
+KERNEL(a_mutable_member) { Box b{1}; b.set(lid % 2 + 1); uint n = b.v; t[lid] = 0.0f; LOOP(n) out[lid] = t[lid]; }
+KERNEL(an_operator_taking_a_reference) {
+  Phase ph = Phase::A;
+  (void)(ph * (lid % 2 + 1));
+  t[lid] = 0.0f; LOOP(uint(ph)) out[lid] = t[lid];
+}
+KERNEL(a_reference_member) { uint n = 1; Ref w{n}; w.r = lid % 2 + 1; t[lid] = 0.0f; LOOP(n) out[lid] = t[lid]; }
+KERNEL(a_structured_binding) {
+  Pair p{1, 1};
+  { auto& [x, y] = p; x = lid % 2 + 1; }
+  t[lid] = 0.0f; LOOP(p.a) out[lid] = t[lid];
+}
+KERNEL(a_conversion_with_an_atomic) { const Next next{c}; uint n = next; t[lid] = 0.0f; LOOP(n) out[lid] = t[lid]; }
+KERNEL(a_constructor_with_an_atomic) {
+  const uint n = Ticket(Counter{c}).v;
+  t[lid] = 0.0f; LOOP(n) out[lid] = t[lid];
+}
+"""
+
+
+def test_each_way_past_the_analysis_a_review_found_is_closed(tmp_path):
+    path = tmp_path / "holes.metal"
+    path.write_text(HOLES)
+    said = verdicts(_compiler.generated_cxx(path).text)
+    assert said == dict.fromkeys([
+        "typedef_of_a_reference", "alias_of_a_reference", "a_mutable_member", "an_operator_taking_a_reference",
+        "a_reference_member", "a_structured_binding", "a_conversion_with_an_atomic",
+        "a_constructor_with_an_atomic"], False)
+
+
 def test_the_project_kernels_verdicts():
     """The project's kernels with barriers: uniform, but those whose threads leave early by
     their own position (a SIMD-group's tile past the matrix, a neuron past the layer)."""

@@ -61,6 +61,11 @@ _CASTS = ("CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR", "CXX_REINTERPRET_CAST_EXPR
           "CXX_FUNCTIONAL_CAST_EXPR", "CXX_DYNAMIC_CAST_EXPR")
 _CONTROL = ("IF_STMT", "FOR_STMT", "WHILE_STMT", "DO_STMT", "SWITCH_STMT")
 _LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT")
+# What only reads a variable that is a direct operand (an assignment's or ++'s, a call's, a
+# declaration's and an initialiser list's are told apart in use()).
+_READS = ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR", "CONDITIONAL_OPERATOR", "ARRAY_SUBSCRIPT_EXPR",
+          "IF_STMT", "WHILE_STMT", "DO_STMT", "FOR_STMT", "SWITCH_STMT", "CASE_STMT", "RETURN_STMT",
+          "COMPOUND_STMT", "LABEL_STMT", "DEFAULT_STMT", "CXX_UNARY_EXPR")
 # Metal functions whose result differs between the lanes or groups that call them.
 _NOT_UNIFORM_CALL = re.compile(r"(?:simd|quad|simdgroup|atomic)_\w*|\w*_(?:load|store|read|write|fetch)\w*")
 
@@ -81,7 +86,7 @@ class _Kernel:
             if entry.kind == _rewrite.P_BUILTIN:
                 uniform = entry.builtin in UNIFORM_BUILTINS
             else:  # a pointer's value, or a reference to what no thread writes
-                uniform = not _frontend._type_kind(param.type).endswith("Reference") or \
+                uniform = not _is_reference(param.type) or \
                     bool(re.match(r"\s*(?:const\s+)?constant\b", entry.text))
             self.assignments[param.canonical.hash] = [] if uniform else None
         declared = [c for c in body.walk_preorder() if c.kind.name == "VAR_DECL"]
@@ -101,7 +106,7 @@ class _Kernel:
             key = node.canonical.hash
             init = [c for c in kids if c.kind.name not in _SKIPPED]
             words = {t.spelling for t in node.get_tokens()}
-            if _frontend._type_kind(node.type).endswith("Reference") or words & {"threadgroup", "__local", "static"}:
+            if _is_reference(node.type) or words & {"threadgroup", "__local", "static"}:
                 # A reference reads memory (a threadgroup variable is one in the emulator's
                 # view, `__local T& v = <its storage>`); a static is shared.
                 self.assignments[key] = None
@@ -177,11 +182,14 @@ class _Kernel:
             if self.call_reads(parent, node):
                 return
         elif pk == "VAR_DECL":
-            t = parent.type
-            if not _frontend._type_kind(t).endswith("Reference") or t.get_pointee().is_const_qualified():
+            if not _mutable_reference(parent.type):
                 return  # a copy, or a const reference
-        else:
-            return  # read
+        elif pk == "INIT_LIST_EXPR":
+            if not _binds_reference(parent.type):
+                return  # a copy into an aggregate, not a reference member's binding
+        elif pk in _READS:
+            return
+        # Anything else might change it unseen (a structured binding, say).
         self.assignments[key] = None
 
     def call_reads(self, call, operand) -> bool:
@@ -194,31 +202,30 @@ class _Kernel:
         if name.startswith("operator"):
             args = list(call.get_arguments())
             operands = operator[1] if operator else len(args)
-            if target is not None and target.kind.name == "CXX_METHOD" and target.is_const_method():
-                return True
             if _ASSIGNING_OPERATOR.fullmatch(name) or (name == "operator&" and operands == 1):
                 return False
+            if target is not None and not in_metal(target):
+                # A user's operator: what its parameters say (its object: may be written,
+                # through a non-const method or a `mutable` member).
+                at = [node_key(a) for a in args].index(node_key(operand)) if operand in args else -1
+                if target.kind.name == "CXX_METHOD":
+                    return at > 0 and _reads_parameter(target, at - 1)
+                return at >= 0 and _reads_parameter(target, at)
+            if target is not None and target.kind.name == "CXX_METHOD" and target.is_const_method():
+                return True
             # What may return a reference into its object (`p[i] = v`, `*p = v`): the
             # object is not only read; an index is.
             object_ = node_key(args[0]) == node_key(operand) if args else True
             return not (object_ and (name in ("operator[]", "operator()", "operator->") or
                                      (name == "operator*" and operands == 1)))
         args = list(call.get_arguments())
-        if operand not in args:  # the object of a method
-            return target is not None and target.kind.name == "CXX_METHOD" and target.is_const_method()
+        if operand not in args:  # the object of a method: Metal's const ones only read it
+            return target is not None and target.kind.name == "CXX_METHOD" and target.is_const_method() \
+                and in_metal(target)
         at = args.index(operand)
         # The function called, or in a template every one the call may resolve to.
         candidates = [target] if target is not None else self.overloads(call)
-        for f in candidates:
-            if f.kind.name not in ("FUNCTION_DECL", "CXX_METHOD", "FUNCTION_TEMPLATE"):
-                return False
-            params = [c for c in f.get_children() if c.kind.name == "PARM_DECL"]
-            if at >= len(params):
-                return False
-            t = params[at].type
-            if _frontend._type_kind(t).endswith("Reference") and not t.get_pointee().is_const_qualified():
-                return False
-        return bool(candidates)
+        return bool(candidates) and all(_reads_parameter(f, at) for f in candidates)
 
     def overloads(self, call) -> List[object]:
         callee = _first(call)
@@ -271,7 +278,8 @@ class _Kernel:
         if target is None:
             return False
         if target.kind.name in ("CONSTRUCTOR", "CONVERSION_FUNCTION"):
-            return True
+            # Metal's, or a copy the compiler writes: a user's may do anything (an atomic).
+            return in_metal(target) or _frontend._is_exempt_copy(call)
         return target.kind.name == "FUNCTION_DECL" and in_metal(target) and \
             not _NOT_UNIFORM_CALL.fullmatch(target.spelling)
 
@@ -346,6 +354,40 @@ class _Kernel:
             return False
 
         return walk(control, int(own_loop), int(own_switch))
+
+
+def _is_reference(t) -> bool:
+    """Through typedefs and aliases (`typedef thread uint& uref`)."""
+    return _frontend._type_kind(t.get_canonical()).endswith("Reference")
+
+
+def _mutable_reference(t) -> bool:
+    t = t.get_canonical()
+    return _is_reference(t) and not t.get_pointee().is_const_qualified()
+
+
+def _binds_reference(t) -> bool:
+    """Whether a braced initialiser of this type may bind a reference: a struct (or an
+    array of them) with a reference member, or a type clang does not resolve."""
+    t = t.get_canonical()
+    while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
+        t = t.get_array_element_type().get_canonical()
+    kind = _frontend._type_kind(t)
+    if kind != "Record":
+        return kind not in ("Int", "UInt", "Float", "Double", "Bool", "Half", "Short", "UShort", "Char_S",
+                            "Char_U", "SChar", "UChar", "Long", "ULong", "LongLong", "ULongLong",
+                            "Enum", "Pointer", "ExtVector", "Vector", "Float16")
+    return any(c.kind.name == "FIELD_DECL" and (_is_reference(c.type) or _binds_reference(c.type))
+               for c in t.get_declaration().get_children())
+
+
+def _reads_parameter(function, at: int) -> bool:
+    """Whether a function only reads what it is passed as its parameter `at`: a value or
+    a reference to const."""
+    if function.kind.name not in ("FUNCTION_DECL", "CXX_METHOD", "FUNCTION_TEMPLATE"):
+        return False
+    params = [c for c in function.get_children() if c.kind.name == "PARM_DECL"]
+    return at < len(params) and not _mutable_reference(params[at].type)
 
 
 def node_key(cursor) -> Tuple[str, int, int]:
