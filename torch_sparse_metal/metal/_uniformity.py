@@ -140,8 +140,8 @@ class _Kernel:
     def use(self, key: int, ref, ancestors: List[object]) -> None:
         """A use of a variable: a read, an assignment of the whole (recorded), or what may
         change it unseen (an assignment of a part, its address, a reference bound to it: a
-        call's argument, a method's object, a reference variable), which makes it not
-        uniform. A const variable's uses are reads."""
+        call's argument, a method's object, a reference variable or member; any use not
+        known to read), which makes it not uniform. A const variable's uses are reads."""
         if self.assignments.get(key) is None or key in self.constants:
             return  # not the kernel's own (program scope), not uniform already, or const
         node, i, whole = ref, len(ancestors) - 1, True
