@@ -352,6 +352,14 @@ kernel void simd_argument_effect(device float* out [[buffer(0)]], uint lid [[thr
   uint k = lid;
   out[lid] = simd_shuffle(float(lid), k++) + float(k);
 }
+struct Ticket {  // a user's constructor with an effect: run twice, it would count twice
+  uint v;
+  Ticket(device atomic_uint* c) : v(atomic_fetch_add_explicit(c, 1u, memory_order_relaxed)) {}
+};
+kernel void simd_argument_constructor_effect(device float* out [[buffer(0)]], device atomic_uint* c [[buffer(1)]],
+                                             uint lid [[thread_position_in_threadgroup]]) {
+  out[lid] = simd_shuffle(float(lid), Ticket(c).v % 32);
+}
 kernel void simd_read_beside(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
   threadgroup float t[32];
   t[lid] = float(lid);
@@ -386,6 +394,11 @@ def test_what_defeats_the_transformation_runs_as_fibers(tmp_path, monkeypatch):
     expected = (np.arange(32) + 1) % 32
     r = outcome(regions, "in_switch", lambda: [torch.zeros(32), 1], 32, 32)
     np.testing.assert_array_equal(r[1].numpy(), expected.astype(np.float32))
+    # Each thread's constructor ran once: the counter is the thread count.
+    ticket = lambda: [torch.zeros(32), torch.zeros(1, dtype=torch.int32)]  # noqa: E731
+    r = outcome(regions, "simd_argument_constructor_effect", ticket, 32, 32)
+    f = outcome(fibers, "simd_argument_constructor_effect", ticket, 32, 32)
+    assert r[0] == "ran" and same(r, f) and r[2].item() == 32
 
 
 def test_the_project_shaders_with_barriers_run_as_regions():

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
-from ._uniformity import analyse, in_metal, node_key
+from ._uniformity import analyse, in_metal, node_key, only_constructs
 
 Edit = Tuple[int, int, str]
 
@@ -357,7 +357,7 @@ class _GroupFunction:
                         continue
                     if target is None:
                         return False
-                    if not (_effect_free(target) or (target.kind == k.CXX_METHOD and target.is_const_method())):
+                    if not (_effect_free(c) or (target.kind == k.CXX_METHOD and target.is_const_method())):
                         return False
         return True
 
@@ -385,8 +385,7 @@ class _GroupFunction:
                 if operator[0] in ("operator[]", "operator->", "operator()") or operator == ("operator*", 1):
                     return True
             elif node.kind == k.CALL_EXPR and node.referenced is not None:
-                target = node.referenced
-                if not _effect_free(target):
+                if not _effect_free(node):
                     return True
             elif node.kind == k.CALL_EXPR:
                 return True
@@ -1070,11 +1069,14 @@ def _callee_name(call) -> str:
     return ""
 
 
-def _effect_free(function) -> bool:
-    """A constructor or conversion, or a function of Metal's library other than an atomic:
-    calling it has no effect but its result and reads no memory of the kernel's."""
-    return (function.kind.name in ("CONSTRUCTOR", "CONVERSION_FUNCTION") or
-            (in_metal(function) and not function.spelling.startswith("atomic")))
+def _effect_free(call) -> bool:
+    """A call of a constructor or conversion that only constructs, or of a function of
+    Metal's library other than an atomic: it has no effect but its result and reads no
+    memory of the kernel's."""
+    function = call.referenced
+    if function.kind.name in ("CONSTRUCTOR", "CONVERSION_FUNCTION"):
+        return only_constructs(call)
+    return in_metal(function) and not function.spelling.startswith("atomic")
 
 
 def _line_marker(line: int, file: str) -> str:

@@ -278,8 +278,7 @@ class _Kernel:
         if target is None:
             return False
         if target.kind.name in ("CONSTRUCTOR", "CONVERSION_FUNCTION"):
-            # Metal's, or a copy the compiler writes: a user's may do anything (an atomic).
-            return in_metal(target) or _frontend._is_exempt_copy(call)
+            return only_constructs(call)
         return target.kind.name == "FUNCTION_DECL" and in_metal(target) and \
             not _NOT_UNIFORM_CALL.fullmatch(target.spelling)
 
@@ -419,6 +418,15 @@ def analyse(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
         return Uniformity(False, frozenset())
     own = {c.canonical.hash for c in body.walk_preorder() if c.kind.name == "VAR_DECL"}
     return Uniformity(True, frozenset(kernel.uniform & own))
+
+
+def only_constructs(call) -> bool:
+    """A call of a constructor or conversion that does nothing but make its result:
+    Metal's, or a copy the compiler writes (an implicit or defaulted copy or move). A
+    user's may do anything (an atomic)."""
+    target = call.referenced
+    return target is not None and target.kind.name in ("CONSTRUCTOR", "CONVERSION_FUNCTION") and \
+        (in_metal(target) or _frontend._is_exempt_copy(call))
 
 
 def in_metal(cursor) -> bool:
