@@ -1096,20 +1096,22 @@ void stop_group() {
   throw stop_fault();
 }
 
-void broken_uniformity() {
+// The uniformity analysis promised what a sanitized run found untrue (`what`: the promise
+// and how it broke).
+[[noreturn]] static void broken_promise(const std::string& what) {
   RuntimeScope scope;
-  raise("internal", "the emulator's translation said this kernel's threads all take the same way from "
-                    "barrier to barrier, but they did not: a bug of the emulator (torch_sparse_metal/metal/"
-                    "_uniformity.py); TSM_EMU_REGIONS=0 runs the kernel without it");
+  raise("internal", "the emulator's translation said " + what + ": a bug of the emulator (torch_sparse_metal/"
+                    "metal/_uniformity.py); TSM_EMU_REGIONS=0 runs the kernel without it");
+}
+
+void broken_uniformity() {
+  broken_promise("this kernel's threads all take the same way from barrier to barrier, but they did not");
 }
 
 void broken_uniform_variable(const char* name) {
-  RuntimeScope scope;
-  raise("internal", std::string("the emulator's translation said ") +
-                        (name ? "the variable `" + std::string(name) + "`" : std::string("a variable")) +
-                        " of this kernel has one value in every thread of a threadgroup, but two threads "
-                        "stored different ones at a barrier: a bug of the emulator (torch_sparse_metal/"
-                        "metal/_uniformity.py); TSM_EMU_REGIONS=0 runs the kernel without it");
+  broken_promise((name ? "the variable `" + std::string(name) + "`" : std::string("a variable")) +
+                 " of this kernel has one value in every thread of a threadgroup, but two threads stored "
+                 "different ones at a barrier");
 }
 
 // The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
