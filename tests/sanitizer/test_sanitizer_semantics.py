@@ -151,6 +151,38 @@ kernel void tg_three_readers_then_simd_write(device float* out [[buffer(0)]],
   if (lid == 0) t[0] = 2.0f;
 }
 
+// ---- reads that add nothing to the shadow ---------------------------------------------------
+// Every thread reads t[0].v, which thread 0 set. From the third reader on a read of it adds
+// nothing to its shadow (the reads of threads 0 and 1 stand: covered_read), and the
+// sanitizer keeps only its bytes; thread `writer` then writes it, which must race with
+// those reads all the same: `how` 0 stores the value read, right after reading it again (a
+// marked store: a write whatever it stores); 1 stores 7 through a method, after another
+// access (unmarked: a write because the bytes changed); 2 the same, storing the value read
+// (unmarked and the bytes unchanged: a read, as ever).
+struct Box {
+  float v;
+  void set(float x) threadgroup { v = x; }
+};
+
+kernel void tg_write_after_covered_read(device float* out [[buffer(0)]],
+                                        constant uint& writer [[buffer(1)]],
+                                        constant uint& how [[buffer(2)]],
+                                        uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup Box t[1];
+  if (lid == 0) t[0].v = 5.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const float v = t[0].v;
+  if (lid == writer) {
+    if (how == 0) {
+      t[0].v = v;
+    } else {
+      out[lid] = v;
+      t[0].set(how == 1 ? 7.0f : v);
+    }
+  }
+  out[lid] = v;
+}
+
 kernel void dev_simd_exchange(device uint* buf [[buffer(0)]],
                               device uint* out [[buffer(1)]],
                               constant uint& partner [[buffer(2)]],
@@ -606,6 +638,24 @@ def test_stores_of_one_value_race_whatever_was_there(lib, before):
     fault = fault_of(lib.dev_same_value, torch.full((1,), before), threads=64, group_size=64)
     assert fault.kind == "device_race", str(fault)
     assert f"{thread(0, 0, 0)} wrote it and {thread(1, 1, 0)} wrote it" in str(fault)
+
+
+# ---- reads that add nothing to the shadow ---------------------------------------------------
+@pytest.mark.parametrize("writer", [1, 2, 40])  # 2 and 40: after two reads
+@pytest.mark.parametrize("how", [0, 1], ids=["marked-store", "changed-bytes"])
+def test_a_write_after_a_read_that_added_nothing_races(lib, writer, how):
+    fault = fault_of(lib.tg_write_after_covered_read, torch.zeros(64), writer, how,
+                     threads=64, group_size=64)
+    assert fault.kind == "threadgroup_race", str(fault)
+    assert "threadgroup variable `t` element 0" in str(fault)
+    assert f"{thread(0, 0, 0)} read it (or stored the value already there) and " \
+           f"{thread(writer, writer, 0)} wrote it" in str(fault)
+
+
+def test_an_unmarked_store_of_the_value_there_after_such_a_read_is_a_read(lib):
+    out = torch.zeros(64)
+    run(lib.tg_write_after_covered_read, out, 40, 2, threads=64, group_size=64)
+    np.testing.assert_array_equal(out.numpy(), 5.0)
 
 
 # ---- simdgroup_barrier --------------------------------------------------------------------

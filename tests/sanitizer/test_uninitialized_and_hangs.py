@@ -161,6 +161,29 @@ kernel void spin_ring(device const uint* ring [[buffer(0)]], device uint* out [[
   }
 }
 
+// Thread 3 polls `words` threadgroup words that threads 0 to 2 read first: from the third
+// reader on, a read of them adds nothing to their shadow (the sanitizer logs it apart).
+kernel void spin_on_words_read_by_others(device uint* out [[buffer(0)]],
+                                         constant uint& words [[buffer(1)]],
+                                         uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup uint ring[8];
+  if (lid == 0) {
+    for (uint i = 0; i < 8u; ++i) ring[i] = 0u;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (lid == 3) {
+    uint i = 0;
+    while (ring[i] == 0u) {
+      i = (i + 1u) % words;
+    }
+    out[0] = i;
+  } else {
+    uint sum = 0;
+    for (uint i = 0; i < 8u; ++i) sum += ring[i];
+    out[1 + lid] = sum;
+  }
+}
+
 struct Slot {
   uint value;
   atomic_uint ready;
@@ -300,9 +323,15 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-@pytest.mark.parametrize("case", ["two_flags", "ring", "field_and_threadgroup_flag"])
+@pytest.mark.parametrize("case", ["two_flags", "ring", "field_and_threadgroup_flag", "word_read_by_others",
+                                  "ring_read_by_others"])
 def test_a_spin_over_several_addresses_is_a_hang_in_bounded_memory(lib, case):
+    spinner = 3 if case.endswith("read_by_others") else 0
     launch = {
+        "word_read_by_others": lambda: lib.spin_on_words_read_by_others(
+            torch.zeros(4, dtype=torch.int32), 1, threads=4, group_size=4),
+        "ring_read_by_others": lambda: lib.spin_on_words_read_by_others(
+            torch.zeros(4, dtype=torch.int32), 8, threads=4, group_size=4),
         "two_flags": lambda: lib.spin_two_flags(torch.zeros(2, dtype=torch.int32), threads=2, group_size=2),
         "ring": lambda: lib.spin_ring(torch.zeros(8, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
                                       threads=2, group_size=2),
@@ -315,7 +344,7 @@ def test_a_spin_over_several_addresses_is_a_hang_in_bounded_memory(lib, case):
         call_with_timeout(launch)
     assert info.value.kind == "hang", str(info.value)
     message = str(info.value)
-    assert f"{thread(0, 0, 0)} made 4194304 accesses in a row" in message
+    assert f"{thread(spinner, spinner, 0)} made 4194304 accesses in a row" in message
     assert "forward progress" in message
     if peak:  # the access log stays small (it used to grow past a gigabyte)
         assert peak() - before < 64 << 20

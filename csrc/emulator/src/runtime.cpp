@@ -225,10 +225,16 @@ class SanitizedThreadScope {
  public:
   SanitizedThreadScope(const ThreadInfo* info, AccessLog* touches, const uint8_t* mode = nullptr)
       : sanitizer_(t_sanitizer) {
-    if (sanitizer_) sanitizer_->running = {info, touches, mode};
+    if (sanitizer_) {
+      sanitizer_->running = {info, touches, mode};
+      sanitizer_->open_pending();
+    }
   }
   ~SanitizedThreadScope() {
-    if (sanitizer_) sanitizer_->running = {};
+    if (sanitizer_) {
+      sanitizer_->close_pending();
+      sanitizer_->running = {};
+    }
   }
   SanitizedThreadScope(const SanitizedThreadScope&) = delete;
   SanitizedThreadScope& operator=(const SanitizedThreadScope&) = delete;
@@ -1306,7 +1312,7 @@ void sanitizer_note_store(const void* address, size_t bytes, bool updates) {
   AccessLog* touches;
   if (!current_accesses(s, &info, &touches)) return;
   SanitizerCallScope scope(*s);
-  s->note_store(address, bytes, updates, *touches);
+  s->note_store(address, bytes, updates, s->who(*info), *touches);
 }
 
 void inactive_lane_read(uint32_t lane) {
@@ -1331,6 +1337,8 @@ void leave_call() {
   Worker* w = t_worker;
   if (w && w->current && !w->current->calls.empty()) w->current->calls.pop_back();
 }
+
+bool counting_fmas = false;
 
 void count_fmas(unsigned n) {
   const ThreadInfo* info;
@@ -1410,6 +1418,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
   // Sanitized, each worker has a sanitizer of its own, sharing the buffers' shadows (sanitizer.h).
   std::vector<std::unique_ptr<Shadow>> shadows;
   std::vector<std::unique_ptr<Sanitizer>> sanitizers;
+  counting_fmas = l->sanitize && l->count_instructions;
   if (l->sanitize) {
     for (int i = 0; i < l->num_buffers; ++i) shadows.emplace_back(new Shadow(size_t(l->buffer_bytes[i]), workers));
     for (unsigned i = 0; i < workers; ++i)
@@ -1463,6 +1472,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
       w->current = nullptr;
       t_plain_thread = nullptr;
       if (t_sanitizer) {  // the jump skipped the scopes that reset these
+        t_sanitizer->close_pending();
         t_sanitizer->running = {};
         t_sanitizer->in_call = 0;
       }

@@ -15,6 +15,7 @@ std::unique_ptr<Region> make_region(void* base, size_t bytes, RegionKind kind, i
                                     std::string name, Sanitizer* owner = nullptr) {
   std::unique_ptr<Region> r(new Region);
   r->sanitizer = owner;
+  r->pending = owner ? &owner->pending : nullptr;
   r->base = static_cast<char*>(base);
   r->bytes = bytes;
   r->begin = r->base;
@@ -133,6 +134,19 @@ Sanitizer::Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_
   for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->shadow = shadows[i].get();
 }
 
+void Sanitizer::open_pending() {
+  pending.next = pending_buffer_.get();
+  // Counting instructions pairs each access by its place in the code: the return address
+  // of its own call.
+  pending.end = count_instructions_ ? pending.next : pending.next + kPendingAccesses;
+  pending.mode = running.mode;
+}
+
+void Sanitizer::close_pending() {
+  pending.next = pending.end = pending_buffer_.get();
+  pending.mode = nullptr;
+}
+
 void Sanitizer::begin_group(uint32_t group, uint32_t simdgroups, void* const* args, const uint64_t* bytes,
                             int num_args, const char* const* names) {
   // Which weak compare-and-swaps fail follows from the threadgroup and its own calls only,
@@ -208,6 +222,7 @@ void Sanitizer::hang(const AccessLog& log, const Touch& t, const ThreadId& who) 
 
 void Sanitizer::note_atomic(const void* address, size_t bytes, const ThreadId& who, AccessLog& log,
                             uintptr_t site) {
+  flush_pending(who, log);
   ++counters_.atomics;
   unmark_plain_access(address, bytes, who, log);
   if (count_instructions_) log_instruction(who, site, find(address), address, bytes, true);
@@ -215,10 +230,17 @@ void Sanitizer::note_atomic(const void* address, size_t bytes, const ThreadId& w
 
 void Sanitizer::unmark_plain_access(const void* address, size_t bytes, const ThreadId& who, AccessLog& log) {
   const char* a = static_cast<const char*>(address);
-  if (log.latest >= log.touches.size()) return;
-  Touch* t = &log.touches[log.latest];
-  if (t->atomic || !(t->address < a + bytes && a < t->address + t->bytes)) return;
-  const Touch plain = *t;
+  Touch plain;
+  if (log.latest_covered) {
+    // The covered read stays: the atomic's write is a race with the reads covering it, and
+    // so is the read if the operation changed its bytes (end_segment).
+    plain = covered_touch(log.covered.back());
+  } else if (log.latest < log.touches.size() && !log.touches[log.latest].atomic) {
+    plain = log.touches[log.latest];
+  } else {
+    return;
+  }
+  if (!(plain.address < a + bytes && a < plain.address + plain.bytes)) return;
   // Counted and logged as a plain access: it was not.
   if (plain.region->kind != R_BUFFER) --counters_.threadgroup_accesses;
   InstructionLog& simd_log = instruction_log_[who.simdgroup];
@@ -230,20 +252,32 @@ void Sanitizer::unmark_plain_access(const void* address, size_t bytes, const Thr
       simd_log.latest = InstructionLog::kNone;  // note_atomic logs the atomic one next
     }
   }
-  if (t->count > 1) {
-    --t->count;
-  } else {  // the access made this entry, the last one
-    if (!log.index.empty()) log.index.erase(key_of(*t));
-    log.touches.pop_back();
+  if (!log.latest_covered) {
+    Touch& t = log.touches[log.latest];
+    if (t.count > 1) {
+      --t.count;
+    } else {  // the access made this entry, the last one
+      if (!log.index.empty()) log.index.erase(key_of(t));
+      log.touches.pop_back();
+    }
   }
   log.repeats = log.repeats_before_latest;
-  log_access(log, plain.region, plain.element(), plain.element_bytes, plain.address, plain.bytes, true, who);
+  log_access(log, plain.region, plain.element(), plain.element_bytes, plain.address, plain.bytes, true, who,
+             plain.address);
 }
 
-void Sanitizer::note_store(const void* address, size_t bytes, bool updates, AccessLog& log) {
+void Sanitizer::note_store(const void* address, size_t bytes, bool updates, const ThreadId& who, AccessLog& log) {
+  flush_pending(who, log);
+  const char* a = static_cast<const char*>(address);
+  if (log.latest_covered) {
+    const AccessLog::CoveredRead c = log.covered.back();
+    if (a < c.address || a + bytes > c.address + c.bytes) return;  // not the access just made
+    // A store through the read's reference: logged as a Touch too, to be marked (the
+    // covered read stays; a store there is a race, which the stop reports).
+    log_access(log, c.region, c.address, c.bytes, c.address, c.bytes, false, who, &c.before);
+  }
   if (log.latest >= log.touches.size()) return;
   Touch& t = log.touches[log.latest];
-  const char* a = static_cast<const char*>(address);
   if (a < t.address || a + bytes > t.address + t.bytes) return;  // not the access just made
   if (t.count == 1 && !t.stored) t.first = updates ? USE_UPDATE : USE_STORE;
   t.stored = true;
@@ -287,57 +321,7 @@ unsigned word_mask(size_t word, size_t offset, size_t bytes) {
   const size_t to = std::min(offset + bytes, word * 4 + 4) - word * 4;
   return (1u << to) - (1u << from);
 }
-
-// The cell of a word of threadgroup memory, or of a buffer (its shadow's, under the lock of
-// its page while in scope).
-template <bool kThreadgroup>
-class CellOf;
-template <>
-class CellOf<true> {
- public:
-  CellOf(Region& r, size_t word) : cell_(r.group_shadow[word]) {}
-  Cell& operator*() { return cell_; }
-
- private:
-  Cell& cell_;
-};
-template <>
-class CellOf<false> {
- public:
-  CellOf(Region& r, size_t word) : page_(*r.shadow, word), word_(word) {}
-  Cell& operator*() { return page_[word_]; }
-
- private:
-  Shadow::PageLock page_;
-  size_t word_;
-};
 }  // namespace
-
-// Whether a read of a word adds nothing to its cell: every write to come that would conflict
-// with it conflicts with one of the two reads the cell holds, which cover its bytes, and no
-// write the cell holds needs checking against it. Leaving the cell untouched saves the update
-// and, for a buffer, keeps the cell in every worker's cache (a matmul's operands: words that
-// every threadgroup of a row reads).
-//   device memory: the two are of two other threadgroups and nothing wrote the bytes: threads
-//     of different threadgroups are never ordered.
-//   threadgroup memory: the two are of this interval (epoch), of two threads, and nothing
-//     wrote the bytes in it; and they are of two SIMD-groups (a simdgroup_barrier orders at
-//     most one of them before a write), or of the reader's SIMD-group and its current
-//     SIMD-group interval (what orders them before a write orders the read too).
-template <bool kThreadgroup>
-[[gnu::always_inline]] inline bool covered_read(const Cell& c, Access now) {
-  const unsigned mask = now.mask();
-  const Access &a = c.reads[0], &b = c.reads[1];
-  if (c.n_reads != 2 || (a.mask() & b.mask() & mask) != mask) return false;
-  if constexpr (!kThreadgroup) {
-    return !(mask & c.write_mask) && a.group != b.group && now.group != a.group && now.group != b.group;
-  } else {
-    if ((mask & c.write_mask) && c.write_epoch == now.epoch) return false;
-    if (a.epoch != now.epoch || b.epoch != now.epoch) return false;
-    return a.simdgroup != b.simdgroup || (a.simdgroup == now.simdgroup && b.simdgroup == now.simdgroup &&
-                                          a.sg_epoch == now.sg_epoch && b.sg_epoch == now.sg_epoch);
-  }
-}
 
 // Inline: record calls it once per word an access touched.
 template <bool kThreadgroup>
@@ -444,15 +428,13 @@ void Sanitizer::report_uninitialized_read() {
 }
 
 void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
-  if (log.touches.empty()) {  // most threads of a reduction's later stages
+  flush_pending(who, log);
+  if (log.touches.empty() && log.covered.empty()) {  // most threads of a reduction's later stages
     log.clear();
     return;
   }
-  // Who accessed, as each memory's ordering epochs stand (bits set per touch).
-  const Access tg_now{who.group, tg_epoch_, sg_tg_epoch_[who.simdgroup], uint16_t(who.thread),
-                      uint8_t(who.simdgroup), 0};
-  const Access dev_now{who.group, dev_epoch_, sg_dev_epoch_[who.simdgroup], uint16_t(who.thread),
-                       uint8_t(who.simdgroup), 0};
+  const Now now = now_of(who);
+  const Access tg_now = now.threadgroup, dev_now = now.device;
   for (const Touch& t : log.touches) {
     const bool device = t.region->kind == R_BUFFER;
     // An atomic is a read-modify-write, whatever it stored.
@@ -464,6 +446,16 @@ void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
     } else {
       record<true>(t, tg_now, write);
     }
+  }
+  for (const AccessLog::CoveredRead& c : log.covered) {
+    bool changed = false;
+    with_size(c.bytes, [&](auto n) { changed = std::memcmp(&c.before, c.address, n) != 0; });
+    if (!changed) continue;  // a read, which its cell covered when made
+    // Written through the reference the read handed out: a race with the reads covering it.
+    if (c.region->kind == R_BUFFER)
+      record<false>(covered_touch(c), dev_now, true);
+    else
+      record<true>(covered_touch(c), tg_now, true);
   }
   log.clear();
 }

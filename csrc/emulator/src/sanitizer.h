@@ -9,9 +9,11 @@
 // several workers which pair of the racing threads is named can vary between runs.
 // Each access of a thread is checked against its region's bounds when it happens and
 // logged with a snapshot of the bytes (a repeat of a logged access is counted on it, see
-// AccessLog); when the thread stops (barrier, SIMD-group function, end) its logged accesses
-// are classified and compared with the other threads' accesses to the same bytes in the
-// region's shadow. An access is a write if the rewriter marked it as an assignment's target
+// AccessLog): most of them by kernel code inline, into PendingAccesses, which the next call
+// into the runtime takes into the log. When the thread stops (barrier, SIMD-group
+// function, end) its logged accesses are classified and compared with the other threads'
+// accesses to the same bytes in the region's shadow; a read that could add nothing there
+// (AccessLog::CoveredRead) is only compared with its snapshot. An access is a write if the rewriter marked it as an assignment's target
 // (sanitize.h) or if it changed the bytes; otherwise a read. (With several workers, a read
 // of bytes another threadgroup changes before the reader stops counts as a write: a race
 // either way, reported with that wording.)
@@ -241,10 +243,25 @@ struct AccessLog {
     }
   };
 
+  // A read that added nothing to its word's cell when it was made (covered_read, which
+  // the thread's later accesses cannot undo before it stops): its bytes, to tell at the
+  // stop whether the thread changed them through the reference the read handed out (then
+  // it was a write after all, and is recorded as one), and nothing else. Most reads of a
+  // tiled matmul's threadgroup memory: a Touch, and recording it, cost twice as much.
+  struct CoveredRead {
+    CoveredRead() {}  // uninitialized: log_covered_read sets every field it reads
+    const char* address;
+    Region* region;
+    uint32_t before;  // the bytes at the read (1, 2 or 4 of them)
+    uint32_t bytes;
+  };
+
   std::vector<Touch> touches;
   std::vector<unsigned char> big_snapshots;  // snapshots over 16 bytes (Touch::big)
   std::unordered_map<Key, uint32_t, KeyHash> index;  // once touches reached kIndexFrom
-  size_t latest = 0;      // the touch the latest access went to
+  std::vector<CoveredRead> covered;
+  size_t latest = 0;      // the touch the latest access went to, unless latest_covered
+  bool latest_covered = false;  // the latest access went to covered.back()
   uint64_t repeats = 0;   // accesses in a row to memory already in the log
   uint64_t repeats_before_latest = 0;
 
@@ -255,7 +272,9 @@ struct AccessLog {
     touches.clear();
     big_snapshots.clear();
     if (!index.empty()) index = {};  // give back a long segment's buckets
+    covered.clear();
     latest = 0;
+    latest_covered = false;
     repeats = repeats_before_latest = 0;
   }
 };
@@ -370,6 +389,14 @@ class Sanitizer : public Regions {
     const uint8_t* mode = nullptr;
   };
   Running running;
+  // The running thread's accesses kernel code logged inline (sanitize.h), which every region
+  // of this sanitizer points at: open while a thread runs (open_pending), unless the
+  // dispatch counts SIMD-group instructions; taken into its log by every call from kernel
+  // code that reads or adds to the log (flush_pending), before it does.
+  PendingAccesses pending;
+  void open_pending();
+  void close_pending();  // what is pending is dropped: the thread stopped or faulted
+  void flush_pending(const ThreadId& who, AccessLog& log);
   // A thread of the running threadgroup (whose linear index begin_group took).
   ThreadId who(const ThreadInfo& t) const {
     return {group_, t.thread_index_in_threadgroup, t.simdgroup_index_in_threadgroup};
@@ -390,7 +417,7 @@ class Sanitizer : public Regions {
               size_t bytes, bool atomic, const ThreadId& who, AccessLog& log, uintptr_t site);
   // An atomic operation at `site` (called once per operation, whichever way it was reached).
   void note_atomic(const void* address, size_t bytes, const ThreadId& who, AccessLog& log, uintptr_t site);
-  void note_store(const void* address, size_t bytes, bool updates, AccessLog& log);
+  void note_store(const void* address, size_t bytes, bool updates, const ThreadId& who, AccessLog& log);
   void end_segment(const ThreadId& who, AccessLog& log);
 
   void threadgroup_barrier(unsigned flags);
@@ -422,8 +449,21 @@ class Sanitizer : public Regions {
   static bool ordered(Access a, Access b);
   template <bool kThreadgroup>
   static bool conflict(Access a, Access b);
+  // `before`: the accessed bytes as they were at the access (the address itself, unless
+  // the access was pending).
   void log_access(AccessLog& log, const Region* region, const char* element, size_t element_bytes,
-                  const char* address, size_t bytes, bool atomic, const ThreadId& who);
+                  const char* address, size_t bytes, bool atomic, const ThreadId& who, const void* before);
+  // Who accesses, as each memory's ordering epochs stand (Access::bits left to set).
+  struct Now {
+    Access threadgroup, device;
+  };
+  Now now_of(const ThreadId& who) const;
+  // A plain read of a whole element logged as a CoveredRead (false: log it as a Touch).
+  bool log_covered_read(AccessLog& log, Region& region, const char* address, size_t bytes, const ThreadId& who,
+                        const Now& now, const void* before);
+  // A plain access of a whole element, in bounds and not of a program constant.
+  void log_plain_access(AccessLog& log, Region& region, const char* address, size_t bytes, const ThreadId& who,
+                        const Now& now, const void* before);
   Touch* look_up(AccessLog& log, const AccessLog::Key& key);  // in a long log
   [[noreturn]] void hang(const AccessLog& log, const Touch& t, const ThreadId& who) const;
   // `who`: the accessing thread with its memory's epochs (bits left to set).
@@ -465,6 +505,8 @@ class Sanitizer : public Regions {
   // Logging every access for pairing, and pairing them, was a quarter of a sanitized tiled
   // matmul's time: done only for a dispatch whose counters someone records.
   const bool count_instructions_;
+  static constexpr size_t kPendingAccesses = 256;  // 10 KB: they stay in L1 until taken
+  std::unique_ptr<PendingAccess[]> pending_buffer_{new PendingAccess[kPendingAccesses]};
   uint32_t segment_bytes_;
   // Per SIMD-group: its lanes' memory accesses since the last flush.
   std::vector<InstructionLog> instruction_log_;

@@ -8,7 +8,8 @@
 // plain references, so kernel code type-checks exactly as before.
 //
 // Sanitized builds (__TSM_SANITIZE__) also record each access for race detection, in the
-// runtime. The rewriter adds what a reference cannot say there
+// runtime (most of them through PendingAccesses, appended to inline). The rewriter adds
+// what a reference cannot say there
 // (torch_sparse_metal/metal/_access_rewrite.py): `p[i].f` becomes member_of(<address of
 // p[i]>, ...), an access of the field's bytes only, and the target of an assignment is
 // wrapped in stored() (`=`) or updated() (`+=`, `++`, ...), so a store counts as a write
@@ -20,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -32,12 +34,36 @@ struct is_vec_like;  // tsm_emu/types.h: vectors, packed vectors, swizzles
 
 namespace tsm_emu {
 
+// How the running thread runs the statement calling a SIMD-group function, in barrier
+// regions (regions.h, WaitKind): replaying, its accesses were made once already.
+enum CollectiveMode : uint8_t { kOrdinary = 0, kPosting = 1, kReplaying = 2 };
+
+// Sanitized: an access kernel code logged inline (check_access), for the runtime to take
+// into the running thread's log at its next call (sanitizer.h, flush_pending). A call per
+// access, with what it saves and restores, cost as much as logging the access.
+struct Bounds;
+struct PendingAccess {
+  const char* address;
+  const Bounds* region;
+  uint32_t bytes;
+  unsigned char before[16];  // the bytes at the access: what tells a write at the stop
+};
+// The running thread's: entries [begin, next); an access inline only while next != end.
+// The runtime closes it (end = next) when no thread runs, while it counts SIMD-group
+// instructions (which need each access's place in the code), and when it is full.
+struct PendingAccesses {
+  PendingAccess* next = nullptr;
+  PendingAccess* end = nullptr;
+  const uint8_t* mode = nullptr;  // the running thread's CollectiveMode, in barrier regions
+};
+
 // A buffer or threadgroup variable of the current dispatch: its bytes [begin, end). The
 // runtime's Region (src/sanitizer.h) extends it with its name and, sanitized, what the
 // sanitizer tracks.
 struct Bounds {
   const char* begin = nullptr;
   const char* end = nullptr;
+  PendingAccesses* pending = nullptr;  // sanitized, of a buffer or threadgroup memory
 };
 
 inline const void* untyped(const volatile void* p) { return const_cast<const void*>(p); }
@@ -68,6 +94,19 @@ void sanitizer_note_store(const void* address, size_t bytes, bool updates);
 
 #ifdef __TSM_SANITIZE__
 TSM_ACCESS_INLINE void check_access(const Bounds* region, const void* address, size_t bytes, bool atomic) {
+  const char* a = static_cast<const char*>(address);
+  PendingAccesses* pending = region ? region->pending : nullptr;
+  if (__builtin_expect(pending && !atomic && bytes <= sizeof(PendingAccess::before) && pending->next != pending->end &&
+                           a >= region->begin && a + bytes <= region->end, 1)) {
+    if (pending->mode && *pending->mode == kReplaying) return;  // as sanitizer_access does
+    PendingAccess* p = pending->next;
+    p->address = a;
+    p->region = region;
+    p->bytes = uint32_t(bytes);
+    std::memcpy(p->before, a, bytes);
+    pending->next = p + 1;
+    return;
+  }
   sanitizer_access(region, address, bytes, address, bytes, atomic);
 }
 TSM_ACCESS_INLINE void check_field_access(const Bounds* region, const void* element, size_t element_bytes,
