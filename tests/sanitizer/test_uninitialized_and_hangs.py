@@ -184,6 +184,21 @@ kernel void spin_on_words_read_by_others(device uint* out [[buffer(0)]],
   }
 }
 
+// Thread 2 stores into t[0] `n` times after reading it (threads 0 and 1 read it first, so
+// its read adds nothing to the shadow): a race, reported when it stops.
+kernel void stores_after_read_by_others(device float* out [[buffer(0)]],
+                                        constant uint& n [[buffer(1)]],
+                                        uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[1];
+  if (lid == 0) t[0] = 5.0f;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const float v = t[0];
+  if (lid == 2) {
+    for (uint i = 0; i < n; ++i) t[0] = v;
+  }
+  out[lid] = v;
+}
+
 struct Slot {
   uint value;
   atomic_uint ready;
@@ -321,6 +336,15 @@ def _peak_rss_since_reset():
 def _rss() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_stores_short_of_the_spin_limit_are_not_a_hang(lib):
+    # 3M stores, each one access towards the limit of 4,194,304 repeats (each once counted
+    # twice after a read that added nothing: a hang after 2.1M).
+    fault = fault_of(lib.stores_after_read_by_others, torch.zeros(4), 3_000_000, threads=4, group_size=4)
+    assert fault.kind == "threadgroup_race", str(fault)
+    assert f"{thread(0, 0, 0)} read it (or stored the value already there) and {thread(2, 2, 0)} wrote it" \
+        in str(fault)
 
 
 @pytest.mark.parametrize("case", ["two_flags", "ring", "field_and_threadgroup_flag", "word_read_by_others",

@@ -273,7 +273,9 @@ void Sanitizer::note_store(const void* address, size_t bytes, bool updates, cons
     const AccessLog::CoveredRead c = log.covered.back();
     if (a < c.address || a + bytes > c.address + c.bytes) return;  // not the access just made
     // A store through the read's reference: logged as a Touch too, to be marked (the
-    // covered read stays; a store there is a race, which the stop reports).
+    // covered read stays; a store there is a race, which the stop reports). One access,
+    // counted once towards a spin-wait.
+    log.repeats = log.repeats_before_latest;
     log_access(log, c.region, c.address, c.bytes, c.address, c.bytes, false, who, &c.before);
   }
   if (log.latest >= log.touches.size()) return;
@@ -449,7 +451,7 @@ void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
   }
   for (const AccessLog::CoveredRead& c : log.covered) {
     bool changed = false;
-    with_size(c.bytes, [&](auto n) { changed = std::memcmp(&c.before, c.address, n) != 0; });
+    with_word_size(c.bytes, [&](auto n) { changed = std::memcmp(&c.before, c.address, n) != 0; });
     if (!changed) continue;  // a read, which its cell covered when made
     // Written through the reference the read handed out: a race with the reads covering it.
     if (c.region->kind == R_BUFFER)

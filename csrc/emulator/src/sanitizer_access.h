@@ -95,6 +95,17 @@ inline void with_size(size_t bytes, F f) {
   }
 }
 
+// The same for the 1 to 4 bytes of an access within one word (a CoveredRead's).
+template <class F>
+inline void with_word_size(size_t bytes, F f) {
+  switch (bytes) {
+    case 4: f(std::integral_constant<size_t, 4>()); break;
+    case 3: f(std::integral_constant<size_t, 3>()); break;
+    case 2: f(std::integral_constant<size_t, 2>()); break;
+    default: f(std::integral_constant<size_t, 1>());
+  }
+}
+
 // Inline: called once per access (and once per atomic operation).
 [[gnu::always_inline]] inline void Sanitizer::log_instruction(const ThreadId& who, uintptr_t site,
                                                               const Region* region, const void* address,
@@ -138,10 +149,10 @@ inline void with_size(size_t bytes, F f) {
                        AccessLog& log, uintptr_t site) {
   const char* e = static_cast<const char*>(element);
   const char* a = static_cast<const char*>(address);
+  flush_pending(who, log);  // the accesses before this one (a spin-wait among them: a hang)
   if (!region || e < region->base || e + element_bytes > region->base + region->bytes)
     out_of_bounds(region, e, element_bytes, who);
   if (region->kind == R_PROGRAM_CONSTANT) return;  // read-only: no race, no device transaction
-  flush_pending(who, log);
   if (atomic) {  // an instruction of its own, logged by note_atomic
     log_access(log, region, e, element_bytes, a, bytes, true, who, a);
     return;
@@ -236,7 +247,8 @@ inline Touch covered_touch(const AccessLog::CoveredRead& c) {
   read.address = a;
   read.region = &r;
   read.bytes = uint32_t(bytes);
-  with_size(bytes, [&](auto n) { std::memcpy(&read.before, before, n); });
+  read.before = 0;
+  with_word_size(bytes, [&](auto n) { std::memcpy(&read.before, before, n); });
   return true;
 }
 
