@@ -39,8 +39,8 @@ class Launch:
     """One kernel dispatch: ``threads`` is the grid in threads, ``group_size`` the threadgroup.
 
     ``counters`` (emulator, sanitized libraries only, and only for a dispatch that began
-    inside a record() block: counting costs a sanitized dispatch about a quarter of its
-    time; None otherwise), summed over the dispatch: ``device_bytes_read`` /
+    inside a record() block: counting makes a sanitized tiled matmul take about twice as
+    long; None otherwise), summed over the dispatch: ``device_bytes_read`` /
     ``device_bytes_written`` (what the kernel asked for, no cache model; an access that
     changed memory counts as written), ``threadgroup_accesses``, ``bank_conflicts`` (extra
     cycles: per SIMD-group instruction, a bank serving n distinct 4-byte words of 32 banks

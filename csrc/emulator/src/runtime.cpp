@@ -225,16 +225,10 @@ class SanitizedThreadScope {
  public:
   SanitizedThreadScope(const ThreadInfo* info, AccessLog* touches, const uint8_t* mode = nullptr)
       : sanitizer_(t_sanitizer) {
-    if (sanitizer_) {
-      sanitizer_->running = {info, touches, mode};
-      sanitizer_->open_pending();
-    }
+    if (sanitizer_) sanitizer_->set_running(info, touches, mode);
   }
   ~SanitizedThreadScope() {
-    if (sanitizer_) {
-      sanitizer_->close_pending();
-      sanitizer_->running = {};
-    }
+    if (sanitizer_) sanitizer_->set_running(nullptr, nullptr, nullptr);
   }
   SanitizedThreadScope(const SanitizedThreadScope&) = delete;
   SanitizedThreadScope& operator=(const SanitizedThreadScope&) = delete;
@@ -274,7 +268,7 @@ inline bool current_accesses(const Sanitizer* s, const ThreadInfo** info, Access
   if (!t.info) return false;
   // A statement that calls a SIMD-group function runs twice in barrier regions (regions.h):
   // the first run's evaluation of the arguments is the kernel's, the second's is not.
-  if (t.mode && *t.mode == kReplaying) return false;
+  if (s->pending.mode && *s->pending.mode == kReplaying) return false;
   *info = t.info;
   *touches = t.touches;
   return true;
@@ -1472,8 +1466,7 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
       w->current = nullptr;
       t_plain_thread = nullptr;
       if (t_sanitizer) {  // the jump skipped the scopes that reset these
-        t_sanitizer->close_pending();
-        t_sanitizer->running = {};
+        t_sanitizer->set_running(nullptr, nullptr, nullptr);
         t_sanitizer->in_call = 0;
       }
       t_runtime_depth = 1;

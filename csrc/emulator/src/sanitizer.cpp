@@ -134,17 +134,13 @@ Sanitizer::Sanitizer(u3 grid, u3 group_size, void* const* buffers, const uint64_
   for (size_t i = 0; i < buffers_.size(); ++i) buffers_[i]->shadow = shadows[i].get();
 }
 
-void Sanitizer::open_pending() {
-  pending.next = pending_buffer_.get();
+void Sanitizer::set_running(const ThreadInfo* info, AccessLog* touches, const uint8_t* mode) {
+  running = {info, touches};
+  pending.next = pending.end = pending_buffer_.get();
   // Counting instructions pairs each access by its place in the code: the return address
   // of its own call.
-  pending.end = count_instructions_ ? pending.next : pending.next + kPendingAccesses;
-  pending.mode = running.mode;
-}
-
-void Sanitizer::close_pending() {
-  pending.next = pending.end = pending_buffer_.get();
-  pending.mode = nullptr;
+  if (info && !count_instructions_) pending.end += kPendingAccesses;
+  pending.mode = mode;
 }
 
 void Sanitizer::begin_group(uint32_t group, uint32_t simdgroups, void* const* args, const uint64_t* bytes,

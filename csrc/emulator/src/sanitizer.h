@@ -381,21 +381,23 @@ class Sanitizer : public Regions {
             const char* const* names, int num_buffers, uint32_t segment_bytes, bool count_instructions,
             std::vector<std::unique_ptr<Shadow>>& shadows);
 
-  // The Metal thread the worker runs, set by the schedulers (runtime.cpp), and its accesses
-  // since it last stopped; `mode`, in barrier regions, its CollectiveMode.
+  // The Metal thread the worker runs, set by the schedulers (runtime.cpp, through
+  // set_running), and its accesses since it last stopped.
   struct Running {
     const ThreadInfo* info = nullptr;  // null: none
     AccessLog* touches = nullptr;
-    const uint8_t* mode = nullptr;
   };
   Running running;
   // The running thread's accesses kernel code logged inline (sanitize.h), which every region
-  // of this sanitizer points at: open while a thread runs (open_pending), unless the
-  // dispatch counts SIMD-group instructions; taken into its log by every call from kernel
-  // code that reads or adds to the log (flush_pending), before it does.
+  // of this sanitizer points at, and (in barrier regions) its CollectiveMode: open while a
+  // thread runs, unless the dispatch counts SIMD-group instructions; taken into its log by
+  // every call from kernel code that reads or adds to the log (flush_pending), before it
+  // does.
   PendingAccesses pending;
-  void open_pending();
-  void close_pending();  // what is pending is dropped: the thread stopped or faulted
+  // Thread `info` runs from now on, with its log and its CollectiveMode (`mode`, barrier
+  // regions only); `info` null: none does, and what was pending is dropped (the thread
+  // stopped, which took it, or faulted).
+  void set_running(const ThreadInfo* info, AccessLog* touches, const uint8_t* mode);
   void flush_pending(const ThreadId& who, AccessLog& log);
   // A thread of the running threadgroup (whose linear index begin_group took).
   ThreadId who(const ThreadInfo& t) const {
