@@ -1,5 +1,7 @@
 """simdgroup_matrix<T, 8, 8>: Apple's lane layout, loads/stores (strided, offset,
 transposed), multiply(-accumulate) against numpy, diagonal constructor, uniformity rule."""
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -85,6 +87,29 @@ def test_matmul_against_numpy(lib, M, N, K, accumulate, b_transposed):
     lib.matmul(A, b_arg, C, N, K, accumulate, b_transposed, threads=(N // 8 * 32, M // 8), group_size=(32, 1))
     expected = A.double().numpy() @ B.double().numpy() + (C0.double().numpy() if accumulate else 0)
     np.testing.assert_allclose(C.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def _fma_float32(a: float, b: float, c: float) -> np.float32:
+    """a * b + c rounded once to float32, to nearest, ties to even (exact, through Fractions)."""
+    exact = Fraction(a) * Fraction(b) + Fraction(c)
+    r = np.float32(float(exact))  # within an ulp of the answer (two roundings)
+    near = [np.nextafter(r, np.float32(-np.inf)), r, np.nextafter(r, np.float32(np.inf))]
+    return min(near, key=lambda v: (abs(Fraction(float(v)) - exact), int(np.array(v).view(np.int32)) & 1))
+
+
+def test_products_accumulate_in_k_order_one_rounding_per_step(lib):
+    # The emulator computes a SIMD-group's product once for its 32 lanes, vectorised across
+    # a row of the result: each element must still be Metal's chain of fused steps, k = 0..K-1.
+    M, N, K = 16, 24, 32
+    g = torch.Generator().manual_seed(7)
+    A, B, C = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g), torch.randn(M, N, generator=g)
+    expected = C.numpy().copy()
+    for i in range(M):
+        for j in range(N):
+            for k in range(K):
+                expected[i, j] = _fma_float32(float(A[i, k]), float(B[k, j]), float(expected[i, j]))
+    lib.matmul(A, B, C, N, K, 1, 0, threads=(N // 8 * 32, M // 8), group_size=(32, 1))
+    np.testing.assert_array_equal(C.numpy().view(np.int32), expected.view(np.int32))
 
 
 def test_diagonal_constructor(lib):

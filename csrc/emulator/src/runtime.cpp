@@ -60,6 +60,8 @@ enum class State { Runnable, AtThreadgroupBarrier, AtSimd, Done };
 struct Exchange {
   uint64_t active = 0;
   alignas(16) unsigned char values[kSimdWidth][kSimdValueBytes];
+  uint64_t serial = 0;  // of the values it holds (Worker::exchanges)
+  SimdMemo memo;
 };
 
 struct Fiber {
@@ -70,7 +72,7 @@ struct Fiber {
   std::vector<uint32_t> site;
   std::vector<uint32_t> calls;  // call sites of the helper functions it is in now
   alignas(16) unsigned char slot[kSimdValueBytes];
-  const Exchange* exchange = nullptr;
+  Exchange* exchange = nullptr;
   bool at_simdgroup_barrier = false;  // AtSimd for a simdgroup_barrier, not a collective
   unsigned barrier_flags = 0;         // mem_flags of the barrier it waits at
   ThreadInfo info;
@@ -89,6 +91,7 @@ struct Worker {
   // One per SIMD-group: a round releases at most one collective per SIMD-group, and its
   // lanes read their values as soon as they resume, before any later round.
   std::vector<std::unique_ptr<Exchange>> exchange;
+  uint64_t exchanges = 0;  // exchanges filled, fibers' and regions': the latest's serial
   std::vector<std::vector<unsigned char>> dynamic_tg;                 // per [[threadgroup(n)]]
   std::vector<void*> dynamic_tg_ptrs;
   std::vector<uint64_t> dynamic_tg_bytes;  // as requested (the blocks carry 16 bytes of slack)
@@ -479,6 +482,7 @@ bool resolve_simd(Worker* w, uint32_t n) {
     if (!w->exchange[sg]) w->exchange[sg].reset(new Exchange);
     Exchange* ex = w->exchange[sg].get();
     ex->active = 0;
+    ex->serial = ++w->exchanges;
     unsigned flags = 0;
     for (uint32_t lane = 0; lane < lanes; ++lane) {
       Fiber& f = w->fibers[first + lane];
@@ -1026,9 +1030,11 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
       out.values = g->slots + size_t(sg) * kSimdWidth;
       out.pending = true;
     } else if (g->mode == kReplaying) {
-      const Exchange& ex = t_worker->region_exchange[sg];
+      Exchange& ex = t_worker->region_exchange[sg];
       out.active = ex.active;
       out.values = ex.values;
+      out.memo = &ex.memo;
+      out.serial = ex.serial;
       g->mode = kOrdinary;
     } else {
       raise("launch", "a SIMD-group function ran outside a stop of its kernel's barrier-region "
@@ -1048,6 +1054,8 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
   SimdExchange out;
   out.active = f->exchange->active;
   out.values = f->exchange->values;
+  out.memo = &f->exchange->memo;
+  out.serial = f->exchange->serial;
   out.lane = f->info.thread_index_in_simdgroup;
   return out;
 }
@@ -1154,6 +1162,7 @@ bool release_simd_groups(Group& g, const Describe& thread) {
     }
     Exchange& ex = w->region_exchange[sg];
     ex.active = 0;
+    ex.serial = ++w->exchanges;
     unsigned flags = 0;
     for (uint32_t t = first; t < first + lanes; ++t) {
       if (!waits_at_simd(t) || !same_place(t, lead)) continue;

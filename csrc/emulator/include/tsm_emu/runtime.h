@@ -111,6 +111,15 @@ std::string where_info(const ThreadInfo& t);  // "thread (x, y, z) (index i in t
 // operands of a double simdgroup_matrix product.
 constexpr size_t kSimdValueBytes = 64;
 
+// What the first lane to read an exchange computed for every lane (a simdgroup_matrix
+// product's whole 8x8 result), for the others to read instead of computing it again: the
+// exchange's while `serial` is the exchange's.
+constexpr size_t kSimdMemoBytes = 8 * 8 * sizeof(double);
+struct SimdMemo {
+  uint64_t serial = 0;
+  alignas(64) unsigned char bytes[kSimdMemoBytes];
+};
+
 struct SimdExchange {
   uint64_t active;                       // bit i: lane i took part
   const unsigned char (*values)[kSimdValueBytes];  // values[lane], valid for active lanes
@@ -122,6 +131,10 @@ struct SimdExchange {
   // own_operand) are the first call's, as a fiber's are those it suspended with.
   bool pending = false;
   uint32_t* operands = nullptr;          // barrier regions: the caller's scalar operands
+  // Not pending: the exchange's memo, and what identifies this exchange's values in it
+  // (every exchange of a worker has its own serial, from 1).
+  SimdMemo* memo = nullptr;
+  uint64_t serial = 0;
 };
 // A collective's scalar operand k (0 or 1) of the calling lane, as it handed it over.
 inline uint32_t own_operand(const SimdExchange& x, uint32_t v, unsigned k) {

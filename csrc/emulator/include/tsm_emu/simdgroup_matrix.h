@@ -109,20 +109,13 @@ inline vec<W, 2> widen(const vec<T, 2>& v) {
 inline float fused(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
 inline double fused(double a, double b, double c) { return __builtin_fma(a, b, c); }
 
-// d = a * b + c for the calling lane's two elements of d, gathering a, b and c from the
-// whole SIMD-group. Products accumulate in float (double for double matrices).
-// False when the exchange is only pending (see SimdExchange): d is then not written.
+// The SIMD-group's whole product D = A * B + C (8x8, row-major), from the operands of all
+// 32 lanes. A row at a time, D's columns innermost, which the compiler vectorises (8 packed
+// fmas a row on x86-64 with FMA): each element still accumulates its eight products in k
+// order, one rounding per step, as one lane did alone.
 template <class T>
-inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const vec<T, 2>& c, uint32_t site,
-                                vec<T, 2>& d) {
-  static_assert(sizeof(Operands<T>) <= tsm_emu::kSimdValueBytes, "simdgroup matrix element type too wide");
-  const Operands<T> mine{a, b, c};
-  const auto x = tsm_emu::simd_exchange(&mine, sizeof mine, site);
-  if (x.pending) return false;
-  if (x.active != 0xFFFFFFFFull)
-    tsm_emu::fault("inactive_lane", "a simdgroup_matrix multiply needs all 32 lanes of the SIMD-group "
-                                    "active (uniform control flow, threadgroup size a multiple of 32)");
-  T A[8][8], B[8][8], Cm[8][8];
+inline void whole_product(const tsm_emu::SimdExchange& x, T (&D)[8][8]) {
+  T A[8][8], B[8][8];
   for (unsigned l = 0; l < 32; ++l) {
     Operands<T> o;
     __builtin_memcpy(static_cast<void*>(&o), x.values[l], sizeof o);
@@ -130,17 +123,47 @@ inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const ve
     for (unsigned i = 0; i < 2; ++i) {
       A[p.row][p.col + i] = o.a[i];
       B[p.row][p.col + i] = o.b[i];
-      Cm[p.row][p.col + i] = o.c[i];
+      D[p.row][p.col + i] = o.c[i];
     }
   }
-  using Acc = std::conditional_t<std::is_same<T, double>::value, double, float>;
-  const Place p = place(x.lane);
-  for (unsigned i = 0; i < 2; ++i) {
-    Acc acc = Acc(Cm[p.row][p.col + i]);
-    for (unsigned k = 0; k < 8; ++k)
-      acc = fused(Acc(A[p.row][k]), Acc(B[k][p.col + i]), acc);
-    d[i] = T(acc);
+  for (unsigned i = 0; i < 8; ++i) {
+    T row[8];  // (a local: through D itself g++ 12 vectorised none of it)
+    for (unsigned j = 0; j < 8; ++j) row[j] = D[i][j];
+    for (unsigned k = 0; k < 8; ++k) {
+      const T aik = A[i][k];
+      for (unsigned j = 0; j < 8; ++j) row[j] = fused(aik, B[k][j], row[j]);
+    }
+    for (unsigned j = 0; j < 8; ++j) D[i][j] = row[j];
   }
+}
+
+// d = a * b + c for the calling lane's two elements of d, gathering a, b and c from the
+// whole SIMD-group (T: float, or double for double matrices, the precision the product is
+// computed in). The first lane to get here computes the whole product into the exchange's
+// memo and the others read theirs from it: each lane computing it alone spent 32x the work
+// on gathering the operands (perf: a fifth of a kmeans_iteration run's samples).
+// False when the exchange is only pending (see SimdExchange): d is then not written.
+template <class T>
+inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const vec<T, 2>& c, uint32_t site,
+                                vec<T, 2>& d) {
+  static_assert(sizeof(Operands<T>) <= tsm_emu::kSimdValueBytes, "simdgroup matrix element type too wide");
+  static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value, "products in float or double");
+  static_assert(sizeof(T[8][8]) <= tsm_emu::kSimdMemoBytes, "a product wider than the memo");
+  const Operands<T> mine{a, b, c};
+  const auto x = tsm_emu::simd_exchange(&mine, sizeof mine, site);
+  if (x.pending) return false;
+  if (x.active != 0xFFFFFFFFull)
+    tsm_emu::fault("inactive_lane", "a simdgroup_matrix multiply needs all 32 lanes of the SIMD-group "
+                                    "active (uniform control flow, threadgroup size a multiple of 32)");
+  T own[8][8];
+  T(&D)[8][8] = x.memo ? *reinterpret_cast<T(*)[8][8]>(x.memo->bytes) : own;
+  if (!x.memo || x.memo->serial != x.serial) {
+    whole_product(x, D);
+    if (x.memo) x.memo->serial = x.serial;
+  }
+  const Place p = place(x.lane);
+  d[0] = D[p.row][p.col];
+  d[1] = D[p.row][p.col + 1];
   tsm_emu::count_fmas(16);  // this lane's share of the 512 of an 8x8x8 product
   return true;
 }
