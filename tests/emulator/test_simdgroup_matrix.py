@@ -168,7 +168,14 @@ def test_double_matrices_on_the_emulator():
     A, B = torch.randn(8, 8, dtype=torch.float64), torch.randn(8, 8, dtype=torch.float64)
     C = torch.zeros(8, 8, dtype=torch.float64)
     lib.double_product(A, B, C, threads=32, group_size=32)
-    np.testing.assert_allclose(C.numpy(), A.numpy() @ B.numpy(), rtol=1e-14, atol=1e-14)
+    # Fused steps in k order, each rounded once to double (float() of a Fraction is exact
+    # rounding), as for float products above.
+    expected = np.zeros((8, 8))
+    for i in range(8):
+        for j in range(8):
+            for k in range(8):
+                expected[i, j] = float(Fraction(float(A[i, k])) * Fraction(float(B[k, j])) + Fraction(expected[i, j]))
+    np.testing.assert_array_equal(C.numpy(), expected)
 
 
 # `a * b` of two simdgroup matrices (MLX's Winograd conv: `(G * g) * Gt`): the product

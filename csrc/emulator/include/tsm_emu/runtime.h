@@ -116,7 +116,7 @@ constexpr size_t kSimdValueBytes = 64;
 // exchange's while `serial` is the exchange's.
 constexpr size_t kSimdMemoBytes = 8 * 8 * sizeof(double);
 struct SimdMemo {
-  uint64_t serial = 0;
+  uint64_t serial = ~uint64_t(0);  // none yet: no exchange has this serial
   alignas(64) unsigned char bytes[kSimdMemoBytes];
 };
 

@@ -110,9 +110,9 @@ inline float fused(float a, float b, float c) { return __builtin_fmaf(a, b, c); 
 inline double fused(double a, double b, double c) { return __builtin_fma(a, b, c); }
 
 // The SIMD-group's whole product D = A * B + C (8x8, row-major), from the operands of all
-// 32 lanes. A row at a time, D's columns innermost, which the compiler vectorises (8 packed
-// fmas a row on x86-64 with FMA): each element still accumulates its eight products in k
-// order, one rounding per step, as one lane did alone.
+// 32 lanes. A row at a time, D's columns innermost, which the compiler vectorises (on an
+// x86-64 with FMA, 8 packed fmas a row in float, 16 in double): each element still
+// accumulates its eight products in k order, one rounding per step, as one lane did alone.
 template <class T>
 inline void whole_product(const tsm_emu::SimdExchange& x, T (&D)[8][8]) {
   T A[8][8], B[8][8];
