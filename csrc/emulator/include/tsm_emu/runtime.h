@@ -112,8 +112,8 @@ std::string where_info(const ThreadInfo& t);  // "thread (x, y, z) (index i in t
 constexpr size_t kSimdValueBytes = 64;
 
 // What the first lane to read an exchange computed for every lane (a simdgroup_matrix
-// product's whole 8x8 result), for the others to read instead of computing it again: the
-// exchange's while `serial` is the exchange's.
+// product's whole 8x8 result), for the others to read instead of computing it again. It
+// holds that exchange's result while its `serial` equals the exchange's.
 constexpr size_t kSimdMemoBytes = 8 * 8 * sizeof(double);
 struct SimdMemo {
   uint64_t serial = ~uint64_t(0);  // none yet: no exchange has this serial
