@@ -89,12 +89,22 @@ def test_matmul_against_numpy(lib, M, N, K, accumulate, b_transposed):
     np.testing.assert_allclose(C.numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
-def _fma_float32(a: float, b: float, c: float) -> np.float32:
-    """a * b + c rounded once to float32, to nearest, ties to even (exact, through Fractions)."""
-    exact = Fraction(a) * Fraction(b) + Fraction(c)
+def _round_float32(exact: Fraction) -> np.float32:
+    """`exact` rounded once to float32, to nearest, ties to even."""
     r = np.float32(float(exact))  # within an ulp of the answer (two roundings)
     near = [np.nextafter(r, np.float32(-np.inf)), r, np.nextafter(r, np.float32(np.inf))]
     return min(near, key=lambda v: (abs(Fraction(float(v)) - exact), int(np.array(v).view(np.int32)) & 1))
+
+
+def _fused_steps(A: np.ndarray, B: np.ndarray, C: np.ndarray, rounded) -> np.ndarray:
+    """C + A @ B as Metal's simdgroup products make it: each element a chain of fused steps
+    in k order, each computed exactly (Fractions) and rounded once by ``rounded``."""
+    out = C.copy()
+    for i in range(A.shape[0]):
+        for j in range(B.shape[1]):
+            for k in range(A.shape[1]):
+                out[i, j] = rounded(Fraction(float(A[i, k])) * Fraction(float(B[k, j])) + Fraction(float(out[i, j])))
+    return out
 
 
 def test_products_accumulate_in_k_order_one_rounding_per_step(lib):
@@ -103,11 +113,7 @@ def test_products_accumulate_in_k_order_one_rounding_per_step(lib):
     M, N, K = 16, 24, 32
     g = torch.Generator().manual_seed(7)
     A, B, C = torch.randn(M, K, generator=g), torch.randn(K, N, generator=g), torch.randn(M, N, generator=g)
-    expected = C.numpy().copy()
-    for i in range(M):
-        for j in range(N):
-            for k in range(K):
-                expected[i, j] = _fma_float32(float(A[i, k]), float(B[k, j]), float(expected[i, j]))
+    expected = _fused_steps(A.numpy(), B.numpy(), C.numpy(), _round_float32)
     lib.matmul(A, B, C, N, K, 1, 0, threads=(N // 8 * 32, M // 8), group_size=(32, 1))
     np.testing.assert_array_equal(C.numpy().view(np.int32), expected.view(np.int32))
 
@@ -168,13 +174,8 @@ def test_double_matrices_on_the_emulator():
     A, B = torch.randn(8, 8, dtype=torch.float64), torch.randn(8, 8, dtype=torch.float64)
     C = torch.zeros(8, 8, dtype=torch.float64)
     lib.double_product(A, B, C, threads=32, group_size=32)
-    # Fused steps in k order, each rounded once to double (float() of a Fraction is exact
-    # rounding), as for float products above.
-    expected = np.zeros((8, 8))
-    for i in range(8):
-        for j in range(8):
-            for k in range(8):
-                expected[i, j] = float(Fraction(float(A[i, k])) * Fraction(float(B[k, j])) + Fraction(expected[i, j]))
+    # float() of a Fraction rounds it once to double, to nearest, ties to even.
+    expected = _fused_steps(A.numpy(), B.numpy(), np.zeros((8, 8)), float)
     np.testing.assert_array_equal(C.numpy(), expected)
 
 

@@ -62,6 +62,20 @@ struct Exchange {
   alignas(16) unsigned char values[kSimdWidth][kSimdValueBytes];
   uint64_t serial = 0;  // of the values it holds (Worker::exchanges)
   SimdMemo memo;
+
+  // Emptied for a collective's values, which get the worker's next serial (`filled`: its
+  // count of exchanges filled): what keeps a lane from reading an earlier one's memo.
+  void begin_fill(uint64_t& filled) {
+    active = 0;
+    serial = ++filled;
+  }
+  // What a lane of the collective reads.
+  void hand_out(SimdExchange& out) {
+    out.active = active;
+    out.values = values;
+    out.memo = &memo;
+    out.serial = serial;
+  }
 };
 
 struct Fiber {
@@ -91,7 +105,7 @@ struct Worker {
   // One per SIMD-group: a round releases at most one collective per SIMD-group, and its
   // lanes read their values as soon as they resume, before any later round.
   std::vector<std::unique_ptr<Exchange>> exchange;
-  uint64_t exchanges = 0;  // exchanges filled, fibers' and regions': the latest's serial
+  uint64_t exchanges = 0;  // exchanges filled, fibers' and regions' (Exchange::begin_fill)
   std::vector<std::vector<unsigned char>> dynamic_tg;                 // per [[threadgroup(n)]]
   std::vector<void*> dynamic_tg_ptrs;
   std::vector<uint64_t> dynamic_tg_bytes;  // as requested (the blocks carry 16 bytes of slack)
@@ -481,8 +495,7 @@ bool resolve_simd(Worker* w, uint32_t n) {
     }
     if (!w->exchange[sg]) w->exchange[sg].reset(new Exchange);
     Exchange* ex = w->exchange[sg].get();
-    ex->active = 0;
-    ex->serial = ++w->exchanges;
+    ex->begin_fill(w->exchanges);
     unsigned flags = 0;
     for (uint32_t lane = 0; lane < lanes; ++lane) {
       Fiber& f = w->fibers[first + lane];
@@ -1030,11 +1043,7 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
       out.values = g->slots + size_t(sg) * kSimdWidth;
       out.pending = true;
     } else if (g->mode == kReplaying) {
-      Exchange& ex = t_worker->region_exchange[sg];
-      out.active = ex.active;
-      out.values = ex.values;
-      out.memo = &ex.memo;
-      out.serial = ex.serial;
+      t_worker->region_exchange[sg].hand_out(out);
       g->mode = kOrdinary;
     } else {
       raise("launch", "a SIMD-group function ran outside a stop of its kernel's barrier-region "
@@ -1052,10 +1061,7 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
   f->state = State::AtSimd;
   suspend(w);
   SimdExchange out;
-  out.active = f->exchange->active;
-  out.values = f->exchange->values;
-  out.memo = &f->exchange->memo;
-  out.serial = f->exchange->serial;
+  f->exchange->hand_out(out);
   out.lane = f->info.thread_index_in_simdgroup;
   return out;
 }
@@ -1161,8 +1167,7 @@ bool release_simd_groups(Group& g, const Describe& thread) {
       }
     }
     Exchange& ex = w->region_exchange[sg];
-    ex.active = 0;
-    ex.serial = ++w->exchanges;
+    ex.begin_fill(w->exchanges);
     unsigned flags = 0;
     for (uint32_t t = first; t < first + lanes; ++t) {
       if (!waits_at_simd(t) || !same_place(t, lead)) continue;

@@ -155,11 +155,10 @@ inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const ve
   if (x.active != 0xFFFFFFFFull)
     tsm_emu::fault("inactive_lane", "a simdgroup_matrix multiply needs all 32 lanes of the SIMD-group "
                                     "active (uniform control flow, threadgroup size a multiple of 32)");
-  T own[8][8];
-  T(&D)[8][8] = x.memo ? *reinterpret_cast<T(*)[8][8]>(x.memo->bytes) : own;
-  if (!x.memo || x.memo->serial != x.serial) {
+  T(&D)[8][8] = *reinterpret_cast<T(*)[8][8]>(x.memo->bytes);
+  if (x.memo->serial != x.serial) {
     whole_product(x, D);
-    if (x.memo) x.memo->serial = x.serial;
+    x.memo->serial = x.serial;
   }
   const Place p = place(x.lane);
   d[0] = D[p.row][p.col];
