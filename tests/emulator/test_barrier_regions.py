@@ -360,6 +360,23 @@ kernel void simd_argument_constructor_effect(device float* out [[buffer(0)]], de
                                              uint lid [[thread_position_in_threadgroup]]) {
   out[lid] = simd_shuffle(float(lid), Ticket(c).v % 32);
 }
+struct Tally {  // a user's const method with an effect, through its pointer member
+  device atomic_uint* c;
+  uint next() const { return atomic_fetch_add_explicit(c, 1u, memory_order_relaxed); }
+};
+kernel void simd_argument_method_effect(device float* out [[buffer(0)]], device atomic_uint* c [[buffer(1)]],
+                                        uint lid [[thread_position_in_threadgroup]]) {
+  const Tally tally{c};
+  out[lid] = simd_shuffle(float(lid), tally.next() % 32);
+}
+struct Box {  // a user's const method that sets a `mutable` member
+  mutable uint v;
+  uint bump() const { return v++; }
+};
+kernel void simd_argument_mutable_effect(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  const Box box{lid};
+  out[lid] = simd_shuffle(float(lid), box.bump() % 32) + float(box.v);
+}
 kernel void simd_read_beside(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
   threadgroup float t[32];
   t[lid] = float(lid);
@@ -386,7 +403,8 @@ def test_what_defeats_the_transformation_runs_as_fibers(tmp_path, monkeypatch):
     assert grouped(FALLBACKS, tmp_path) == set()
     regions, fibers = both_ways(FALLBACKS, monkeypatch, sanitize=False)
     for kernel, extra in (("in_helper", []), ("in_switch", [1]), ("no_barrier", []), ("simd_in_helper", []),
-                          ("simd_conditional", []), ("simd_argument_effect", []), ("simd_read_beside", []),
+                          ("simd_conditional", []), ("simd_argument_effect", []), ("simd_argument_mutable_effect", []),
+                          ("simd_read_beside", []),
                           ("simd_two_in_one", [])):
         r = outcome(regions, kernel, lambda extra=extra: [torch.zeros(32), *extra], 32, 32)
         f = outcome(fibers, kernel, lambda extra=extra: [torch.zeros(32), *extra], 32, 32)
@@ -396,9 +414,10 @@ def test_what_defeats_the_transformation_runs_as_fibers(tmp_path, monkeypatch):
     np.testing.assert_array_equal(r[1].numpy(), expected.astype(np.float32))
     # Each thread's constructor ran once: the counter is the thread count.
     ticket = lambda: [torch.zeros(32), torch.zeros(1, dtype=torch.int32)]  # noqa: E731
-    r = outcome(regions, "simd_argument_constructor_effect", ticket, 32, 32)
-    f = outcome(fibers, "simd_argument_constructor_effect", ticket, 32, 32)
-    assert r[0] == "ran" and same(r, f) and r[2].item() == 32
+    for kernel in ("simd_argument_constructor_effect", "simd_argument_method_effect"):
+        r = outcome(regions, kernel, ticket, 32, 32)
+        f = outcome(fibers, kernel, ticket, 32, 32)
+        assert r[0] == "ran" and same(r, f) and r[2].item() == 32, kernel
 
 
 def test_the_project_shaders_with_barriers_run_as_regions():
@@ -691,6 +710,22 @@ kernel void loads(device const float* x [[buffer(0)]], device float* out [[buffe
   out[gid] = s;
 }
 
+// A user's const method that only reads, and sets only its own locals: its call may run
+// twice, as an operand evaluated again after the stop.
+struct Window {
+  device const float* x;
+  float sum(uint from, uint n) const {
+    float s = 0.0f;
+    for (uint i = 0; i < n; ++i) s += x[from + i];
+    return s;
+  }
+};
+kernel void method_operand(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                           uint gid [[thread_position_in_grid]]) {
+  const Window w{x};
+  out[gid] = simd_sum(w.sum(gid, 2));
+}
+
 kernel void matrices(device const float* a [[buffer(0)]], device const float* b [[buffer(1)]],
                      device float* c [[buffer(2)]], uint sg [[simdgroup_index_in_threadgroup]]) {
   simdgroup_float8x8 ma, mb, mc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
@@ -725,6 +760,7 @@ SIMD_LAUNCHES = {
     "simd_barrier": [(lambda m=m: [torch.zeros(128), m], 128, 128) for m in (0, 5)],
     "inactive": [(lambda: [torch.zeros(32, dtype=torch.int32)], 32, 32)],
     "loads": [(lambda: [torch.arange(64, dtype=torch.float32), torch.zeros(64)], 64, 64)],
+    "method_operand": [(lambda: [torch.arange(66, dtype=torch.float32), torch.zeros(64)], 64, 64)],
     "matrices": [(lambda: [torch.arange(2 * 128, dtype=torch.float32).cos(),
                            torch.arange(128, dtype=torch.float32).sin(), torch.zeros(128)], 64, 64)],
     "products": [(lambda: [torch.arange(2 * 128, dtype=torch.float32).cos(),

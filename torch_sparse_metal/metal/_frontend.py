@@ -1902,6 +1902,8 @@ LOGICAL_OPERATORS = frozenset((20, 21))          # && ||
 COMMA_OPERATOR = 33
 INC_DEC_OPERATORS = frozenset((1, 2, 3, 4))      # x++ x-- ++x --x
 ADDRESS_OF, DEREFERENCE = 5, 6                   # &x *p
+# The name of an operator that modifies its first operand, as a template leaves it unresolved.
+MODIFYING_OPERATOR = re.compile(r"operator(?:[-+*/%^&|]|<<|>>)?=|operator(?:\+\+|--)")
 
 
 def dependent_operator(call) -> Optional[Tuple[str, int]]:

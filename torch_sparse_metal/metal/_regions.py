@@ -179,7 +179,7 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
 
 _ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
 _MODIFYING_UNARY = _frontend.INC_DEC_OPERATORS | {_frontend.ADDRESS_OF}
-_ASSIGNING_OPERATOR = re.compile(r"operator(?:[-+*/%^&|<>]|<<|>>)?=")
+_MODIFYING_OPERATOR = _frontend.MODIFYING_OPERATOR
 _HOISTED_KINDS = ("TYPEDEF_DECL", "TYPE_ALIAS_DECL", "STRUCT_DECL", "CLASS_DECL", "UNION_DECL", "ENUM_DECL",
                   "STATIC_ASSERT", "TYPE_ALIAS_TEMPLATE_DECL", "USING_DECLARATION", "USING_DIRECTIVE")
 _CONSTANT_KINDS = ("INTEGER_LITERAL", "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "CHARACTER_LITERAL",
@@ -339,27 +339,62 @@ class _GroupFunction:
 
     def pure(self, call) -> bool:
         """Whether evaluating the call's arguments twice does what evaluating them once does."""
+        return all(self.sets_nothing(arg, None, set()) for arg in _arguments(call))
+
+    def sets_nothing(self, root, function, seen: Set[str]) -> bool:
+        """Whether evaluating ``root`` changes nothing but the locals of ``function`` (a
+        user's method whose body ``root`` is; None: nothing at all). A user's const method
+        may still write through a pointer member, or a `mutable` one: its body is read too."""
         k = self.k
         lib = self.cindex.conf.lib
-        for arg in _arguments(call):
-            for c in arg.walk_preorder():
-                if c.kind == k.COMPOUND_ASSIGNMENT_OPERATOR or c.kind == k.LAMBDA_EXPR:
+        for c in root.walk_preorder():
+            if c.kind == k.LAMBDA_EXPR:
+                return False
+            if c.kind == k.COMPOUND_ASSIGNMENT_OPERATOR or (
+                    c.kind == k.BINARY_OPERATOR and lib.clang_getCursorBinaryOperatorKind(c) in _ASSIGNMENTS) or (
+                    c.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(c) in _INC_DEC):
+                if not self.local_of(next(iter(c.get_children()), None), function):
                     return False
-                if c.kind == k.BINARY_OPERATOR and lib.clang_getCursorBinaryOperatorKind(c) in _ASSIGNMENTS:
+            elif c.kind == k.CALL_EXPR:
+                target = c.referenced
+                operator = _frontend.dependent_operator(c)
+                if operator is not None and not _MODIFYING_OPERATOR.fullmatch(operator[0]):
+                    continue
+                if target is None:
                     return False
-                if c.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(c) in _INC_DEC:
+                if _effect_free(c):
+                    continue
+                if not (target.kind == k.CXX_METHOD and target.is_const_method()):
                     return False
-                if c.kind == k.CALL_EXPR:
-                    target = c.referenced
-                    operator = _frontend.dependent_operator(c)
-                    if operator is not None and not re.fullmatch(r"operator(?:[-+*/%^&|<>]|<<|>>)?=|"
-                                                                 r"operator(?:\+\+|--)", operator[0]):
-                        continue
-                    if target is None:
-                        return False
-                    if not (_effect_free(c) or (target.kind == k.CXX_METHOD and target.is_const_method())):
-                        return False
+                if not in_metal(target) and not self.method_sets_nothing(target, seen):
+                    return False
         return True
+
+    def method_sets_nothing(self, method, seen: Set[str]) -> bool:
+        definition = method.get_definition()
+        key = definition.get_usr() if definition is not None else None
+        if key is None or key in seen:  # no body to read, or a recursion
+            return False
+        seen.add(key)
+        body = [c for c in definition.get_children() if c.kind == self.k.COMPOUND_STMT]
+        return len(body) == 1 and self.sets_nothing(body[0], definition, seen)
+
+    def local_of(self, target, function) -> bool:
+        """Whether the assigned ``target`` is a local (or a parameter) of ``function``, by
+        value: the only writes a method's body may make and still change nothing."""
+        k = self.k
+        while target is not None and target.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
+            target = next(iter(target.get_children()), None)
+        if function is None or target is None or target.kind != k.DECL_REF_EXPR:
+            return False
+        var = target.referenced
+        if var is None or var.kind not in (k.VAR_DECL, k.PARM_DECL) or var.storage_class.name == "STATIC":
+            return False
+        if _frontend._type_kind(var.type).endswith("Reference"):
+            return False
+        start, end, at = function.extent.start, function.extent.end, var.extent.start
+        return at.file is not None and start.file is not None and at.file.name == start.file.name and \
+            start.offset <= at.offset < end.offset
 
     def reads_beside(self, call, statement) -> bool:
         """Whether the statement may read memory before its SIMD-group function, in the
@@ -625,7 +660,7 @@ class _GroupFunction:
                 operator = _frontend.dependent_operator(parent)
                 if operator in (("operator++", 1), ("operator--", 1), ("operator&", 1)):
                     return True
-                if operator is not None and first == child and _ASSIGNING_OPERATOR.fullmatch(operator[0]):
+                if operator is not None and first == child and _MODIFYING_OPERATOR.fullmatch(operator[0]):
                     return True
                 if rvalue:
                     return False

@@ -49,7 +49,6 @@ UNIFORM_BUILTINS = frozenset((
     "dispatch_quadgroups_per_threadgroup",
 ))
 
-_ASSIGNING_OPERATOR = re.compile(r"operator(?:[-+*/%^&|]|<<|>>)?=|operator(?:\+\+|--)")
 _LITERALS = ("INTEGER_LITERAL", "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "CHARACTER_LITERAL",
              "CXX_NULL_PTR_LITERAL_EXPR", "CXX_UNARY_EXPR")  # (sizeof, alignof)
 _VALUE_OF_OPERANDS = ("UNEXPOSED_EXPR", "PAREN_EXPR", "CSTYLE_CAST_EXPR", "CXX_STATIC_CAST_EXPR",
@@ -202,7 +201,7 @@ class _Kernel:
         if name.startswith("operator"):
             args = list(call.get_arguments())
             operands = operator[1] if operator else len(args)
-            if _ASSIGNING_OPERATOR.fullmatch(name) or (name == "operator&" and operands == 1):
+            if _frontend.MODIFYING_OPERATOR.fullmatch(name) or (name == "operator&" and operands == 1):
                 return False
             if target is not None and not in_metal(target):
                 # A user's operator: what its parameters say (its object: may be written,
