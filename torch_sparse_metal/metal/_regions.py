@@ -64,7 +64,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
-from ._uniformity import analyse, in_metal, node_key, only_constructs
+from ._uniformity import (analyse, binds_reference, in_metal, initialises_members, is_reference, mutable_reference,
+                          node_key, only_constructs)
 
 Edit = Tuple[int, int, str]
 
@@ -180,6 +181,8 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
 _ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
 _MODIFYING_UNARY = _frontend.INC_DEC_OPERATORS | {_frontend.ADDRESS_OF}
 _MODIFYING_OPERATOR = _frontend.MODIFYING_OPERATOR
+_LIBRARY_HEADERS = str(_frontend.FRONTEND_INCLUDE_DIR)
+_UNRESOLVED_KINDS = ("Unexposed", "TemplateTypeParm", "Dependent", "Auto", "Invalid", "Unknown")
 _HOISTED_KINDS = ("TYPEDEF_DECL", "TYPE_ALIAS_DECL", "STRUCT_DECL", "CLASS_DECL", "UNION_DECL", "ENUM_DECL",
                   "STATIC_ASSERT", "TYPE_ALIAS_TEMPLATE_DECL", "USING_DECLARATION", "USING_DIRECTIVE")
 _CONSTANT_KINDS = ("INTEGER_LITERAL", "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "CHARACTER_LITERAL",
@@ -304,6 +307,8 @@ class _GroupFunction:
                     raise _Unsupported("a SIMD-group function's arguments may have effects")
                 if self.reads_beside(call, statement):
                     raise _Unsupported("a statement that reads memory beside its SIMD-group function")
+                if self.sets_beside(call, statement):
+                    raise _Unsupported("a statement that sets something before its SIMD-group function")
                 self.points.append(_Point(W_COLLECTIVE, call, statement, around))
         statements = [self.span(p.statement)[0] for p in self.points]
         if len(set(statements)) != len(statements):
@@ -355,10 +360,13 @@ class _GroupFunction:
                     c.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(c) in _INC_DEC):
                 if not self.local_of(next(iter(c.get_children()), None), function):
                     return False
-            elif c.kind == k.CALL_EXPR:
+            if self.makes_effects(c):
+                return False
+            if c.kind == k.CALL_EXPR:
                 target = c.referenced
                 operator = _frontend.dependent_operator(c)
-                if operator is not None and not _MODIFYING_OPERATOR.fullmatch(operator[0]):
+                if operator is not None and not _MODIFYING_OPERATOR.fullmatch(operator[0]) and \
+                        operator[0] not in self.user_operators():
                     continue
                 if target is None:
                     return False
@@ -369,6 +377,36 @@ class _GroupFunction:
                 if not in_metal(target) and not self.method_sets_nothing(target, seen):
                     return False
         return True
+
+    def makes_effects(self, node) -> bool:
+        """Whether an expression makes an object of the user's type that runs code of its
+        own: a destructor, a member's default initialiser."""
+        if not node.kind.is_expression():
+            return False
+        record = node.type.get_canonical().get_declaration()
+        if record is None or record.kind not in (self.k.STRUCT_DECL, self.k.CLASS_DECL) or in_metal(record):
+            return False
+        return initialises_members(node.type) or any(c.kind == self.k.DESTRUCTOR for c in record.get_children())
+
+    def user_operators(self) -> Set[str]:
+        """The operators the kernel's source declares (Metal's aside): what a template's
+        unresolved operator may call."""
+        if getattr(self, "_user_operators", None) is None:
+            names: Set[str] = set()
+
+            def visit(node) -> None:
+                for c in node.get_children():
+                    if c.location.file is not None and c.location.file.name.startswith(_LIBRARY_HEADERS):
+                        continue
+                    if c.kind.name in ("NAMESPACE", "STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE", "UNION_DECL"):
+                        if not (c.kind.name == "NAMESPACE" and c.spelling == "metal"):
+                            visit(c)
+                    elif c.spelling.startswith("operator") and not in_metal(c):
+                        names.add(c.spelling)
+
+            visit(self.kernel.translation_unit.cursor)
+            self._user_operators = names
+        return self._user_operators
 
     def method_sets_nothing(self, method, seen: Set[str]) -> bool:
         definition = method.get_definition()
@@ -390,7 +428,7 @@ class _GroupFunction:
         var = target.referenced
         if var is None or var.kind not in (k.VAR_DECL, k.PARM_DECL) or var.storage_class.name == "STATIC":
             return False
-        if _frontend._type_kind(var.type).endswith("Reference"):
+        if is_reference(var.type):
             return False
         start, end, at = function.extent.start, function.extent.end, var.extent.start
         return at.file is not None and start.file is not None and at.file.name == start.file.name and \
@@ -415,6 +453,8 @@ class _GroupFunction:
             if node.kind == k.MEMBER_REF_EXPR and kids:
                 if "->" in self.masked[self.span(kids[0])[1]:self.span(node)[1]]:
                     return True
+                if node.referenced is not None and is_reference(node.referenced.type):
+                    return True  # a reference member
             operator = _frontend.dependent_operator(node) if node.kind == k.CALL_EXPR else None
             if operator is not None:
                 if operator[0] in ("operator[]", "operator->", "operator()") or operator == ("operator*", 1):
@@ -426,7 +466,7 @@ class _GroupFunction:
                 return True
             if node.kind == k.DECL_REF_EXPR and node.referenced is not None:
                 target = node.referenced
-                if _frontend._type_kind(target.type).endswith("Reference"):
+                if is_reference(target.type):
                     return True
                 if target.kind == k.VAR_DECL and re.match(r"\s*threadgroup\b", self.masked[self.span(target)[0]:]):
                     return True
@@ -436,6 +476,38 @@ class _GroupFunction:
             return any(reads(c) for c in kids)
 
         return reads(region)
+
+    def sets_beside(self, call, statement) -> bool:
+        """Whether the statement may set something before its SIMD-group function runs: its
+        first run evaluates the call alone, so what comes before it in the statement (left
+        of a comma, an earlier declarator of the declaration) would come after. An
+        assignment's left operand comes after its right (C++17)."""
+        k = self.k
+        lib = self.cindex.conf.lib
+        region = next(iter(statement.get_children())) if statement.kind == k.IF_STMT else statement
+        if region.kind == k.DECL_STMT:
+            declarators = [c for c in region.get_children() if c.kind == k.VAR_DECL]
+            if len(declarators) != 1:
+                return True
+            region = declarators[0]
+        while region.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR) and len(list(region.get_children())) == 1:
+            region = next(iter(region.get_children()))
+        kids = list(region.get_children())
+        if region.kind in (k.BINARY_OPERATOR, k.COMPOUND_ASSIGNMENT_OPERATOR) and len(kids) == 2 and \
+                lib.clang_getCursorBinaryOperatorKind(region) in _ASSIGNMENTS and self.holds(kids[1], call):
+            region = kids[1]
+
+        def sets(node) -> bool:
+            if node == call:
+                return False
+            if node.kind == k.COMPOUND_ASSIGNMENT_OPERATOR or (
+                    node.kind == k.BINARY_OPERATOR and lib.clang_getCursorBinaryOperatorKind(node) in
+                    _ASSIGNMENTS | {_frontend.COMMA_OPERATOR}) or (
+                    node.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(node) in _INC_DEC):
+                return True
+            return any(sets(c) for c in node.get_children())
+
+        return sets(region)
 
     def holds(self, node, inner) -> bool:
         a, b = self.span(node)
@@ -493,7 +565,7 @@ class _GroupFunction:
         return all(c.kind == k.VAR_DECL and self.constant(c) for c in children)
 
     def constant(self, var) -> bool:
-        if not var.type.is_const_qualified() or _frontend._type_kind(var.type).endswith("Reference"):
+        if not var.type.is_const_qualified() or is_reference(var.type):
             return False
         inits = [c for c in var.get_children() if c.kind not in (self.k.TYPE_REF, self.k.TEMPLATE_REF,
                                                                    self.k.NAMESPACE_REF)]
@@ -508,7 +580,11 @@ class _GroupFunction:
                     return False
                 if target.kind in (self.k.ENUM_CONSTANT_DECL, self.k.TEMPLATE_NON_TYPE_PARAMETER):
                     continue
-                if target.kind == self.k.VAR_DECL and (target.canonical.hash in self.hoisted_vars or
+                # A hoisted constant, not a threadgroup variable (a reference to its storage
+                # in the emulator's view), which the threads write between barriers.
+                if target.kind == self.k.VAR_DECL and ((target.canonical.hash in self.hoisted_vars and
+                                                        target.type.is_const_qualified() and
+                                                        not is_reference(target.type)) or
                                                        target.semantic_parent.kind in (
                                                            self.k.TRANSLATION_UNIT, self.k.NAMESPACE)):
                     continue
@@ -571,7 +647,7 @@ class _GroupFunction:
             for var in statement.get_children():
                 if var.kind != k.VAR_DECL:
                     raise _Unsupported("declaration")
-                if _frontend._type_kind(var.type).endswith("Reference"):
+                if is_reference(var.type):
                     raise _Unsupported("reference across a barrier")
                 if _designators.lowers(var):  # its lowering names the variable the slot renames
                     raise _Unsupported("array designators across a barrier")
@@ -588,17 +664,12 @@ class _GroupFunction:
         # Variables (and parameters) whose address the kernel takes: a pointer to one may
         # outlive the segment that took it.
         self.pinned: Set[int] = set()
-        lib = self.cindex.conf.lib
         for ref, ancestors in self.refs:
             target = ref.referenced
             if target is None or (target.canonical.hash not in self.frame_of and target.kind != k.PARM_DECL):
                 continue
-            for node in reversed(ancestors):
-                if node.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
-                    continue
-                if node.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(node) == 5:
-                    self.pinned.add(target.canonical.hash)
-                break
+            if self.addressed(ref, ancestors):
+                self.pinned.add(target.canonical.hash)
         # Parameters each thread needs its own copy of: built-ins, and what the kernel may modify.
         self.thread_params: List[Tuple[object, Optional[int], bool]] = []  # (param, built-in, modified)
         used: Dict[int, List[List[object]]] = defaultdict(list)
@@ -615,6 +686,48 @@ class _GroupFunction:
                 self.thread_params.append((param, spec.index if spec.kind == _rewrite.P_BUILTIN else None,
                                            modified))
 
+    def addressed(self, ref, ancestors: List[object]) -> bool:
+        """Whether a use of a variable (or of a member or element of it) may give its
+        address away: `&v.a`, a reference variable or member bound to it, or a reference
+        parameter of a function of the kernel's that may hand the address back (by its
+        result, or through a reference or pointer parameter)."""
+        k = self.k
+        lib = self.cindex.conf.lib
+        child = ref
+        for node in reversed(ancestors):
+            kids = list(node.get_children())
+            if node.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
+                pass
+            elif node.kind == k.MEMBER_REF_EXPR and kids and kids[0] == child and \
+                    "->" not in self.masked[self.span(child)[1]:self.span(node)[1]]:
+                pass
+            elif node.kind == k.ARRAY_SUBSCRIPT_EXPR and kids and kids[0] == child and \
+                    _frontend._type_kind(child.type.get_canonical()).endswith("Array"):
+                pass
+            elif node.kind == k.UNARY_OPERATOR:
+                return lib.clang_getCursorUnaryOperatorKind(node) == _frontend.ADDRESS_OF
+            elif node.kind == k.VAR_DECL:
+                return is_reference(node.type)
+            elif node.kind == k.INIT_LIST_EXPR:
+                return binds_reference(node.type)
+            elif node.kind == k.CALL_EXPR:
+                callee = node.referenced
+                args = [node_key(a) for a in node.get_arguments()]
+                if callee is None or in_metal(callee) or node_key(child) not in args:
+                    return False
+                params = [c for c in callee.get_children() if c.kind == k.PARM_DECL]
+                at = args.index(node_key(child))
+                if at >= len(params) or not is_reference(params[at].type):
+                    return False
+                result = callee.result_type.get_canonical()
+                return is_reference(result) or _frontend._type_kind(result) == "Pointer" or any(
+                    i != at and _frontend._type_kind(p.type.get_canonical()) in ("Pointer", "LValueReference")
+                    for i, p in enumerate(params))
+            else:
+                return False
+            child = node
+        return False
+
     def modifies(self, path: List[object], param) -> bool:
         """Whether the use of ``param`` at the end of ``path`` (its ancestors) may change it.
 
@@ -625,7 +738,7 @@ class _GroupFunction:
         call) is taken to copy it, as Metal's helpers take pointers by value."""
         k = self.k
         lib = self.cindex.conf.lib
-        kind = _frontend._type_kind(param.type)
+        kind = _frontend._type_kind(param.type.get_canonical())
         if kind in ("LValueReference", "RValueReference"):
             return False
         pointer = kind == "Pointer"
@@ -635,7 +748,8 @@ class _GroupFunction:
             child, parent = path[i], path[i - 1]
             first = next(iter(parent.get_children()), None)
             if parent.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
-                rvalue |= parent.kind == k.UNEXPOSED_EXPR
+                # (Not an lvalue's conversion of address space, `p` bound to a reference.)
+                rvalue |= parent.kind == k.UNEXPOSED_EXPR and not _frontend.is_lvalue_type(parent.type)
                 i -= 1
                 continue
             if parent.kind == k.MEMBER_REF_EXPR and first == child:
@@ -665,18 +779,20 @@ class _GroupFunction:
                 if rvalue:
                     return False
                 callee = parent.referenced
-                args = list(parent.get_arguments())
-                if callee is None or child not in args:
+                args = [node_key(a) for a in parent.get_arguments()]
+                if callee is None or node_key(child) not in args:
                     return callee is None and not pointer
                 formals = list(callee.get_arguments())
-                at = args.index(child)
+                at = args.index(node_key(child))
                 if at >= len(formals):
                     return False
-                t = formals[at].type
-                return _frontend._type_kind(t) == "LValueReference" and not t.get_pointee().is_const_qualified()
+                # (A template's parameter of a type it names: `bump<device float* thread&>(p)`.)
+                t = formals[at].type.get_canonical()
+                return mutable_reference(t) or _frontend._type_kind(t) in _UNRESOLVED_KINDS
             if parent.kind == k.VAR_DECL:
-                t = parent.type
-                return _frontend._type_kind(t) == "LValueReference" and not t.get_pointee().is_const_qualified()
+                return mutable_reference(parent.type)
+            if parent.kind == k.INIT_LIST_EXPR:
+                return not rvalue and binds_reference(parent.type)  # a reference member's binding
             return False
         return False
 
@@ -1070,8 +1186,8 @@ class _GroupFunction:
 def _threadgroup_array(var) -> bool:
     """Whether a threadgroup variable of the emulator's view (a reference to its storage) is an array."""
     t = var.type
-    if _frontend._type_kind(t).endswith("Reference"):
-        t = t.get_pointee()
+    if is_reference(t):
+        t = t.get_canonical().get_pointee()
     return _frontend._type_kind(t).endswith("Array")
 
 
@@ -1111,7 +1227,15 @@ def _effect_free(call) -> bool:
     function = call.referenced
     if function.kind.name in ("CONSTRUCTOR", "CONVERSION_FUNCTION"):
         return only_constructs(call)
-    return in_metal(function) and not function.spelling.startswith("atomic")
+    # (Not one that writes through a parameter: modf, frexp, sincos.)
+    return in_metal(function) and not function.spelling.startswith("atomic") and not any(
+        c.kind.name == "PARM_DECL" and (mutable_reference(c.type) or _points_to_mutable(c.type))
+        for c in function.get_children())
+
+
+def _points_to_mutable(t) -> bool:
+    t = t.get_canonical()
+    return _frontend._type_kind(t) == "Pointer" and not t.get_pointee().is_const_qualified()
 
 
 def _line_marker(line: int, file: str) -> str:

@@ -85,13 +85,13 @@ class _Kernel:
             if entry.kind == _rewrite.P_BUILTIN:
                 uniform = entry.builtin in UNIFORM_BUILTINS
             else:  # a pointer's value, or a reference to what no thread writes
-                uniform = not _is_reference(param.type) or \
+                uniform = not is_reference(param.type) or \
                     bool(re.match(r"\s*(?:const\s+)?constant\b", entry.text))
             self.assignments[param.canonical.hash] = [] if uniform else None
         declared = [c for c in body.walk_preorder() if c.kind.name == "VAR_DECL"]
         self.assignments.update({c.canonical.hash: [] for c in declared})
         self.constants: Set[int] = {c.canonical.hash for c in list(params) + declared
-                                    if c.type.is_const_qualified()}
+                                    if c.type.is_const_qualified() and not has_mutable_member(c.type)}
         self.controls: List[tuple] = []  # (control node, its conditions, ancestors)
         self.collect(body, [])
         self.decided = {node_key(c): conds for c, conds, _ in self.controls}
@@ -105,7 +105,7 @@ class _Kernel:
             key = node.canonical.hash
             init = [c for c in kids if c.kind.name not in _SKIPPED]
             words = {t.spelling for t in node.get_tokens()}
-            if _is_reference(node.type) or words & {"threadgroup", "__local", "static"}:
+            if is_reference(node.type) or words & {"threadgroup", "__local", "static"}:
                 # A reference reads memory (a threadgroup variable is one in the emulator's
                 # view, `__local T& v = <its storage>`); a static is shared.
                 self.assignments[key] = None
@@ -181,10 +181,10 @@ class _Kernel:
             if self.call_reads(parent, node):
                 return
         elif pk == "VAR_DECL":
-            if not _mutable_reference(parent.type):
+            if not mutable_reference(parent.type):
                 return  # a copy, or a const reference
         elif pk == "INIT_LIST_EXPR":
-            if not _binds_reference(parent.type):
+            if not binds_reference(parent.type):
                 return  # a copy into an aggregate, not a reference member's binding
         elif pk in _READS:
             return
@@ -258,6 +258,8 @@ class _Kernel:
         if kind == "UNARY_OPERATOR" and self.lib.clang_getCursorUnaryOperatorKind(node) in (
                 _frontend.ADDRESS_OF, _frontend.DEREFERENCE):
             return False
+        if kind == "INIT_LIST_EXPR" and initialises_members(node.type):
+            return False  # what a member's own initialiser gives (an atomic) is not seen here
         if kind in _VALUE_OF_OPERANDS:
             return bool(kids) and all(self.value(c) for c in kids)
         if kind == "MEMBER_REF_EXPR":  # a field of a uniform value (not through ->)
@@ -354,17 +356,17 @@ class _Kernel:
         return walk(control, int(own_loop), int(own_switch))
 
 
-def _is_reference(t) -> bool:
+def is_reference(t) -> bool:
     """Through typedefs and aliases (`typedef thread uint& uref`)."""
     return _frontend._type_kind(t.get_canonical()).endswith("Reference")
 
 
-def _mutable_reference(t) -> bool:
+def mutable_reference(t) -> bool:
     t = t.get_canonical()
-    return _is_reference(t) and not t.get_pointee().is_const_qualified()
+    return is_reference(t) and not t.get_pointee().is_const_qualified()
 
 
-def _binds_reference(t) -> bool:
+def binds_reference(t) -> bool:
     """Whether a braced initialiser of this type may bind a reference: a struct (or an
     array of them) with a reference member, or a type clang does not resolve."""
     t = t.get_canonical()
@@ -375,7 +377,7 @@ def _binds_reference(t) -> bool:
         return kind not in ("Int", "UInt", "Float", "Double", "Bool", "Half", "Short", "UShort", "Char_S",
                             "Char_U", "SChar", "UChar", "Long", "ULong", "LongLong", "ULongLong",
                             "Enum", "Pointer", "ExtVector", "Vector", "Float16")
-    return any(c.kind.name == "FIELD_DECL" and (_is_reference(c.type) or _binds_reference(c.type))
+    return any(c.kind.name == "FIELD_DECL" and (is_reference(c.type) or binds_reference(c.type))
                for c in t.get_declaration().get_children())
 
 
@@ -385,7 +387,37 @@ def _reads_parameter(function, at: int) -> bool:
     if function.kind.name not in ("FUNCTION_DECL", "CXX_METHOD", "FUNCTION_TEMPLATE"):
         return False
     params = [c for c in function.get_children() if c.kind.name == "PARM_DECL"]
-    return at < len(params) and not _mutable_reference(params[at].type)
+    return at < len(params) and not mutable_reference(params[at].type)
+
+
+def _record(t):
+    """The user's struct a type names (through arrays), or None."""
+    t = t.get_canonical()
+    while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
+        t = t.get_array_element_type().get_canonical()
+    if _frontend._type_kind(t) != "Record":
+        return None
+    declaration = t.get_declaration()
+    return None if declaration is None or in_metal(declaration) else declaration
+
+
+def has_mutable_member(t) -> bool:
+    """Whether a const object of this type may still change: a `mutable` member (a const
+    method may set it)."""
+    record = _record(t)
+    return record is not None and any(
+        c.kind.name == "FIELD_DECL" and (c.is_mutable_field() or has_mutable_member(c.type))
+        for c in record.get_children())
+
+
+def initialises_members(t) -> bool:
+    """Whether making an object of this type runs code of its own: a member's default
+    initialiser (`uint v = atomic_fetch_add_explicit(...)`), in it or a member."""
+    record = _record(t)
+    return record is not None and any(
+        c.kind.name == "FIELD_DECL" and (any(k.kind.is_expression() for k in c.get_children()) or
+                                         initialises_members(c.type))
+        for c in record.get_children())
 
 
 def node_key(cursor) -> Tuple[str, int, int]:
