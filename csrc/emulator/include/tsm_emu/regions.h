@@ -136,32 +136,31 @@ inline uint64_t iteration_key(uint32_t a, uint32_t b, uint32_t c, R... rest) {
   return iteration_key(uint32_t(iteration_key(a, b) * 0x9E3779B97F4A7C15ull >> 32) ^ c, uint32_t(rest)...);
 }
 
-// Whether some thread stopped elsewhere than thread 0 (or, `by_iteration`, in another
-// iteration of the loops around). No early exit, so the compiler vectorises the scan.
-inline bool apart_from_first(const Group& g, bool by_iteration) {
-  const int at = g.at[0];
-  const uint64_t iteration = g.iteration[0];
-  unsigned differ = 0;
-  for (uint32_t t = 1; t < g.n; ++t)
-    differ |= unsigned(g.at[t] != at) | (unsigned(by_iteration) & unsigned(g.iteration[t] != iteration));
-  return differ != 0;
-}
-
 // After a round of a plain dispatch: every thread waits at the same threadgroup barrier in
-// the same iteration (all run on), or every thread returned (the threadgroup is done).
+// the same iteration (all run on), or every thread returned (the threadgroup is done). No
+// early exit, so the compiler vectorises the scan.
 enum class RoundEnd { kOther, kOneBarrier, kReturned };
 inline RoundEnd round_end(const Group& g) {
   const int at = g.at[0];
+  const uint64_t iteration = g.iteration[0];
   if (at == 0 || (at > 0 && g.kinds[at] != W_BARRIER) || g.stop->load(std::memory_order_relaxed) != 0)
     return RoundEnd::kOther;
-  if (apart_from_first(g, at > 0)) return RoundEnd::kOther;
-  return at < 0 ? RoundEnd::kReturned : RoundEnd::kOneBarrier;
+  unsigned differ = 0;
+  if (at < 0) {
+    for (uint32_t t = 1; t < g.n; ++t) differ |= unsigned(g.at[t] != at);
+    return differ ? RoundEnd::kOther : RoundEnd::kReturned;
+  }
+  for (uint32_t t = 1; t < g.n; ++t) differ |= unsigned(g.at[t] != at) | unsigned(g.iteration[t] != iteration);
+  return differ ? RoundEnd::kOther : RoundEnd::kOneBarrier;
 }
 
 // Whether every thread waits where thread 0 does, in the same iteration (at a barrier).
 inline bool all_where_first(const Group& g) {
   const int at = g.at[0];
-  return !apart_from_first(g, at > 0 && g.kinds[at] == W_BARRIER);
+  const bool barrier = at > 0 && g.kinds[at] == W_BARRIER;
+  for (uint32_t t = 1; t < g.n; ++t)
+    if (g.at[t] != at || (barrier && g.iteration[t] != g.iteration[0])) return false;
+  return true;
 }
 
 // Sanitized dispatches of a uniform kernel: a round that every thread began where thread 0
