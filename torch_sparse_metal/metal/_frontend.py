@@ -876,22 +876,6 @@ def _address_space(type_) -> Optional[str]:
     return None
 
 
-def is_lvalue_type(type_) -> bool:
-    """Whether an expression of this type is an lvalue, in clang's OpenCL view of MSL: the
-    object itself has an address space (`float *__generic`, `__private float`), which an
-    implicit conversion to an rvalue drops."""
-    kind = _type_kind(type_)
-    if kind in ("LValueReference", "RValueReference"):
-        return False
-    spelling = type_.spelling.rsplit("*", 1)[1] if kind == "Pointer" else type_.spelling
-    for word in spelling.split():
-        if word in _AS_WORDS:
-            return True
-        if word not in _QUALIFIERS:
-            return False
-    return False
-
-
 def _type_kind(type_) -> str:
     try:
         return type_.kind.spelling

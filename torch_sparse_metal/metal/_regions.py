@@ -58,14 +58,15 @@ Whatever does not qualify runs as fibers, as before; so does every kernel when
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
-from ._uniformity import (analyse, binds_reference, in_metal, initialises_members, is_reference, mutable_reference,
-                          node_key, only_constructs)
+from ._uniformity import (analyse, binds_reference, in_metal, is_reference, mutable_reference, node_key,
+                          only_constructs, runs_own_code)
 
 Edit = Tuple[int, int, str]
 
@@ -180,7 +181,6 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
 
 _ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
 _MODIFYING_UNARY = _frontend.INC_DEC_OPERATORS | {_frontend.ADDRESS_OF}
-_MODIFYING_OPERATOR = _frontend.MODIFYING_OPERATOR
 _LIBRARY_HEADERS = str(_frontend.FRONTEND_INCLUDE_DIR)
 _UNRESOLVED_KINDS = ("Unexposed", "TemplateTypeParm", "Dependent", "Auto", "Invalid", "Unknown")
 _HOISTED_KINDS = ("TYPEDEF_DECL", "TYPE_ALIAS_DECL", "STRUCT_DECL", "CLASS_DECL", "UNION_DECL", "ENUM_DECL",
@@ -360,13 +360,13 @@ class _GroupFunction:
                     c.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(c) in _INC_DEC):
                 if not self.local_of(next(iter(c.get_children()), None), function):
                     return False
-            if self.makes_effects(c):
-                return False
+            if c.kind.is_expression() and runs_own_code(c.type):
+                return False  # a temporary's destructor, a member's default initialiser
             if c.kind == k.CALL_EXPR:
                 target = c.referenced
                 operator = _frontend.dependent_operator(c)
-                if operator is not None and not _MODIFYING_OPERATOR.fullmatch(operator[0]) and \
-                        operator[0] not in self.user_operators():
+                if operator is not None and not _frontend.MODIFYING_OPERATOR.fullmatch(operator[0]) and \
+                        operator[0] not in self.user_operators:
                     continue
                 if target is None:
                     return False
@@ -378,35 +378,23 @@ class _GroupFunction:
                     return False
         return True
 
-    def makes_effects(self, node) -> bool:
-        """Whether an expression makes an object of the user's type that runs code of its
-        own: a destructor, a member's default initialiser."""
-        if not node.kind.is_expression():
-            return False
-        record = node.type.get_canonical().get_declaration()
-        if record is None or record.kind not in (self.k.STRUCT_DECL, self.k.CLASS_DECL) or in_metal(record):
-            return False
-        return initialises_members(node.type) or any(c.kind == self.k.DESTRUCTOR for c in record.get_children())
-
+    @functools.cached_property
     def user_operators(self) -> Set[str]:
-        """The operators the kernel's source declares (Metal's aside): what a template's
-        unresolved operator may call."""
-        if getattr(self, "_user_operators", None) is None:
-            names: Set[str] = set()
+        """The operators the kernel's source declares (Metal's library aside): what a
+        template's unresolved operator may call."""
+        names: Set[str] = set()
 
-            def visit(node) -> None:
-                for c in node.get_children():
-                    if c.location.file is not None and c.location.file.name.startswith(_LIBRARY_HEADERS):
-                        continue
-                    if c.kind.name in ("NAMESPACE", "STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE", "UNION_DECL"):
-                        if not (c.kind.name == "NAMESPACE" and c.spelling == "metal"):
-                            visit(c)
-                    elif c.spelling.startswith("operator") and not in_metal(c):
-                        names.add(c.spelling)
+        def visit(node) -> None:
+            for c in node.get_children():
+                if c.location.file is not None and c.location.file.name.startswith(_LIBRARY_HEADERS):
+                    continue
+                if c.kind.name in ("NAMESPACE", "STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE", "UNION_DECL"):
+                    visit(c)
+                elif c.spelling.startswith("operator"):
+                    names.add(c.spelling)
 
-            visit(self.kernel.translation_unit.cursor)
-            self._user_operators = names
-        return self._user_operators
+        visit(self.kernel.translation_unit.cursor)
+        return names
 
     def method_sets_nothing(self, method, seen: Set[str]) -> bool:
         definition = method.get_definition()
@@ -712,11 +700,10 @@ class _GroupFunction:
                 return binds_reference(node.type)
             elif node.kind == k.CALL_EXPR:
                 callee = node.referenced
-                args = [node_key(a) for a in node.get_arguments()]
-                if callee is None or in_metal(callee) or node_key(child) not in args:
+                at = _argument_at(node, child)
+                if callee is None or in_metal(callee) or at is None:
                     return False
                 params = [c for c in callee.get_children() if c.kind == k.PARM_DECL]
-                at = args.index(node_key(child))
                 if at >= len(params) or not is_reference(params[at].type):
                     return False
                 result = callee.result_type.get_canonical()
@@ -748,8 +735,9 @@ class _GroupFunction:
             child, parent = path[i], path[i - 1]
             first = next(iter(parent.get_children()), None)
             if parent.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
-                # (Not an lvalue's conversion of address space, `p` bound to a reference.)
-                rvalue |= parent.kind == k.UNEXPOSED_EXPR and not _frontend.is_lvalue_type(parent.type)
+                # A conversion to its value has no address space; one that keeps it an object
+                # (binding `p` to a reference) has (as _frontend._only_read tells them apart).
+                rvalue |= parent.kind == k.UNEXPOSED_EXPR and parent.type.get_address_space() == 0
                 i -= 1
                 continue
             if parent.kind == k.MEMBER_REF_EXPR and first == child:
@@ -774,16 +762,15 @@ class _GroupFunction:
                 operator = _frontend.dependent_operator(parent)
                 if operator in (("operator++", 1), ("operator--", 1), ("operator&", 1)):
                     return True
-                if operator is not None and first == child and _MODIFYING_OPERATOR.fullmatch(operator[0]):
+                if operator is not None and first == child and _frontend.MODIFYING_OPERATOR.fullmatch(operator[0]):
                     return True
                 if rvalue:
                     return False
                 callee = parent.referenced
-                args = [node_key(a) for a in parent.get_arguments()]
-                if callee is None or node_key(child) not in args:
+                at = _argument_at(parent, child)
+                if callee is None or at is None:
                     return callee is None and not pointer
                 formals = list(callee.get_arguments())
-                at = args.index(node_key(child))
                 if at >= len(formals):
                     return False
                 # (A template's parameter of a type it names: `bump<device float* thread&>(p)`.)
@@ -1181,6 +1168,13 @@ class _GroupFunction:
         end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]
         return (f"\n{_line_marker(line, file)}\n" + " ".join(head) + " " + body +
                 f" }} return -1; }}, [&] {{ {commit} }}); }}\n{_line_marker(end_line, end_file)}\n")
+
+
+def _argument_at(call, operand) -> Optional[int]:
+    """Which of the call's arguments ``operand`` is, or None. (By extent: a cursor of
+    get_arguments() never compares equal to the same one reached through get_children().)"""
+    keys = [node_key(a) for a in call.get_arguments()]
+    return keys.index(node_key(operand)) if node_key(operand) in keys else None
 
 
 def _threadgroup_array(var) -> bool:

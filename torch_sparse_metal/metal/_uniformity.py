@@ -410,6 +410,14 @@ def has_mutable_member(t) -> bool:
         for c in record.get_children())
 
 
+def runs_own_code(t) -> bool:
+    """Whether making (and ending) an object of this type runs code of the user's: a
+    member's default initialiser, or a destructor."""
+    record = _record(t)
+    return record is not None and (initialises_members(t) or any(c.kind.name == "DESTRUCTOR"
+                                                                  for c in record.get_children()))
+
+
 def initialises_members(t) -> bool:
     """Whether making an object of this type runs code of its own: a member's default
     initialiser (`uint v = atomic_fetch_add_explicit(...)`), in it or a member."""
