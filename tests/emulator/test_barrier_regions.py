@@ -965,8 +965,11 @@ def test_a_stop_stores_only_what_may_be_read_after_it(tmp_path):
     for stored in saves.values():
         names = re.findall(r"store_local\(__tsm_r\d+, (\w+)\)", stored)
         assert sorted(names) == ["__tsm_it0", "acc__tsm0", "k0__tsm1"], names
-    # Its threadgroup arrays are found once per group, not through thread_local at each use.
-    assert "auto& __tsm_h0 = a_tile;" in group and "auto& __tsm_h1 = b_tile;" in group
+    # Its threadgroup arrays' views are made once per group, not through thread_local at each
+    # thread, and each thread copies them.
+    assert "const auto __tsm_h0 = ::tsm_emu::view_of(a_tile);" in group
+    assert "const auto __tsm_h1 = ::tsm_emu::view_of(b_tile);" in group
+    assert "auto a_tile = __tsm_h0;" in group and "auto b_tile = __tsm_h1;" in group
 
 
 def test_rounds_are_compiled_for_each_stop_of_the_kernel():
@@ -978,7 +981,7 @@ def test_rounds_are_compiled_for_each_stop_of_the_kernel():
     for path in sources:
         cxx = _compiler.generated_cxx(path).text
         for group in re.split(r"inline void \w+__tsm_group", cxx)[1:]:
-            count = re.search(r"run_regions<(\d+), (?:true|false)>", group)
+            count = re.search(r"run_regions<(\d+), (?:true|false),", group)
             assert count, path.name
             stops = {int(k) for k in re.findall(r"\bcase (\d+):;", group)}
             assert stops == set(range(1, int(count.group(1)) + 1)), (path.name, count.group(0), stops)

@@ -245,7 +245,7 @@ NOT_UNIFORM = {"memory_bound", "device_reference_bound", "thread_bound", "simdgr
                "assigned_through_a_conditional", "assigned_through_a_cast", "early_return", "break_by_thread"}
 
 ORIGINAL_ANALYSE = _regions.analyse
-_VERDICT = re.compile(r"inline void (\w+?)__tsm_group.*?run_regions<\d+, (true|false)>", re.S)
+_VERDICT = re.compile(r"inline void (\w+?)__tsm_group.*?run_regions<\d+, (true|false),", re.S)
 
 
 def verdicts(cxx: str) -> dict:

@@ -64,7 +64,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
+from . import _bounds_probe, _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
 from ._uniformity import (analyse, binds_reference, in_metal, is_reference, mutable_reference, node_key,
                           only_constructs, runs_own_code)
 
@@ -1086,20 +1086,35 @@ class _GroupFunction:
         head = [f"{self.template_header()} inline void {name}__tsm_group({signature}) {{"]
         head += [self.base_text(s) for s in self.hoisted]
         bindings = []
+        stops = {node_key(p.call) for p in self.points}
+        uniformity = analyse(self.body, self.params, self.entry.params, lambda c: node_key(c) in stops)
+        # Probed rounds (probe.h) need the analysis' verdict and a uniform kernel; a kernel
+        # that is not probed keeps the text it had (its speed moved with it).
+        probe = self.probe(stops)
+        why_not = probe.why_not or ("" if uniformity.control else "not uniform") or ("" if probe.views else "no memory")
+        views = () if why_not else probe.views
         # Threadgroup and static variables are thread_local storage of the worker: found
-        # once here, not at each use in the threads' loop (a call in a loaded library).
+        # once here, not at each use in the threads' loop (a call in a loaded library). An
+        # array's view is made here too: from a reference, the compiler may find the variable
+        # again at each thread rather than keep its address (tiled matmul: 8% slower).
         # A threadgroup array's checked pointer is copied into the thread's segment, where the
         # compiler keeps its bounds in registers (through a reference, it reloads them at each
         # access of a loop: an access before may have left it).
         for i, (name, array) in enumerate(self.shared_vars):
-            head.append(f"auto& __tsm_h{i} = {name};")
-            bindings.append(f"auto {name} = ::tsm_emu::view_of(__tsm_h{i});" if array else
-                            f"auto& {name} = __tsm_h{i};")
+            head.append(f"const auto __tsm_h{i} = ::tsm_emu::view_of({name});" if array else f"auto& __tsm_h{i} = {name};")
+            view = f"__tsm_h{i}"
+            if name in views:  # (a checked pointer, or the probe's or an unchecked one)
+                view = f"::tsm_emu::access_view(__tsm_m, {view}, __tsm_bad)"
+            bindings.append(f"auto {name} = {view};" if array else f"auto& {name} = __tsm_h{i};")
+        for i, param in enumerate(p for p in self.params if p.spelling in views):
+            head.append(f"auto& __tsm_v{i} = {param.spelling};")
+            bindings.append(f"auto {param.spelling} = ::tsm_emu::access_view(__tsm_m, __tsm_v{i}, __tsm_bad);")
         # A thread's variables are copied out of their slots into locals when it resumes
         # (registers, for the compiler) and back when it reaches a barrier; a variable whose
         # address the kernel takes stays in its slot, where pointers to it stay valid.
         # At each stop only what a thread may read after it is stored (see live()).
         saves: List[Tuple[str, Callable[[_Point], bool]]] = []
+        copied: List[str] = []  # the slots whose thread's value is a local (checked for a probe)
 
         def per_thread(name: str, slot: str, pinned: bool = False, saved: bool = True,
                        live: Callable[[_Point], bool] = lambda point: True) -> None:
@@ -1107,6 +1122,7 @@ class _GroupFunction:
                 bindings.append(f"auto& {name} = {slot}[__tsm_t];")
                 return
             local = f"::tsm_emu::local_t<decltype({slot}.in(0))>"
+            copied.append(f"decltype({slot}.in(0))")
             if not saved:  # never written: read, never stored back
                 bindings.append(f"{local} {name} = {slot}.in(__tsm_t);")
                 return
@@ -1119,7 +1135,8 @@ class _GroupFunction:
             pinned = param.canonical.hash in self.pinned
             if builtin is not None and not modified and not pinned:
                 # Computed from the thread's index (Group::builtin), where the thread runs.
-                bindings.append(f"__tsm_pt{i} {p} = ::tsm_emu::builtin_arg<__tsm_pt{i}>({builtin}, "
+                mode = "__tsm_m, " if views else ""
+                bindings.append(f"__tsm_pt{i} {p} = ::tsm_emu::builtin_arg<__tsm_pt{i}>({mode}{builtin}, "
                                 f"__tsm_g, __tsm_t);")
                 continue
             value = (f"::tsm_emu::builtin_arg<__tsm_pt{i}>({builtin}, __tsm_g, __tsm_i)"
@@ -1131,8 +1148,6 @@ class _GroupFunction:
             per_thread(p, f"__tsm_p{i}", pinned, saved=modified)
         probes, types = self.probes(fine)
         head += probes
-        stops = {node_key(p.call) for p in self.points}
-        uniformity = analyse(self.body, self.params, self.entry.params, lambda c: node_key(c) in stops)
         # Variables with one value in every thread, and the loops' counters of a uniform
         # kernel: one copy for the threadgroup (Slots<T, true>, regions.h), which
         # run_regions' commit carries from round to round.
@@ -1156,12 +1171,26 @@ class _GroupFunction:
         head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
         head.append(f"static const unsigned char __tsm_kinds[] = {{{kinds}}};")
         commit = " ".join(f"{slots}.commit();" for slots in shared)
-        head.append(f"::tsm_emu::run_regions<{len(self.points)}, {str(uniformity.control).lower()}>(__tsm_g, "
-                    "__tsm_sites, __tsm_kinds, "
-                    "[&](::tsm_emu::Group& __tsm_g, unsigned __tsm_t, int __tsm_at) -> int {")
+        # What C++ checks of a probed kernel: its memory's elements, and every thread's
+        # variables in locals (a type that does not copy as bytes stays in its slot, which
+        # the probe would write).
+        probed = "false"
+        if why_not:  # (for a reader of the translation, and the tests; a string the rewriter leaves)
+            head.append(f"static constexpr const char* __tsm_not_probed = {_c_string(why_not)};")
+        else:
+            elements = [f"decltype(__tsm_h{i})" for i, (name, _) in enumerate(self.shared_vars) if name in views]
+            elements += [f"decltype(__tsm_v{i})" for i in range(len(views) - len(elements))]
+            probed = f"::tsm_emu::probe_elements<{', '.join(elements)}>"
+            if copied:
+                probed += f" && ::tsm_emu::locals_are_copies<{', '.join(copied)}>"
+        head.append(f"::tsm_emu::run_regions<{len(self.points)}, {str(uniformity.control).lower()}, {probed}>("
+                    "__tsm_g, __tsm_sites, __tsm_kinds, [&](auto __tsm_m, unsigned& __tsm_bad, "
+                    "::tsm_emu::Group& __tsm_g, unsigned __tsm_t, int __tsm_at) -> int {")
         head += bindings
         for number, point in enumerate(self.points, start=1):
             stored = " ".join(text for text, live in saves if live(point))
+            if views:  # (A probe stores nothing.)
+                stored = f"if constexpr (!decltype(__tsm_m)::probe) {{ {stored} }}"
             head.append(f"auto __tsm_save{number} = [&]() {{ {stored} }};")
         head.append("switch (__tsm_at) { case 0:")
         file, line = self.where(self.body)
@@ -1170,11 +1199,30 @@ class _GroupFunction:
                 f" }} return -1; }}, [&] {{ {commit} }}); }}\n{_line_marker(end_line, end_file)}\n")
 
 
+    def probe(self, stops: Set[Tuple[str, int, int]]) -> _bounds_probe.Probe:
+        """Whether the kernel's rounds may be probed (_bounds_probe), with what only the
+        translation knows: its stops' kinds, its pinned variables, its static ones."""
+        why_not = None
+        if any(p.kind != W_BARRIER for p in self.points):
+            why_not = "a SIMD-group function"
+        elif self.pinned:
+            why_not = "a variable whose address is taken"
+        elif any(not array for _, array in self.shared_vars):
+            why_not = "a static variable"
+        return _bounds_probe.probe(self.body, self.params, self.entry.params,
+                                   {name for name, array in self.shared_vars if array},
+                                   lambda c: node_key(c) in stops, why_not)
+
+
 def _argument_at(call, operand) -> Optional[int]:
     """Which of the call's arguments ``operand`` is, or None. (By extent: a cursor of
     get_arguments() never compares equal to the same one reached through get_children().)"""
     keys = [node_key(a) for a in call.get_arguments()]
     return keys.index(node_key(operand)) if node_key(operand) in keys else None
+
+
+def _c_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _threadgroup_array(var) -> bool:

@@ -70,8 +70,10 @@ _NOT_UNIFORM_CALL = re.compile(r"(?:simd|quad|simdgroup|atomic)_\w*|\w*_(?:load|
 
 
 class _Kernel:
+    """``builtins``: the built-ins whose values count (all of them, when None: a kernel's
+    values that do not come from memory, _bounds_probe)."""
     def __init__(self, body, params: Sequence[object], entries: Sequence[_rewrite.Param],
-                 is_stop: Callable[[object], bool]) -> None:
+                 is_stop: Callable[[object], bool], builtins: Optional[FrozenSet[str]] = UNIFORM_BUILTINS) -> None:
         self.cindex = _frontend._cindex()
         self.lib = self.cindex.conf.lib
         self.body = body
@@ -83,7 +85,7 @@ class _Kernel:
         self.assignments: Dict[int, Optional[List[tuple]]] = {}
         for param, entry in zip(params, entries):
             if entry.kind == _rewrite.P_BUILTIN:
-                uniform = entry.builtin in UNIFORM_BUILTINS
+                uniform = builtins is None or entry.builtin in builtins
             else:  # a pointer's value, or a reference to what no thread writes
                 uniform = not is_reference(param.type) or \
                     bool(re.match(r"\s*(?:const\s+)?constant\b", entry.text))

@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "tsm_emu/bind.h"
+#include "tsm_emu/probe.h"
 #include "tsm_emu/runtime.h"
 #include "tsm_emu/sync.h"
 
@@ -199,11 +200,16 @@ inline void at_stop(int at, Run&& run) {
 // `commit` runs after every round: a uniform kernel's variables that are the same in every
 // thread (Slots<T, true>) move from what the round's threads stored to what the next
 // round's read.
+// Probed: the kernel's accesses may be checked for a whole round before it runs (probe.h,
+// the translation decides); a uniform kernel's rounds that start from one stop are then
+// probed, and run unchecked when the probe finds every access in bounds.
+// The body is called as body(mode, bad, group, thread, stop): `mode` an access_mode, `bad`
+// what a probe's accesses flag.
 // Always inlined into the group function, where the kernel's body is: out of line (the
 // uniform rounds' code took it past the inliner's limit) the body reloaded the slots' and
 // arguments' addresses through the lambda at every thread (tree reduction: 639 million
 // instructions, against 495 inlined; callgrind).
-template <int Stops, bool Uniform, class Body, class Commit>
+template <int Stops, bool Uniform, bool Probed, class Body, class Commit>
 __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t* sites, const uint8_t* kinds,
                                                        Body&& body, Commit&& commit) {
   g.sites = sites;
@@ -219,6 +225,10 @@ __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t*
   const uint32_t n = g.n;
   int* const at = g.at;
   uint8_t* const runnable = g.runnable;
+  unsigned unused = 0;
+  // A row of threads (n x 1 x 1): the last thread's position is its index.
+  const bool line = g.local[n - 1].x == n - 1;
+  (void)line;
   for (bool everyone = true;;) {
     // (Not in sanitized builds, whose dispatches are sanitized: no copies to compile. A stop
     // past Stops, a miscount, runs through the general loop.)
@@ -238,15 +248,33 @@ __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t*
           // thread to at[0], which the compiler must assume the kernel's stores may change,
           // kept the threads' uniform variables from registers too (tree reduction 20% slower).
           int last = 0;
-          for (uint32_t t = 0; t < n; ++t) {
-            g.enter(t, false);
-            last = body(copy, t, decltype(stop)::value);
+          // (Only a row of threads: elsewhere a thread's position is a load from the table of
+          // positions, and the unchecked loop stays scalar.)
+          unsigned bad = 1;
+          if constexpr (Probed) {
+            if (line) {
+              bad = 0;
+              for (uint32_t t = 0; t < n; ++t)
+                body(access_mode<Checks::kProbe, true>{}, bad, copy, t, decltype(stop)::value);
+              if (!bad) {
+                // (No thread is entered: nothing in these bodies can fault or report.)
+                for (uint32_t t = 0; t < n; ++t)
+                  last = body(access_mode<Checks::kUnchecked, true>{}, bad, copy, t, decltype(stop)::value);
+                g.enter(n - 1, false);
+              }
+            }
+          }
+          if (!Probed || bad) {
+            for (uint32_t t = 0; t < n; ++t) {
+              g.enter(t, false);
+              last = body(checked_access{}, unused, copy, t, decltype(stop)::value);
+            }
           }
           at[0] = last;
         } else {
           for (uint32_t t = 0; t < n; ++t) {
             g.enter(t, false);
-            at[t] = body(copy, t, decltype(stop)::value);
+            at[t] = body(checked_access{}, unused, copy, t, decltype(stop)::value);
           }
         }
       });
@@ -276,7 +304,7 @@ __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t*
           runnable[t] = 0;
         }
         g.enter(t, sanitized);
-        at[t] = body(g, t, at[t]);
+        at[t] = body(checked_access{}, unused, g, t, at[t]);
         if (sanitized) end_region_segment();
       }
       if (promised && !all_where_first(g)) broken_uniformity();
@@ -338,6 +366,11 @@ struct local_ {
 };
 template <class R>
 using local_t = typename local_<R>::type;
+
+// Whether every thread's variable of these slots (R: a reference to each) is a local copy
+// while it runs: a probed round's probe (probe.h) must not write a slot.
+template <class... R>
+constexpr bool locals_are_copies = (local_<R>::copy && ...);
 
 // Back into its slot at a barrier (nothing to do when the local is the slot).
 template <class T, class L>
@@ -452,6 +485,16 @@ inline V builtin_arg(int which, const Group& g, uint32_t t) {
   } else {
     fault("launch", "built-in parameter of an unsupported type");
   }
+}
+// The same in a body run in access mode M: in a row of threads, a position from the index
+// (see probe.h).
+template <class V, class M>
+inline V builtin_arg(M, int which, const Group& g, uint32_t t) {
+  if constexpr (M::line && builtin_traits<V>::ok) {
+    if (which == B_THREAD_POSITION_IN_THREADGROUP) return builtin_traits<V>::make(u3{t, 0, 0});
+    if (which == B_THREAD_POSITION_IN_GRID) return builtin_traits<V>::make(u3{g.origin.x + t, g.origin.y, g.origin.z});
+  }
+  return builtin_arg<V>(which, g, t);
 }
 
 template <class... A, size_t... I>
