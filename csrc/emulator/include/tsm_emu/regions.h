@@ -11,6 +11,7 @@
 // faults, without a context switch.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -214,17 +215,15 @@ __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t*
                                                        Body&& body, Commit&& commit) {
   g.sites = sites;
   g.kinds = kinds;
-  for (uint32_t t = 0; t < g.n; ++t) {
-    g.at[t] = 0;
-    g.runnable[t] = 0;
-  }
   // The group's members the loop reads, read once: with -fno-strict-aliasing any store of
   // the kernel might change them, so read through `g` they were reloaded per thread
-  // (tree reduction: 10% of its time).
+  // (tree reduction: 10% of its time; the same in the clearing below, 2 ms of its 9).
   const bool sanitized = g.sanitized;
   const uint32_t n = g.n;
   int* const at = g.at;
   uint8_t* const runnable = g.runnable;
+  std::fill(at, at + n, 0);
+  std::fill(runnable, runnable + n, uint8_t(0));
   unsigned unused = 0;
   // A row of threads (n x 1 x 1): the last thread's position is its index.
   const bool line = g.local[n - 1].x == n - 1;
