@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import KernelFault, _compiler
+from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
 
 from _hang_guard import call_with_timeout
 from _schedules import both_ways
@@ -223,3 +223,23 @@ def test_a_fault_in_a_probed_round_is_the_fault_fibers_report(builds, at, group)
     base = torch.arange(group * 64 + at) - lid
     assert torch.equal(done, (base + 63 - lid).float() + 0.5)
     assert torch.isnan(results[0][2][gid:]).all()
+
+
+def test_probed_kernels_run_clean_and_alike_under_the_sanitizer(builds):
+    """A sanitized build compiles the same translation (the probe's bindings in checked mode)
+    and runs every round checked: no report, and the plain probed build's bits."""
+    sanitized = compile_shader(PROBED, sanitize=True)
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(3))
+    partials = []
+    for lib in (builds[0], sanitized):
+        partial = torch.full((4,), float("nan"))
+        call_with_timeout(lib.reduce, x, partial, 1000, threads=1024, group_size=256, threadgroup_memory=[4 * 256])
+        partials.append(partial)
+    assert torch.equal(bits(partials[0]), bits(partials[1]))
+    rows = torch.randn(192, 4, generator=torch.Generator().manual_seed(5))
+    outs = []
+    for lib in (builds[0], sanitized):
+        out = torch.full((192, 4), float("nan"))
+        call_with_timeout(lib.rotate_rows, rows, out, threads=192, group_size=32)
+        outs.append(out)
+    assert torch.equal(bits(outs[0]), bits(outs[1]))

@@ -1100,15 +1100,18 @@ class _GroupFunction:
         # A threadgroup array's checked pointer is copied into the thread's segment, where the
         # compiler keeps its bounds in registers (through a reference, it reloads them at each
         # access of a loop: an access before may have left it).
+        elements: List[str] = []  # the probed views' types (checked in C++, below)
         for i, (name, array) in enumerate(self.shared_vars):
             head.append(f"const auto __tsm_h{i} = ::tsm_emu::view_of({name});" if array else f"auto& __tsm_h{i} = {name};")
             view = f"__tsm_h{i}"
             if name in views:  # (a checked pointer, or the probe's or an unchecked one)
                 view = f"::tsm_emu::access_view(__tsm_m, {view}, __tsm_bad)"
+                elements.append(f"decltype(__tsm_h{i})")
             bindings.append(f"auto {name} = {view};" if array else f"auto& {name} = __tsm_h{i};")
         for i, param in enumerate(p for p in self.params if p.spelling in views):
             head.append(f"auto& __tsm_v{i} = {param.spelling};")
             bindings.append(f"auto {param.spelling} = ::tsm_emu::access_view(__tsm_m, __tsm_v{i}, __tsm_bad);")
+            elements.append(f"decltype(__tsm_v{i})")
         # A thread's variables are copied out of their slots into locals when it resumes
         # (registers, for the compiler) and back when it reaches a barrier; a variable whose
         # address the kernel takes stays in its slot, where pointers to it stay valid.
@@ -1178,8 +1181,6 @@ class _GroupFunction:
         if why_not:  # (for a reader of the translation, and the tests; a string the rewriter leaves)
             head.append(f"static constexpr const char* __tsm_not_probed = {_c_string(why_not)};")
         else:
-            elements = [f"decltype(__tsm_h{i})" for i, (name, _) in enumerate(self.shared_vars) if name in views]
-            elements += [f"decltype(__tsm_v{i})" for i in range(len(views) - len(elements))]
             probed = f"::tsm_emu::probe_elements<{', '.join(elements)}>"
             if copied:
                 probed += f" && ::tsm_emu::locals_are_copies<{', '.join(copied)}>"

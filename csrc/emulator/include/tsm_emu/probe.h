@@ -51,7 +51,7 @@ template <class T, int N>
 struct probe_element<metal::vec<T, N>> : probe_element<T> {};
 template <class T, int N>
 struct probe_element<metal::packed_vec<T, N>> : probe_element<T> {};
-// P: the kernel's checked pointers and threadgroup arrays (references to them).
+// P: the kernel's checked pointers and threadgroup arrays' views (or references to them).
 template <class... P>
 constexpr bool probe_elements = (probe_element<std::remove_cv_t<std::remove_all_extents_t<
                                      typename std::remove_reference_t<P>::element_type>>>::value && ...);

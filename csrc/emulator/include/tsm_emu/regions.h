@@ -224,10 +224,7 @@ __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t*
   uint8_t* const runnable = g.runnable;
   std::fill(at, at + n, 0);
   std::fill(runnable, runnable + n, uint8_t(0));
-  unsigned unused = 0;
-  // A row of threads (n x 1 x 1): the last thread's position is its index.
-  const bool line = g.local[n - 1].x == n - 1;
-  (void)line;
+  unsigned unused = 0;  // (what a body in checked mode is given to flag)
   for (bool everyone = true;;) {
     // (Not in sanitized builds, whose dispatches are sanitized: no copies to compile. A stop
     // past Stops, a miscount, runs through the general loop.)
@@ -247,12 +244,13 @@ __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t*
           // thread to at[0], which the compiler must assume the kernel's stores may change,
           // kept the threads' uniform variables from registers too (tree reduction 20% slower).
           int last = 0;
-          // (Only a row of threads: elsewhere a thread's position is a load from the table of
-          // positions, and the unchecked loop stays scalar.)
-          unsigned bad = 1;
+          bool checked = true;
+          // (Only a row of threads, n x 1 x 1, whose last thread's position is its index:
+          // elsewhere a thread's position is a load from the table of positions, and the
+          // unchecked loop stays scalar.)
           if constexpr (Probed) {
-            if (line) {
-              bad = 0;
+            if (copy.local[n - 1].x == n - 1) {
+              unsigned bad = 0;
               for (uint32_t t = 0; t < n; ++t)
                 body(access_mode<Checks::kProbe, true>{}, bad, copy, t, decltype(stop)::value);
               if (!bad) {
@@ -260,10 +258,11 @@ __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t*
                 for (uint32_t t = 0; t < n; ++t)
                   last = body(access_mode<Checks::kUnchecked, true>{}, bad, copy, t, decltype(stop)::value);
                 g.enter(n - 1, false);
+                checked = false;
               }
             }
           }
-          if (!Probed || bad) {
+          if (checked) {
             for (uint32_t t = 0; t < n; ++t) {
               g.enter(t, false);
               last = body(checked_access{}, unused, copy, t, decltype(stop)::value);
