@@ -827,7 +827,12 @@ class _GroupFunction:
                 if self.original[at:at + len(f.var.spelling)] != f.var.spelling:
                     raise _Unsupported("declarator spelling")
                 replace(at, at + len(f.var.spelling), f"__tsm_d{f.index}")
-            constructs = " ".join(f"::tsm_emu::construct({f.name}, __tsm_d{f.index});" for f in frames)
+            # A variable that cannot change is stored into its slot where it is declared, and
+            # never at a stop (see group_text).
+            constructs = " ".join(f"::tsm_emu::construct({f.name}, __tsm_d{f.index});" +
+                                  (f" ::tsm_emu::store_declared(__tsm_m, __tsm_s{f.index}.out(__tsm_t), {f.name});"
+                                   if _never_changes(f.var) else "")
+                                  for f in frames)
             if scope.kind == k.FOR_STMT:
                 moved[self.span(scope)[0]] = (s_start, s_end, constructs)
             else:
@@ -1162,7 +1167,9 @@ class _GroupFunction:
                         f"::tsm_emu::Slots<{types[f.index]}, {str(one).lower()}> "
                         f"__tsm_s{f.index}(__tsm_sb{f.index}, __tsm_g.n, \"{f.var.spelling}\");")
             shared += [f"__tsm_s{f.index}"] if one else []
-            per_thread(f.name, f"__tsm_s{f.index}", pinned, live=lambda point, f=f: self.live(f, point))
+            # (One that cannot change is in its slot from its declaration on.)
+            live = (lambda point: False) if _never_changes(f.var) else (lambda point, f=f: self.live(f, point))
+            per_thread(f.name, f"__tsm_s{f.index}", pinned, live=live)
         for counter in range(len(self.loops)):
             head.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_cb{counter}; "
                         f"::tsm_emu::Slots<unsigned, {str(uniformity.control).lower()}> "
@@ -1187,6 +1194,10 @@ class _GroupFunction:
         head.append(f"::tsm_emu::run_regions<{len(self.points)}, {str(uniformity.control).lower()}, {probed}>("
                     "__tsm_g, __tsm_sites, __tsm_kinds, [&](auto __tsm_m, unsigned& __tsm_bad, "
                     "::tsm_emu::Group& __tsm_g, unsigned __tsm_t, int __tsm_at) -> int {")
+        if any(p.kind == W_COLLECTIVE for p in self.points):
+            # The collectives' sites carry the thread (the rewriter passes `__tsm_lane`): a
+            # call hands over and reads its values inline (lane_exchange, runtime.h).
+            head.append("const ::tsm_emu::LaneRef __tsm_lane{&__tsm_g.home->lanes, __tsm_t};")
         head += bindings
         for number, point in enumerate(self.points, start=1):
             stored = " ".join(text for text, live in saves if live(point))
@@ -1279,6 +1290,39 @@ def _effect_free(call) -> bool:
 def _points_to_mutable(t) -> bool:
     t = t.get_canonical()
     return _frontend._type_kind(t) == "Pointer" and not t.get_pointee().is_const_qualified()
+
+
+_SCALAR_KINDS = ("Int", "UInt", "Float", "Double", "Bool", "Half", "Short", "UShort", "Char_S", "Char_U", "SChar",
+                 "UChar", "Long", "ULong", "LongLong", "ULongLong", "Enum", "Pointer", "ExtVector", "Vector",
+                 "Float16")
+
+
+def _never_changes(var) -> bool:
+    """Whether a variable keeps the value its declaration gives it: declared const, of a
+    scalar, vector or pointer type, or of a struct (a template's too) with no `mutable`
+    member at any depth. Not one of a template parameter's type, which the instantiation
+    decides."""
+    t = var.type.get_canonical()
+    if not t.is_const_qualified():
+        return False
+    return _plain_const(t)
+
+
+def _plain_const(t) -> bool:
+    while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
+        t = t.get_array_element_type().get_canonical()
+    if _frontend._type_kind(t) in _SCALAR_KINDS:
+        return True
+    declaration = t.get_declaration()
+    if declaration is None or declaration.kind.name not in (
+            "STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE", "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION"):
+        return False
+    for c in declaration.get_children():
+        if c.kind.name == "FIELD_DECL" and (c.is_mutable_field() or not _plain_const(c.type.get_canonical())):
+            return False
+        if c.kind.name == "CXX_BASE_SPECIFIER" and not _plain_const(c.type.get_canonical()):
+            return False
+    return True
 
 
 def _line_marker(line: int, file: str) -> str:

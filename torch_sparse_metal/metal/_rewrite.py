@@ -1026,7 +1026,8 @@ def _add_collective_sites(src: str) -> str:
         per_line[line] = per_line.get(line, 0) + 1
         site = (line << 12) | min(per_line[line], 0xFFF)
         empty = not masked[open_paren + 1:close].strip()
-        inserts.append((close, close, f"{'' if empty else ', '}::tsm_emu::Site{{{site}u}}"))
+        # (`__tsm_lane`: the calling thread in a region body, which declares it; else none)
+        inserts.append((close, close, f"{'' if empty else ', '}::tsm_emu::Site{{{site}u, __tsm_lane}}"))
     # Group functions (_regions) keep their own loop iterations, in slots.
     fibered = [(d.body_open, d.body_close) for d in defs if not d.name.endswith("__tsm_group")]
     inserts += _loop_frames(masked, fibered, _call_pattern(set(collective_names()) | reaching),

@@ -120,8 +120,11 @@ struct Worker {
   u3 local_shape{0, 0, 0};
   std::vector<uint8_t> runnable, path_len;
   std::vector<std::array<uint32_t, kMaxWaitPath>> path;
-  std::vector<std::array<unsigned char, kSimdValueBytes>> slots;
+  // Per thread, what it hands to a SIMD-group function: two buffers, as a release in place
+  // (release_in_place) leaves the values in one while the lanes post their next in the other.
+  std::vector<std::array<unsigned char, kSimdValueBytes>> slots, slots_back;
   std::vector<Exchange> region_exchange;  // per SIMD-group: the released collective's values
+  std::vector<SimdExchange> met;          // per SIMD-group: what its released lanes read
   std::vector<std::array<uint32_t, 2>> operands;  // per thread: its collective's own_operand()s
   std::vector<int> at;
   std::vector<uint64_t> iteration;
@@ -612,15 +615,20 @@ void run_group_regions(Worker* w, u3 grid, u3 group_size, u3 groups, u3 group, u
   w->path.resize(n);
   w->path_len.resize(n);
   w->slots.resize(n);
+  w->slots_back.resize(n);
   w->region_exchange.resize((n + kSimdWidth - 1) / kSimdWidth);
+  w->met.resize(w->region_exchange.size());
   w->operands.resize(n);
   Group g{n, first, w->local.data(), {group.x * group_size.x, group.y * group_size.y, group.z * group_size.z},
           t_sanitizer != nullptr, &g_stop, w->at.data(), w->runnable.data(), w->iteration.data(),
           w->flags.data(), reinterpret_cast<uint32_t(*)[kMaxWaitPath]>(w->path.data()), w->path_len.data(),
-          reinterpret_cast<unsigned char(*)[kSimdValueBytes]>(w->slots.data()), nullptr, nullptr};
+          nullptr, nullptr};
+  g.lanes.slots = reinterpret_cast<unsigned char(*)[kSimdValueBytes]>(w->slots.data());
+  g.lanes.met = w->met.data();
+  g.lanes.operands = reinterpret_cast<uint32_t(*)[2]>(w->operands.data());
   t_plain_thread = &g.running;
   t_group = &g;
-  SanitizedThreadScope running(&g.running, &w->plain_touches, &g.mode);
+  SanitizedThreadScope running(&g.running, &w->plain_touches, &g.lanes.mode);
   try {
     run_kernel_code([&] { w->kernel->group(w->args, g); });
   } catch (...) {
@@ -1031,26 +1039,9 @@ static Worker* fiber_worker(const char* what) {
 
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
   RuntimeScope scope;
-  if (Group* g = t_group) {  // barrier regions: hand over, or read what the lanes met with
-    const uint32_t t = g->running.thread_index_in_threadgroup, sg = t / kSimdWidth, lane = t % kSimdWidth;
-    if (size > kSimdValueBytes) raise("launch", "SIMD-group function on a value wider than 64 bytes");
-    SimdExchange out;
-    out.lane = lane;
-    out.operands = t_worker->operands[t].data();
-    if (g->mode == kPosting) {
-      std::memcpy(g->slots[t], value, size);
-      out.active = uint64_t(1) << lane;
-      out.values = g->slots + size_t(sg) * kSimdWidth;
-      out.pending = true;
-    } else if (g->mode == kReplaying) {
-      t_worker->region_exchange[sg].hand_out(out);
-      g->mode = kOrdinary;
-    } else {
-      raise("launch", "a SIMD-group function ran outside a stop of its kernel's barrier-region "
-                      "translation (emulator bug; TSM_EMU_REGIONS=0 runs the kernel as fibers)");
-    }
-    return out;
-  }
+  // Barrier regions (a call whose site did not carry its lane): hand over, or read what the
+  // lanes met with.
+  if (Group* g = t_group) return lane_exchange(value, size, LaneRef{&g->lanes, g->running.thread_index_in_threadgroup});
   Worker* w = fiber_worker("a SIMD-group function");
   Fiber* f = w->current;
   if (size > sizeof f->slot) raise("launch", "SIMD-group function on a value wider than 64 bytes");
@@ -1064,6 +1055,12 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site) {
   f->exchange->hand_out(out);
   out.lane = f->info.thread_index_in_simdgroup;
   return out;
+}
+
+void collective_outside_stop() {
+  RuntimeScope scope;
+  raise("launch", "a SIMD-group function ran outside a stop of its kernel's barrier-region "
+                  "translation (emulator bug; TSM_EMU_REGIONS=0 runs the kernel as fibers)");
 }
 
 void simdgroup_barrier_wait(uint32_t site, unsigned flags) {
@@ -1172,14 +1169,68 @@ bool release_simd_groups(Group& g, const Describe& thread) {
     for (uint32_t t = first; t < first + lanes; ++t) {
       if (!waits_at_simd(t) || !same_place(t, lead)) continue;
       ex.active |= uint64_t(1) << (t - first);
-      std::memcpy(ex.values[t - first], g.slots[t], kSimdValueBytes);
+      std::memcpy(ex.values[t - first], g.lanes.slots[t], kSimdValueBytes);
       if (g.kinds[g.at[t]] == W_SIMDGROUP_BARRIER) flags |= g.flags[t];
       g.runnable[t] = 1;
     }
+    ex.hand_out(w->met[sg]);
     if (t_sanitizer && flags) t_sanitizer->simdgroup_barrier(sg, flags);
     released = true;
   }
   return released;
+}
+
+// After a plain round: the case of release_simd_groups that the project's kernels with
+// SIMD-group functions meet at nearly every round, without its copies. Every thread that
+// has not returned waits at a SIMD-group function (no barrier), and in each SIMD-group the
+// waiting lanes wait at one place (the same stop, loops' iterations and all): they all meet.
+// Their values stay where they handed them, and the next round's go to the other buffer.
+Released release_in_place(Group& g) {
+  if (t_sanitizer || g.stop->load(std::memory_order_relaxed) != 0) return Released::kNone;
+  const uint32_t n = g.n;
+  const int* at = g.at;
+  bool one_stop = true;  // every thread at the stop thread 0 waits at
+  for (uint32_t first = 0; first < n; first += kSimdWidth) {
+    const uint32_t end = std::min(n, first + kSimdWidth);
+    int lead = -1;
+    for (uint32_t t = first; t < end; ++t) {
+      if (at[t] < 0) {
+        one_stop = false;
+        continue;
+      }
+      if (at[t] == 0 || g.kinds[at[t]] != W_COLLECTIVE) return Released::kNone;
+      if (lead < 0) {
+        lead = int(t);
+        one_stop = one_stop && at[t] == at[0];
+        continue;
+      }
+      const uint32_t l = uint32_t(lead);
+      if (at[t] != at[l] || g.path_len[t] != g.path_len[l]) return Released::kNone;
+      for (unsigned i = 0; i < g.path_len[t]; ++i)
+        if (g.path[t][i] != g.path[l][i]) return Released::kNone;
+    }
+  }
+  Worker* w = t_worker;
+  for (uint32_t first = 0, sg = 0; first < n; first += kSimdWidth, ++sg) {
+    const uint32_t end = std::min(n, first + kSimdWidth);
+    Exchange& ex = w->region_exchange[sg];
+    ex.begin_fill(w->exchanges);
+    for (uint32_t t = first; t < end; ++t) {
+      if (at[t] < 0) continue;
+      ex.active |= uint64_t(1) << (t - first);
+      if (!one_stop) g.runnable[t] = 1;  // (the next round runs them all, without flags)
+    }
+    if (!ex.active) continue;
+    SimdExchange& met = w->met[sg];
+    met.active = ex.active;
+    met.values = g.lanes.slots + first;
+    met.memo = &ex.memo;
+    met.serial = ex.serial;
+  }
+  using Values = unsigned char(*)[kSimdValueBytes];
+  const Values front = reinterpret_cast<Values>(w->slots.data()), back = reinterpret_cast<Values>(w->slots_back.data());
+  g.lanes.slots = g.lanes.slots == front ? back : front;
+  return one_stop ? Released::kAll : Released::kSome;
 }
 
 // The fiber scheduler's resolve_threadgroup_barrier, for threads that ran as a loop: the

@@ -54,15 +54,15 @@ struct Group {
   unsigned* flags;                // per thread: mem_flags of its barrier
   uint32_t (*path)[kMaxWaitPath]; // per thread at a SIMD-group stop: where (see above)
   uint8_t* path_len;
-  unsigned char (*slots)[kSimdValueBytes];  // per thread: the value it hands to a SIMD-group function
   const uint32_t* sites;          // per stop k: its Site (line << 12 | call on the line)
   const uint8_t* kinds;           // per stop k: its WaitKind
-  uint8_t mode = kOrdinary;       // the running thread's SIMD-group function: see WaitKind
+  // The SIMD-group functions' values and the running thread's mode (see WaitKind).
+  RegionLanes lanes;
   // The group the runtime sees (t_group): itself, or what a copy was made from. A thread's
-  // body sets `mode` there (set_mode), where the runtime's SIMD-group functions read it.
+  // body sets `lanes.mode` there (set_mode), and its SIMD-group functions use those lanes.
   Group* home = this;
 
-  void set_mode(CollectiveMode m) { home->mode = m; }
+  void set_mode(CollectiveMode m) { home->lanes.mode = m; }
 
   // A round in which every thread goes where the first goes (a uniform kernel's, see
   // run_regions): how each got to its barrier is not recorded, as nothing compares them.
@@ -126,6 +126,13 @@ struct Group {
 // divergence); false when all threads returned. Called only when the inline check below
 // cannot tell (and always in sanitized dispatches).
 bool resolve_regions(Group& g);
+// Before it, in a plain dispatch: the common case of SIMD-group functions, every thread that
+// has not returned at one, each SIMD-group's lanes at one place, released with no copy of
+// their values. kAll: and every thread at thread 0's stop (the next round runs them all
+// from it, without runnable flags); kSome: the released threads are flagged runnable;
+// kNone: not that case, nothing done (resolve_regions decides).
+enum class Released { kNone, kSome, kAll };
+Released release_in_place(Group& g);
 void end_region_segment();  // sanitized dispatches: the running thread stopped
 [[noreturn]] void stop_group();  // a stop was requested: the dispatch ends with its fault
 
@@ -311,7 +318,11 @@ __attribute__((always_inline)) inline void run_regions(Group& g, const uint32_t*
     const RoundEnd end = sanitized ? RoundEnd::kOther : round_end(g);
     if (end == RoundEnd::kReturned) return;
     everyone = end == RoundEnd::kOneBarrier;
-    if (!everyone && !resolve_regions(g)) return;
+    if (!everyone) {
+      const Released released = sanitized ? Released::kNone : release_in_place(g);
+      everyone = released == Released::kAll;
+      if (released == Released::kNone && !resolve_regions(g)) return;
+    }
   }
 }
 
@@ -374,6 +385,15 @@ constexpr bool locals_are_copies = (local_<R>::copy && ...);
 template <class T, class L>
 inline void store_local(T& slot, L& local) {
   if (static_cast<const volatile void*>(&slot) != static_cast<const volatile void*>(&local)) construct(slot, local);
+}
+
+// A variable that cannot change (declared const, no `mutable` member: the translation
+// decides) is stored into its slot where its declaration runs, never at a stop: a shuffle
+// matmul's stops stored its epilogue's struct back at every SIMD-group function. (Not by a
+// probe, which stores nothing.)
+template <class M, class S, class L>
+inline void store_declared(M, S& slot, L& local) {
+  if constexpr (!M::probe) store_local(slot, local);
 }
 
 // Sanitized dispatches of a uniform kernel: two threads stored different values of a

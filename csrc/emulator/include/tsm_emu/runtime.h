@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -147,8 +148,28 @@ inline uint32_t own_operand(const SimdExchange& x, uint32_t v, unsigned k) {
 // was not rewritten). Lanes waiting at one site form one collective; threads waiting at
 // different barrier sites diverge. Source positions survive optimisation, which may
 // duplicate or merge the calls themselves.
+// A region-compiled threadgroup's SIMD-group functions (regions.h's Group holds one): what
+// a lane's call hands over and reads, inline, where the runtime's path looks the group up
+// through thread-locals at every call (a fifth of a shuffle matmul's time).
+struct RegionLanes {
+  uint8_t mode = kOrdinary;  // the running thread's CollectiveMode
+  unsigned char (*slots)[kSimdValueBytes] = nullptr;  // per thread: the value it hands over
+  const SimdExchange* met = nullptr;  // per SIMD-group: what its lanes met with, once released
+  uint32_t (*operands)[2] = nullptr;  // per thread: its call's own_operand()s
+};
+// The thread of a region body that calls a collective (no lanes outside region bodies).
+struct LaneRef {
+  RegionLanes* lanes;
+  uint32_t thread;
+};
+// (16 bytes, so a call passes it in two registers: at 24, through the stack, each call's
+// store and reload of it stalled on store forwarding, a seventh of a shuffle matmul's time.)
 struct Site {
   uint32_t value;
+  uint32_t thread = 0;           // with `lanes`: the calling thread
+  RegionLanes* lanes = nullptr;  // a region body's collective: its threadgroup's lanes
+  constexpr Site(uint32_t v) : value(v) {}
+  constexpr Site(uint32_t v, LaneRef lane) : value(v), thread(lane.thread), lanes(lane.lanes) {}
 };
 #define TSM_EMU_SITE_HERE (::tsm_emu::Site{uint32_t(__builtin_LINE()) << 12})
 
@@ -182,6 +203,40 @@ struct LoopFrame {
   LoopFrame& operator=(const LoopFrame&) = delete;
 };
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site);
+[[noreturn]] void collective_outside_stop();  // (runtime.cpp) raises: an emulator bug
+// A lane of a region-compiled threadgroup at a SIMD-group function: hand over its value
+// (kPosting: the exchange holds just the caller), or read what its SIMD-group's lanes met
+// with (kReplaying).
+inline SimdExchange lane_exchange(const void* value, size_t size, LaneRef ref) {
+  RegionLanes& l = *ref.lanes;
+  const uint32_t t = ref.thread, sg = t / 32, lane = t % 32;
+  SimdExchange out;
+  out.lane = lane;
+  out.operands = l.operands[t];
+  if (size > kSimdValueBytes) fault("launch", "SIMD-group function on a value wider than 64 bytes");
+  if (l.mode == kPosting) {
+    std::memcpy(l.slots[t], value, size);
+    out.active = uint64_t(1) << lane;
+    out.values = l.slots + size_t(sg) * 32;
+    out.pending = true;
+    out.memo = nullptr;
+    out.serial = 0;
+  } else if (l.mode == kReplaying) {
+    const SimdExchange& met = l.met[sg];
+    out.active = met.active;
+    out.values = met.values;
+    out.memo = met.memo;
+    out.serial = met.serial;
+    l.mode = kOrdinary;
+  } else {
+    collective_outside_stop();
+  }
+  return out;
+}
+inline SimdExchange simd_exchange(const void* value, size_t size, Site site) {
+  if (site.lanes) return lane_exchange(value, size, LaneRef{site.lanes, site.thread});
+  return simd_exchange(value, size, site.value);
+}
 // `flags` are the barrier's mem_flags: in a sanitized dispatch, mem_threadgroup orders
 // threadgroup memory and mem_device orders device memory between the threads it joins.
 void simdgroup_barrier_wait(uint32_t site, unsigned flags);
@@ -329,3 +384,8 @@ struct fn_params<void (*)(A...)> {
 };
 
 }  // namespace tsm_emu
+
+// The lane the rewriter passes with every collective's site (tsm_emu::Site): none here, so
+// the runtime finds the caller; a region body declares its own `__tsm_lane` (the
+// translation's, torch_sparse_metal/metal/_regions.py), which shadows this one there.
+constexpr ::tsm_emu::LaneRef __tsm_lane{nullptr, 0};

@@ -56,7 +56,7 @@ inline T reduce(const tsm_emu::SimdExchange& x, unsigned begin, unsigned end, Op
 }
 
 template <class T>
-inline tsm_emu::SimdExchange exchange(const T& v, uint32_t site) {
+inline tsm_emu::SimdExchange exchange(const T& v, ::tsm_emu::Site site) {
   static_assert(sizeof(T) <= tsm_emu::kSimdValueBytes, "SIMD-group functions take values of at most 64 bytes");
   return tsm_emu::simd_exchange(&v, sizeof(T), site);
 }
@@ -71,7 +71,7 @@ struct Or { template <class T> T operator()(T a, T b) const { return a | b; } };
 struct Xor { template <class T> T operator()(T a, T b) const { return a ^ b; } };
 
 template <class T, class Op>
-inline T prefix(const T& v, uint32_t site, bool inclusive, T identity, Op op) {
+inline T prefix(const T& v, ::tsm_emu::Site site, bool inclusive, T identity, Op op) {
   auto x = exchange(v, site);
   T acc = identity;
   for (unsigned l = 0; l < x.lane; ++l)
@@ -84,7 +84,7 @@ inline T prefix(const T& v, uint32_t site, bool inclusive, T identity, Op op) {
 #define TSM_SIMD_REDUCTION(name, op, base, width)                                \
   template <class T>                                                             \
   inline T name(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                        \
-    auto x = simd_detail::exchange(v, site_.value);         \
+    auto x = simd_detail::exchange(v, site_);         \
     unsigned b = base;                                                           \
     return simd_detail::reduce<T>(x, b, b + width, simd_detail::op{});           \
   }
@@ -106,26 +106,26 @@ TSM_SIMD_REDUCTION(quad_xor, Xor, x.lane & ~3u, 4)
 
 template <class T>
 inline T simd_prefix_inclusive_sum(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::prefix(v, site_.value, true, T(0), simd_detail::Sum{});
+  return simd_detail::prefix(v, site_, true, T(0), simd_detail::Sum{});
 }
 template <class T>
 inline T simd_prefix_exclusive_sum(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::prefix(v, site_.value, false, T(0), simd_detail::Sum{});
+  return simd_detail::prefix(v, site_, false, T(0), simd_detail::Sum{});
 }
 template <class T>
 inline T simd_prefix_inclusive_product(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::prefix(v, site_.value, true, T(1), simd_detail::Product{});
+  return simd_detail::prefix(v, site_, true, T(1), simd_detail::Product{});
 }
 template <class T>
 inline T simd_prefix_exclusive_product(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::prefix(v, site_.value, false, T(1), simd_detail::Product{});
+  return simd_detail::prefix(v, site_, false, T(1), simd_detail::Product{});
 }
 
 // Shuffles: `src(lane)` names the lane to read; `keep` says the caller keeps its own value.
 #define TSM_SHUFFLE(name, width, src_expr, keep_expr)                            \
   template <class T, class I>                                                    \
   inline T name(T v, I arg, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                        \
-    auto x = simd_detail::exchange(v, site_.value);         \
+    auto x = simd_detail::exchange(v, site_);         \
     const unsigned lane = x.lane, base = lane & ~(width - 1u);                  \
     const unsigned d = tsm_emu::own_operand(x, unsigned(arg), 0);                \
     (void)base;                                                                  \
@@ -150,7 +150,7 @@ TSM_SHUFFLE(quad_shuffle_xor, 4u, base + ((lane - base) ^ (d & 3u)), false)
 
 template <class T>
 inline T simd_broadcast_first(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(v, site_.value);
+  auto x = simd_detail::exchange(v, site_);
   return simd_detail::read<T>(x, unsigned(__builtin_ctzll(x.active)));
 }
 
@@ -167,30 +167,30 @@ struct simd_vote {
 };
 
 inline simd_vote simd_ballot(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(p, site_.value);
+  auto x = simd_detail::exchange(p, site_);
   unsigned long bits = 0;
   for (unsigned l = 0; l < 32; ++l)
     if (simd_detail::active(x, l) && simd_detail::lane_value<bool>(x, l)) bits |= 1ul << l;
   return simd_vote(bits);
 }
 inline simd_vote simd_active_threads_mask(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(true, site_.value);
+  auto x = simd_detail::exchange(true, site_);
   return simd_vote((unsigned long)x.active);
 }
 inline bool simd_all(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(p, site_.value);
+  auto x = simd_detail::exchange(p, site_);
   for (unsigned l = 0; l < 32; ++l)
     if (simd_detail::active(x, l) && !simd_detail::lane_value<bool>(x, l)) return false;
   return true;
 }
 inline bool simd_any(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(p, site_.value);
+  auto x = simd_detail::exchange(p, site_);
   for (unsigned l = 0; l < 32; ++l)
     if (simd_detail::active(x, l) && simd_detail::lane_value<bool>(x, l)) return true;
   return false;
 }
 inline bool simd_is_first(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(true, site_.value);
+  auto x = simd_detail::exchange(true, site_);
   return unsigned(__builtin_ctzll(x.active)) == x.lane;
 }
 
@@ -214,7 +214,7 @@ inline unsigned quad_bits(const tsm_emu::SimdExchange& x, bool want_values) {
   return bits;
 }
 template <class T, class Op>
-inline T quad_prefix(const T& v, uint32_t site, bool inclusive, T identity, Op op) {
+inline T quad_prefix(const T& v, ::tsm_emu::Site site, bool inclusive, T identity, Op op) {
   auto x = exchange(v, site);
   T acc = identity;
   for (unsigned l = x.lane & ~3u; l < x.lane; ++l)
@@ -224,45 +224,45 @@ inline T quad_prefix(const T& v, uint32_t site, bool inclusive, T identity, Op o
 }  // namespace simd_detail
 
 inline quad_vote quad_ballot(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(p, site_.value);
+  auto x = simd_detail::exchange(p, site_);
   return quad_vote((unsigned short)simd_detail::quad_bits(x, true));
 }
 inline quad_vote quad_active_threads_mask(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(true, site_.value);
+  auto x = simd_detail::exchange(true, site_);
   return quad_vote((unsigned short)simd_detail::quad_bits(x, false));
 }
 inline bool quad_all(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(p, site_.value);
+  auto x = simd_detail::exchange(p, site_);
   return simd_detail::quad_bits(x, true) == simd_detail::quad_bits(x, false);
 }
 inline bool quad_any(bool p, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(p, site_.value);
+  auto x = simd_detail::exchange(p, site_);
   return simd_detail::quad_bits(x, true) != 0;
 }
 inline bool quad_is_first(::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(true, site_.value);
+  auto x = simd_detail::exchange(true, site_);
   return unsigned(__builtin_ctz(simd_detail::quad_bits(x, false))) == (x.lane & 3u);
 }
 template <class T>
 inline T quad_broadcast_first(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  auto x = simd_detail::exchange(v, site_.value);
+  auto x = simd_detail::exchange(v, site_);
   return simd_detail::read<T>(x, (x.lane & ~3u) + unsigned(__builtin_ctz(simd_detail::quad_bits(x, false))));
 }
 template <class T>
 inline T quad_prefix_inclusive_sum(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::quad_prefix(v, site_.value, true, T(0), simd_detail::Sum{});
+  return simd_detail::quad_prefix(v, site_, true, T(0), simd_detail::Sum{});
 }
 template <class T>
 inline T quad_prefix_exclusive_sum(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::quad_prefix(v, site_.value, false, T(0), simd_detail::Sum{});
+  return simd_detail::quad_prefix(v, site_, false, T(0), simd_detail::Sum{});
 }
 template <class T>
 inline T quad_prefix_inclusive_product(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::quad_prefix(v, site_.value, true, T(1), simd_detail::Product{});
+  return simd_detail::quad_prefix(v, site_, true, T(1), simd_detail::Product{});
 }
 template <class T>
 inline T quad_prefix_exclusive_product(T v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::quad_prefix(v, site_.value, false, T(1), simd_detail::Product{});
+  return simd_detail::quad_prefix(v, site_, false, T(1), simd_detail::Product{});
 }
 
 // simd_shuffle_and_fill_up/down (MSL 2.4): lanes whose source falls off the edge of the
@@ -274,7 +274,7 @@ struct DataAndFill {
 };
 // `group`: 32 for the SIMD-group, 4 for the caller's quad (whose windows stay inside it).
 template <class T>
-inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bool up, uint32_t site,
+inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bool up, ::tsm_emu::Site site,
                           unsigned group = 32u) {
   static_assert(2 * sizeof(T) <= tsm_emu::kSimdValueBytes, "shuffle_and_fill takes values of at most 32 bytes");
   auto x = exchange(DataAndFill<T>{data, filling}, site);
@@ -295,36 +295,36 @@ inline T shuffle_and_fill(T data, T filling, unsigned delta, unsigned modulo, bo
 
 template <class T, class D>
 inline T simd_shuffle_and_fill_up(T data, T filling, D delta, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, true, site_.value);
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, true, site_);
 }
 template <class T, class D, class M>
 inline T simd_shuffle_and_fill_up(T data, T filling, D delta, M modulo, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), true, site_.value);
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), true, site_);
 }
 template <class T, class D>
 inline T simd_shuffle_and_fill_down(T data, T filling, D delta, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, false, site_.value);
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, false, site_);
 }
 template <class T, class D, class M>
 inline T simd_shuffle_and_fill_down(T data, T filling, D delta, M modulo, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), false, site_.value);
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), false, site_);
 }
 
 template <class T, class D>
 inline T quad_shuffle_and_fill_up(T data, T filling, D delta, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, true, site_.value, 4u);
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, true, site_, 4u);
 }
 template <class T, class D, class M>
 inline T quad_shuffle_and_fill_up(T data, T filling, D delta, M modulo, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), true, site_.value, 4u);
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), true, site_, 4u);
 }
 template <class T, class D>
 inline T quad_shuffle_and_fill_down(T data, T filling, D delta, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, false, site_.value, 4u);
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), 0u, false, site_, 4u);
 }
 template <class T, class D, class M>
 inline T quad_shuffle_and_fill_down(T data, T filling, D delta, M modulo, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
-  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), false, site_.value, 4u);
+  return simd_detail::shuffle_and_fill(data, filling, unsigned(delta), unsigned(modulo), false, site_, 4u);
 }
 
 }  // namespace metal

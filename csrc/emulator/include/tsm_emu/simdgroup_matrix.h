@@ -144,7 +144,7 @@ inline void whole_product(const tsm_emu::SimdExchange& x, T (&D)[8][8]) {
 // on gathering the operands (perf: a fifth of a kmeans_iteration run's samples).
 // False when the exchange is only pending (see SimdExchange): d is then not written.
 template <class T>
-inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const vec<T, 2>& c, uint32_t site,
+inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const vec<T, 2>& c, ::tsm_emu::Site site,
                                 vec<T, 2>& d) {
   static_assert(sizeof(Operands<T>) <= tsm_emu::kSimdValueBytes, "simdgroup matrix element type too wide");
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value, "products in float or double");
@@ -179,7 +179,7 @@ inline void simdgroup_multiply_accumulate(simdgroup_matrix<Td, C, R>& d, const s
   vec<W, 2> r;
   if (simdgroup_detail::multiply_accumulate(simdgroup_detail::widen<W>(a.elements_),
                                             simdgroup_detail::widen<W>(b.elements_),
-                                            simdgroup_detail::widen<W>(c.elements_), site_.value, r))
+                                            simdgroup_detail::widen<W>(c.elements_), site_, r))
     d.elements_ = vec<Td, 2>(Td(r[0]), Td(r[1]));
 }
 

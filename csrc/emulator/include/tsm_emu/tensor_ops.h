@@ -445,7 +445,7 @@ class matmul2d {
 
   // The lanes of this SIMD-group, all active, at a collective; the last lane reached it.
   static ::tsm_emu::SimdExchange exchange(const void* mine, size_t n, ::tsm_emu::Site site_) {
-    const auto x = ::tsm_emu::simd_exchange(mine, n, site_.value);
+    const auto x = ::tsm_emu::simd_exchange(mine, n, site_);
     if (x.pending)
       ::tsm_emu::fault("launch", "matmul2d::run ran in a kernel translated to barrier regions (emulator bug; "
                                  "TSM_EMU_REGIONS=0 runs it as fibers)");
