@@ -65,8 +65,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import _bounds_probe, _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
-from ._uniformity import (analyse, binds_reference, in_metal, is_reference, mutable_reference, node_key,
-                          only_constructs, runs_own_code)
+from ._uniformity import (SCALAR_KINDS, analyse, binds_reference, in_metal, is_reference, mutable_reference,
+                          node_key, only_constructs, runs_own_code)
 
 Edit = Tuple[int, int, str]
 
@@ -1292,11 +1292,6 @@ def _points_to_mutable(t) -> bool:
     return _frontend._type_kind(t) == "Pointer" and not t.get_pointee().is_const_qualified()
 
 
-_SCALAR_KINDS = ("Int", "UInt", "Float", "Double", "Bool", "Half", "Short", "UShort", "Char_S", "Char_U", "SChar",
-                 "UChar", "Long", "ULong", "LongLong", "ULongLong", "Enum", "Pointer", "ExtVector", "Vector",
-                 "Float16")
-
-
 def _never_changes(var) -> bool:
     """Whether a variable keeps the value its declaration gives it: declared const, of a
     scalar, vector or pointer type, or of a struct (a template's too) with no `mutable`
@@ -1311,7 +1306,7 @@ def _never_changes(var) -> bool:
 def _plain_const(t) -> bool:
     while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
         t = t.get_array_element_type().get_canonical()
-    if _frontend._type_kind(t) in _SCALAR_KINDS:
+    if _frontend._type_kind(t) in SCALAR_KINDS:
         return True
     declaration = t.get_declaration()
     if declaration is None or declaration.kind.name not in (

@@ -368,6 +368,11 @@ def mutable_reference(t) -> bool:
     return is_reference(t) and not t.get_pointee().is_const_qualified()
 
 
+# Clang's type kinds of the values with no members: scalars, enums, pointers, vectors.
+SCALAR_KINDS = ("Int", "UInt", "Float", "Double", "Bool", "Half", "Short", "UShort", "Char_S", "Char_U", "SChar",
+                "UChar", "Long", "ULong", "LongLong", "ULongLong", "Enum", "Pointer", "ExtVector", "Vector", "Float16")
+
+
 def binds_reference(t) -> bool:
     """Whether a braced initialiser of this type may bind a reference: a struct (or an
     array of them) with a reference member, or a type clang does not resolve."""
@@ -376,9 +381,7 @@ def binds_reference(t) -> bool:
         t = t.get_array_element_type().get_canonical()
     kind = _frontend._type_kind(t)
     if kind != "Record":
-        return kind not in ("Int", "UInt", "Float", "Double", "Bool", "Half", "Short", "UShort", "Char_S",
-                            "Char_U", "SChar", "UChar", "Long", "ULong", "LongLong", "ULongLong",
-                            "Enum", "Pointer", "ExtVector", "Vector", "Float16")
+        return kind not in SCALAR_KINDS
     return any(c.kind.name == "FIELD_DECL" and (is_reference(c.type) or binds_reference(c.type))
                for c in t.get_declaration().get_children())
 
