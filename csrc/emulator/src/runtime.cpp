@@ -1125,6 +1125,15 @@ void broken_uniform_variable(const char* name) {
                  "different ones at a barrier");
 }
 
+// Whether threads a and b wait at one SIMD-group stop in the same loop iterations (their
+// paths equal). A loop of compares: std::equal was a call of memcmp per lane.
+__attribute__((always_inline)) static inline bool same_place(const Group& g, uint32_t a, uint32_t b) {
+  if (g.path_len[a] != g.path_len[b]) return false;
+  for (unsigned i = 0; i < g.path_len[a]; ++i)
+    if (g.path[a][i] != g.path[b][i]) return false;
+  return true;
+}
+
 // The fiber scheduler's resolve_simd, for threads that ran as a loop: in each SIMD-group,
 // the lanes waiting at the SIMD-group stop whose path comes first (loops' sites and
 // iterations, then the stop's site, as fibers' call paths compare) meet; the others keep
@@ -1135,9 +1144,6 @@ bool release_simd_groups(Group& g, const Describe& thread) {
   auto waits_at_simd = [&](uint32_t t) { return g.at[t] > 0 && g.kinds[g.at[t]] != W_BARRIER; };
   auto before = [&](uint32_t a, uint32_t b) {
     return std::lexicographical_compare(g.path[a], g.path[a] + g.path_len[a], g.path[b], g.path[b] + g.path_len[b]);
-  };
-  auto same_place = [&](uint32_t a, uint32_t b) {
-    return g.path_len[a] == g.path_len[b] && std::equal(g.path[a], g.path[a] + g.path_len[a], g.path[b]);
   };
   auto where = [&](uint32_t t) { return std::vector<uint32_t>(g.path[t], g.path[t] + g.path_len[t]); };
   bool released = false;
@@ -1151,9 +1157,9 @@ bool release_simd_groups(Group& g, const Describe& thread) {
     if (g.kinds[g.at[lead]] == W_SIMDGROUP_BARRIER) {  // every lane of the SIMD-group, as fibers require
       uint32_t named = lead;  // the report names the last lane there, as the fiber scheduler's
       for (uint32_t t = first; t < first + lanes; ++t)
-        if (waits_at_simd(t) && same_place(t, lead)) named = t;
+        if (waits_at_simd(t) && same_place(g, t, lead)) named = t;
       for (uint32_t t = first; t < first + lanes; ++t) {
-        if (waits_at_simd(t) && same_place(t, lead)) continue;
+        if (waits_at_simd(t) && same_place(g, t, lead)) continue;
         if (g.at[t] < 0 && exited_threads_arrive()) continue;
         raise("barrier_divergence",
               thread(named) + " waits at the simdgroup_barrier at " + site_name(where(lead)) + " but " + thread(t) +
@@ -1167,7 +1173,7 @@ bool release_simd_groups(Group& g, const Describe& thread) {
     ex.begin_fill(w->exchanges);
     unsigned flags = 0;
     for (uint32_t t = first; t < first + lanes; ++t) {
-      if (!waits_at_simd(t) || !same_place(t, lead)) continue;
+      if (!waits_at_simd(t) || !same_place(g, t, lead)) continue;
       ex.active |= uint64_t(1) << (t - first);
       std::memcpy(ex.values[t - first], g.lanes.slots[t], kSimdValueBytes);
       if (g.kinds[g.at[t]] == W_SIMDGROUP_BARRIER) flags |= g.flags[t];
@@ -1205,9 +1211,7 @@ Released release_in_place(Group& g) {
         continue;
       }
       const uint32_t l = uint32_t(lead);
-      if (at[t] != at[l] || g.path_len[t] != g.path_len[l]) return Released::kNone;
-      for (unsigned i = 0; i < g.path_len[t]; ++i)
-        if (g.path[t][i] != g.path[l][i]) return Released::kNone;
+      if (at[t] != at[l] || !same_place(g, t, l)) return Released::kNone;
     }
   }
   Worker* w = t_worker;
@@ -1221,11 +1225,8 @@ Released release_in_place(Group& g) {
       if (!one_stop) g.runnable[t] = 1;  // (the next round runs them all, without flags)
     }
     if (!ex.active) continue;
-    SimdExchange& met = w->met[sg];
-    met.active = ex.active;
-    met.values = g.lanes.slots + first;
-    met.memo = &ex.memo;
-    met.serial = ex.serial;
+    ex.hand_out(w->met[sg]);
+    w->met[sg].values = g.lanes.slots + first;  // (where they are, not the exchange's copy)
   }
   using Values = unsigned char(*)[kSimdValueBytes];
   const Values front = reinterpret_cast<Values>(w->slots.data()), back = reinterpret_cast<Values>(w->slots_back.data());

@@ -210,27 +210,21 @@ SimdExchange simd_exchange(const void* value, size_t size, uint32_t site);
 inline SimdExchange lane_exchange(const void* value, size_t size, LaneRef ref) {
   RegionLanes& l = *ref.lanes;
   const uint32_t t = ref.thread, sg = t / 32, lane = t % 32;
-  SimdExchange out;
-  out.lane = lane;
-  out.operands = l.operands[t];
   if (size > kSimdValueBytes) fault("launch", "SIMD-group function on a value wider than 64 bytes");
+  SimdExchange out;
   if (l.mode == kPosting) {
     std::memcpy(l.slots[t], value, size);
     out.active = uint64_t(1) << lane;
     out.values = l.slots + size_t(sg) * 32;
     out.pending = true;
-    out.memo = nullptr;
-    out.serial = 0;
   } else if (l.mode == kReplaying) {
-    const SimdExchange& met = l.met[sg];
-    out.active = met.active;
-    out.values = met.values;
-    out.memo = met.memo;
-    out.serial = met.serial;
+    out = l.met[sg];
     l.mode = kOrdinary;
   } else {
     collective_outside_stop();
   }
+  out.lane = lane;
+  out.operands = l.operands[t];
   return out;
 }
 inline SimdExchange simd_exchange(const void* value, size_t size, Site site) {
