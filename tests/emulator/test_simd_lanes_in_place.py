@@ -5,7 +5,9 @@ where they are declared rather than at every stop (``_regions._never_changes``).
 A plain round whose threads all wait at SIMD-group functions, each SIMD-group's lanes at one
 place, releases them where they handed their values over; the next round's lanes hand theirs
 to the other of two buffers, as the later lanes of their SIMD-group still read the first. Every
-launch here must give the fibers' bits and, where it is computable, NumPy's answer.
+launch here must give the fibers' bits and, where it is computable, NumPy's answer; sanitized
+too, where the rounds go through resolve_regions but the calls still hand over their values
+inline (lane_exchange) and the constants are still stored where declared.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import _compiler
+from torch_sparse_metal.metal import KernelFault, _compiler
 
 from _hang_guard import call_with_timeout
 from _schedules import both_ways, grouped
@@ -109,9 +111,13 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
-def run_both(source: str, kernel: str, size: int, threads: int, group: int, monkeypatch) -> torch.Tensor:
+BUILDS = pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])
+
+
+def run_both(source: str, kernel: str, size: int, threads: int, group: int, monkeypatch,
+             sanitize: bool) -> torch.Tensor:
     """The output of `kernel` run as regions, after checking the fibers' is the same to the bit."""
-    regions, fibers = both_ways(source, monkeypatch, sanitize=False)
+    regions, fibers = both_ways(source, monkeypatch, sanitize=sanitize)
     outs = []
     for lib in (regions, fibers):
         out = torch.full((size,), float("nan"))
@@ -126,8 +132,9 @@ def test_the_kernels_here_run_as_regions(tmp_path):
     assert grouped(CONSTANTS, tmp_path) == {"constants", "mutable_member"}
 
 
-def test_lanes_read_the_values_of_the_round_before(monkeypatch):
-    out = run_both(LANES, "chain", 128, 128, 128, monkeypatch).numpy()
+@BUILDS
+def test_lanes_read_the_values_of_the_round_before(monkeypatch, sanitize):
+    out = run_both(LANES, "chain", 128, 128, 128, monkeypatch, sanitize).numpy()
     v = np.arange(128, dtype=np.float32).reshape(4, 32)
     for i in range(5):
         v = np.roll(v, -1, axis=1) * np.float32(2) + np.float32(i)
@@ -136,12 +143,24 @@ def test_lanes_read_the_values_of_the_round_before(monkeypatch):
 
 def test_a_partial_simd_group_reads_poison_as_fibers_do(monkeypatch):
     # 80 threads: the last SIMD-group has 16 lanes, whose lane 15 reads the missing lane 16.
-    out = run_both(LANES, "chain", 80, 80, 80, monkeypatch)
+    out = run_both(LANES, "chain", 80, 80, 80, monkeypatch, sanitize=False)
     assert torch.isnan(out[64:]).any() and not torch.isnan(out[:64]).any()
 
 
-def test_lanes_meet_beside_returned_threads_and_in_other_iterations(monkeypatch):
-    out = run_both(LANES, "uneven", 128, 128, 128, monkeypatch).numpy().reshape(4, 32)
+def test_a_partial_simd_group_read_is_reported_as_by_fibers(monkeypatch):
+    """Sanitized, the same read of the missing lane is a fault, the same one both ways."""
+    messages = []
+    for lib in both_ways(LANES, monkeypatch, sanitize=True):
+        with pytest.raises(KernelFault, match="read lane 16 of its SIMD-group") as fault:
+            call_with_timeout(lib["chain"], torch.zeros(80), threads=80, group_size=80)
+        messages.append(str(fault.value))
+    assert messages[0] == messages[1]
+    assert "thread (79, 0, 0)" in messages[0]
+
+
+@BUILDS
+def test_lanes_meet_beside_returned_threads_and_in_other_iterations(monkeypatch, sanitize):
+    out = run_both(LANES, "uneven", 128, 128, 128, monkeypatch, sanitize).numpy().reshape(4, 32)
     for sg in (0, 2, 3):
         v = np.arange(32, dtype=np.float32)
         for _ in range(3 if sg == 2 else 2):
@@ -150,16 +169,18 @@ def test_lanes_meet_beside_returned_threads_and_in_other_iterations(monkeypatch)
     assert (out[1] == -1).all()
 
 
-def test_simd_groups_at_different_functions_in_one_round(monkeypatch):
-    out = run_both(LANES, "two_places", 128, 128, 128, monkeypatch).numpy().reshape(4, 32)
+@BUILDS
+def test_simd_groups_at_different_functions_in_one_round(monkeypatch, sanitize):
+    out = run_both(LANES, "two_places", 128, 128, 128, monkeypatch, sanitize).numpy().reshape(4, 32)
     gid = np.arange(128, dtype=np.float32).reshape(4, 32)
     v = np.where(np.arange(4)[:, None] % 2 == 0, gid.max(axis=1, keepdims=True),
                  np.cumsum(gid, axis=1) - gid)
     np.testing.assert_allclose(out, v + v[:, np.arange(32) ^ 1], rtol=1e-6)
 
 
-def test_constants_keep_their_values_across_stops(monkeypatch):
-    out = run_both(CONSTANTS, "constants", 128, 128, 64, monkeypatch).numpy()
+@BUILDS
+def test_constants_keep_their_values_across_stops(monkeypatch, sanitize):
+    out = run_both(CONSTANTS, "constants", 128, 128, 64, monkeypatch, sanitize).numpy()
     gid = np.arange(128)
     lid = gid % 64
     base = gid * 0.5
@@ -169,8 +190,9 @@ def test_constants_keep_their_values_across_stops(monkeypatch):
     np.testing.assert_allclose(out, want.astype(np.float32), rtol=1e-6)
 
 
-def test_a_mutable_member_of_a_const_object_survives_the_stops(monkeypatch):
-    out = run_both(CONSTANTS, "mutable_member", 3 * 64, 64, 64, monkeypatch).numpy().reshape(64, 3)
+@BUILDS
+def test_a_mutable_member_of_a_const_object_survives_the_stops(monkeypatch, sanitize):
+    out = run_both(CONSTANTS, "mutable_member", 3 * 64, 64, 64, monkeypatch, sanitize).numpy().reshape(64, 3)
     lid = np.arange(64)
     n = [lid + i + 1 for i in range(3)]
     want = np.stack([n[i][(lid + 1) % 64] + n[i] for i in range(3)], axis=1)
