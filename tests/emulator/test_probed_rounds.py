@@ -225,6 +225,22 @@ def test_a_fault_in_a_probed_round_is_the_fault_fibers_report(builds, at, group)
     assert torch.isnan(results[0][2][gid:]).all()
 
 
+def test_a_guarded_read_past_the_end_is_the_fault_fibers_report(builds):
+    """`gid < count ? x[gid] : 0` with `count` past x's end: each thread's probe flags its
+    own access only where its guard lets it run (the round's flag is the OR of the
+    threads'), so the round runs checked and faults at the first thread past the end."""
+    x = torch.randn(1000, generator=torch.Generator().manual_seed(5))
+    faults = []
+    for lib in builds:
+        with pytest.raises(KernelFault) as e:
+            call_with_timeout(lib.reduce, x, torch.zeros(16), 1010, threads=1024, group_size=64,
+                              threadgroup_memory=[4 * 64])
+        faults.append((e.value.kind, str(e.value)))
+    assert faults[0] == faults[1]
+    assert faults[0][0] == "out_of_bounds"
+    assert "thread (1000, 0, 0) (index 40 in threadgroup (15, 0, 0))" in faults[0][1]
+
+
 def test_probed_kernels_run_clean_and_alike_under_the_sanitizer(builds):
     """A sanitized build compiles the same translation (the probe's bindings in checked mode)
     and runs every round checked: no report, and the plain probed build's bits."""
