@@ -88,7 +88,7 @@ kernel void constants(device float* out [[buffer(0)]], uint gid [[thread_positio
   out[gid] = acc + base;
 }
 
-// A const object whose mutable member changes between barriers: stored at each stop.
+// A const object whose mutable member changes between barriers: kept in its slot.
 struct Counter {
   mutable uint n;
 };
@@ -199,12 +199,21 @@ def test_a_mutable_member_of_a_const_object_survives_the_stops(monkeypatch, sani
     np.testing.assert_array_equal(out, want.astype(np.float32))
 
 
+def group_of(cxx: str, kernel: str) -> str:
+    """The text of `kernel`'s group function in the translation `cxx`."""
+    group = cxx[cxx.index(f"{kernel}__tsm_group"):]
+    return group[:group.index("run_regions")] + group[group.index("run_regions"):].split("__tsm_group", 1)[0]
+
+
 def saves_of(cxx: str, kernel: str) -> list:
     """What each stop of `kernel`'s group function stores back, per stop."""
-    group = cxx[cxx.index(f"{kernel}__tsm_group"):]
-    group = group[:group.index("run_regions")] + group[group.index("run_regions"):].split("__tsm_group", 1)[0]
-    saves = re.findall(r"auto __tsm_save\d+ = \[&\]\(\) \{([^}]*)\}", group)
+    saves = re.findall(r"auto __tsm_save\d+ = \[&\]\(\) \{([^}]*)\}", group_of(cxx, kernel))
     return [re.findall(r"store_local\(__tsm_r\d+, (\w+?)__tsm\d+\)", s) for s in saves]
+
+
+def in_slot(cxx: str, kernel: str) -> set:
+    """The variables of `kernel`'s group function bound to their slots, not copied out."""
+    return set(re.findall(r"auto& (\w+?)__tsm\d+ = __tsm_s\d+\[__tsm_t\];", group_of(cxx, kernel)))
 
 
 def test_constants_are_stored_where_declared_not_at_the_stops(tmp_path):
@@ -214,18 +223,22 @@ def test_constants_are_stored_where_declared_not_at_the_stops(tmp_path):
     declared = set(re.findall(r"store_declared\(__tsm_m, __tsm_s\d+\.out\(__tsm_t\), (\w+?)__tsm\d+\)", cxx))
     assert declared == {"base", "p", "step"}
     assert saves_of(cxx, "constants") == [["acc", "i"], ["acc", "i"]]
-    assert saves_of(cxx, "mutable_member") == [["c", "i"], ["c", "i"]]
+    # The object with a mutable member lives in its slot: its stops store only the loop.
+    assert saves_of(cxx, "mutable_member") == [["i"], ["i"]]
+    assert in_slot(cxx, "mutable_member") == {"c"}
+    assert in_slot(cxx, "constants") == set()
 
 
 def test_the_shuffle_matmul_stores_its_loop_state_only():
     """matmul_shuffle stops at each of its 256 broadcasts per K step: its stops store the
     loops' state, not the constants (its quarter's origin, lane's column...). Its epilogue
     struct `out` holds a field of a dependent type (Acc, the instantiation decides whether
-    it could change): still stored, as before."""
+    it could change): kept in its slot, so no stop stores it either."""
     cxx = _compiler.generated_cxx(SHADERS_DIR / "matmul_shuffle.metal").text
     saves = saves_of(cxx, "matmul_shuffle")
     assert len(saves) == 3
     constants = {"m0", "n0", "col", "quad", "sub", "vec_a", "vec_b", "quads"}
     for stored in saves:
-        assert not constants & set(stored), stored
-        assert {"out", "k", "acc", "a", "b"} <= set(stored), stored
+        assert not (constants | {"out"}) & set(stored), stored
+        assert {"k", "acc", "a", "b"} <= set(stored), stored
+    assert in_slot(cxx, "matmul_shuffle") == {"out"}

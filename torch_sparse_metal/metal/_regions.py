@@ -658,6 +658,13 @@ class _GroupFunction:
                 continue
             if self.addressed(ref, ancestors):
                 self.pinned.add(target.canonical.hash)
+        # A const object whose constancy only the instantiation could vouch for (a field of
+        # a template parameter's type, or a `mutable` member) would be copied out of its slot
+        # at every resumption and stored back at every stop: it stays in its slot instead,
+        # as a variable whose address is taken does (the GEMMs' epilogue, 80 bytes, at each
+        # of matmul_shuffle's 256 broadcasts per K step: 15% of its time).
+        self.objects_in_slots = {f.var.canonical.hash for f in self.frames if _const_object(f.var)}
+        self.pinned |= self.objects_in_slots
         # Parameters each thread needs its own copy of: built-ins, and what the kernel may modify.
         self.thread_params: List[Tuple[object, Optional[int], bool]] = []  # (param, built-in, modified)
         used: Dict[int, List[List[object]]] = defaultdict(list)
@@ -1217,8 +1224,10 @@ class _GroupFunction:
         why_not = None
         if any(p.kind != W_BARRIER for p in self.points):
             why_not = "a SIMD-group function"
-        elif self.pinned:
+        elif self.pinned - self.objects_in_slots:
             why_not = "a variable whose address is taken"
+        elif self.pinned:
+            why_not = "a const object kept in its slot"
         elif any(not array for _, array in self.shared_vars):
             why_not = "a static variable"
         return _bounds_probe.probe(self.body, self.params, self.entry.params,
@@ -1292,6 +1301,9 @@ def _points_to_mutable(t) -> bool:
     return _frontend._type_kind(t) == "Pointer" and not t.get_pointee().is_const_qualified()
 
 
+RECORD_KINDS = ("STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE", "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION")
+
+
 def _never_changes(var) -> bool:
     """Whether a variable keeps the value its declaration gives it: declared const, of a
     scalar, vector or pointer type, or of a struct (a template's too) with no `mutable`
@@ -1303,14 +1315,25 @@ def _never_changes(var) -> bool:
     return _plain_const(t)
 
 
+def _const_object(var) -> bool:
+    """Whether a variable is a const struct (or array of them) that _never_changes cannot
+    vouch for."""
+    t = var.type.get_canonical()
+    if not t.is_const_qualified() or _plain_const(t):
+        return False
+    while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
+        t = t.get_array_element_type().get_canonical()
+    declaration = t.get_declaration()
+    return declaration is not None and declaration.kind.name in RECORD_KINDS
+
+
 def _plain_const(t) -> bool:
     while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
         t = t.get_array_element_type().get_canonical()
     if _frontend._type_kind(t) in SCALAR_KINDS:
         return True
     declaration = t.get_declaration()
-    if declaration is None or declaration.kind.name not in (
-            "STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE", "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION"):
+    if declaration is None or declaration.kind.name not in RECORD_KINDS:
         return False
     for c in declaration.get_children():
         if c.kind.name == "FIELD_DECL" and (c.is_mutable_field() or not _plain_const(c.type.get_canonical())):
