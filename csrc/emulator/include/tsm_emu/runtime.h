@@ -137,6 +137,18 @@ struct SimdExchange {
   SimdMemo* memo = nullptr;
   uint64_t serial = 0;
 };
+// What every lane of a collective computes alike from its exchange (not pending), as a T in
+// the exchange's memo: `compute(T&)` runs for the first lane to ask, the others read it.
+template <class T, class Compute>
+inline const T& memoised(const SimdExchange& x, Compute compute) {
+  static_assert(sizeof(T) <= kSimdMemoBytes && alignof(T) <= 64, "a value the memo cannot hold");
+  T& value = *reinterpret_cast<T*>(x.memo->bytes);
+  if (x.memo->serial != x.serial) {
+    compute(value);
+    x.memo->serial = x.serial;
+  }
+  return value;
+}
 // A collective's scalar operand k (0 or 1) of the calling lane, as it handed it over.
 inline uint32_t own_operand(const SimdExchange& x, uint32_t v, unsigned k) {
   if (!x.operands) return v;

@@ -61,17 +61,8 @@ inline T reduce(const tsm_emu::SimdExchange& x, unsigned begin, unsigned end, Op
 // (perf: a fifth of sparse_linear_backward's samples in simd_sum).
 template <class T, class Op>
 inline T reduce_all(const tsm_emu::SimdExchange& x, Op op) {
-  static_assert(sizeof(T) <= tsm_emu::kSimdMemoBytes, "a value wider than the memo");
   if (x.pending) return reduce<T>(x, 0, 32, op);  // (its result is discarded)
-  T r;
-  if (x.memo->serial != x.serial) {
-    r = reduce<T>(x, 0, 32, op);
-    __builtin_memcpy(x.memo->bytes, static_cast<const void*>(&r), sizeof r);
-    x.memo->serial = x.serial;
-  } else {
-    __builtin_memcpy(static_cast<void*>(&r), x.memo->bytes, sizeof r);
-  }
-  return r;
+  return tsm_emu::memoised<T>(x, [&](T& r) { r = reduce<T>(x, 0, 32, op); });
 }
 
 template <class T>

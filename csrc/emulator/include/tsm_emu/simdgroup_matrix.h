@@ -148,18 +148,13 @@ inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const ve
                                 vec<T, 2>& d) {
   static_assert(sizeof(Operands<T>) <= tsm_emu::kSimdValueBytes, "simdgroup matrix element type too wide");
   static_assert(std::is_same<T, float>::value || std::is_same<T, double>::value, "products in float or double");
-  static_assert(sizeof(T[8][8]) <= tsm_emu::kSimdMemoBytes, "a product wider than the memo");
   const Operands<T> mine{a, b, c};
   const auto x = tsm_emu::simd_exchange(&mine, sizeof mine, site);
   if (x.pending) return false;
   if (x.active != 0xFFFFFFFFull)
     tsm_emu::fault("inactive_lane", "a simdgroup_matrix multiply needs all 32 lanes of the SIMD-group "
                                     "active (uniform control flow, threadgroup size a multiple of 32)");
-  T(&D)[8][8] = *reinterpret_cast<T(*)[8][8]>(x.memo->bytes);
-  if (x.memo->serial != x.serial) {
-    whole_product(x, D);
-    x.memo->serial = x.serial;
-  }
+  const auto& D = tsm_emu::memoised<T[8][8]>(x, [&](T(&product)[8][8]) { whole_product(x, product); });
   const Place p = place(x.lane);
   d[0] = D[p.row][p.col];
   d[1] = D[p.row][p.col + 1];
