@@ -58,9 +58,7 @@ class Probe:
 
 
 def _value_type(t) -> bool:
-    t = t.get_canonical()
-    while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
-        t = t.get_array_element_type().get_canonical()
+    t = _frontend.element_type(t)
     return _frontend._type_kind(t) in _VALUE_KINDS | _DEPENDENT_KINDS
 
 

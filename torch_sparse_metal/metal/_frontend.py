@@ -883,6 +883,15 @@ def _type_kind(type_) -> str:
         return "Unknown"
 
 
+def element_type(type_):
+    """The canonical type of ``type_``'s elements through any arrays (``type_``'s own if it
+    is not an array)."""
+    t = type_.get_canonical()
+    while _type_kind(t) in ("ConstantArray", "IncompleteArray"):
+        t = t.get_array_element_type().get_canonical()
+    return t
+
+
 def _is_exempt_copy(call) -> bool:
     """An implicit (or defaulted) copy or move constructor or assignment: Metal provides
     them for objects in every address space."""

@@ -1321,15 +1321,12 @@ def _const_object(var) -> bool:
     t = var.type.get_canonical()
     if not t.is_const_qualified() or _plain_const(t):
         return False
-    while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
-        t = t.get_array_element_type().get_canonical()
-    declaration = t.get_declaration()
+    declaration = _frontend.element_type(t).get_declaration()
     return declaration is not None and declaration.kind.name in RECORD_KINDS
 
 
 def _plain_const(t) -> bool:
-    while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
-        t = t.get_array_element_type().get_canonical()
+    t = _frontend.element_type(t)
     if _frontend._type_kind(t) in SCALAR_KINDS:
         return True
     declaration = t.get_declaration()

@@ -376,9 +376,7 @@ SCALAR_KINDS = ("Int", "UInt", "Float", "Double", "Bool", "Half", "Short", "USho
 def binds_reference(t) -> bool:
     """Whether a braced initialiser of this type may bind a reference: a struct (or an
     array of them) with a reference member, or a type clang does not resolve."""
-    t = t.get_canonical()
-    while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
-        t = t.get_array_element_type().get_canonical()
+    t = _frontend.element_type(t)
     kind = _frontend._type_kind(t)
     if kind != "Record":
         return kind not in SCALAR_KINDS
@@ -397,9 +395,7 @@ def _reads_parameter(function, at: int) -> bool:
 
 def _record(t):
     """The user's struct a type names (through arrays), or None."""
-    t = t.get_canonical()
-    while _frontend._type_kind(t) in ("ConstantArray", "IncompleteArray"):
-        t = t.get_array_element_type().get_canonical()
+    t = _frontend.element_type(t)
     if _frontend._type_kind(t) != "Record":
         return None
     declaration = t.get_declaration()
