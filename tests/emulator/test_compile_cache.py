@@ -167,3 +167,19 @@ def test_entries_are_replaced_never_rewritten_in_place(cache):
     path.write_bytes(b"")
     _compiler.compile_source(source)
     assert path.stat().st_ino != before
+
+
+@pytest.mark.parametrize("module", ["_uniformity.py", "_bounds_probe.py", "_regions.py", "_compiler.py"])
+def test_an_edit_of_any_translation_module_misses_the_cache(monkeypatch, module):
+    """A library's key covers every module that shapes its generated code: an edit of one
+    (here its bytes with a comment appended) gives another fingerprint, so libraries built
+    before it are not reused. _uniformity and _bounds_probe were once left out."""
+    before = _compiler._toolchain_fingerprint.__wrapped__()
+    read_bytes = Path.read_bytes
+
+    def edited(self: Path) -> bytes:
+        data = read_bytes(self)
+        return data + b"\n# edited\n" if self.name == module and self.parent.name == "metal" else data
+
+    monkeypatch.setattr(Path, "read_bytes", edited)
+    assert _compiler._toolchain_fingerprint.__wrapped__() != before

@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
-from . import (_access_rewrite, _cache, _designators, _frontend, _function_constants, _includes,
-               _matrix_products, _program_constants, _regions, _rewrite, _tensor_ops, _thread_arrays)
+from . import _cache, _frontend, _function_constants, _includes, _rewrite
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -202,6 +201,13 @@ def runtime_sources() -> List[Path]:
     return sorted((EMULATOR_DIR / "src").glob("*.cpp"))
 
 
+def translation_sources() -> List[Path]:
+    """The Python sources that decide a library's generated code: every module of this
+    package (a list of some of them left out _uniformity and _bounds_probe, whose verdicts
+    shape the translation, so an edit of theirs reused libraries built before it)."""
+    return sorted(Path(__file__).parent.glob("*.py"))
+
+
 @functools.lru_cache(maxsize=None)
 def _toolchain_fingerprint() -> str:
     """Hash of the compiler's identity and every emulator header and runtime source."""
@@ -212,10 +218,9 @@ def _toolchain_fingerprint() -> str:
         if path.is_file() and path.suffix in ("", ".h", ".cpp", ".inc"):
             h.update(str(path.relative_to(EMULATOR_DIR)).encode())
             h.update(path.read_bytes())
-    # The Python translation and the front end decide the generated code too.
-    for module in (_rewrite, _access_rewrite, _frontend, _regions, _designators, _program_constants,
-                   _thread_arrays, _matrix_products, _tensor_ops):
-        h.update(Path(module.__file__).read_bytes())
+    for path in translation_sources():
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
     h.update(" ".join(cxx_flags() + METAL_PREDEFINED + EMULATOR_PREDEFINED + (CXX_STANDARD,)).encode())
     return h.hexdigest()
 
