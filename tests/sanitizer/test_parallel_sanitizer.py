@@ -36,6 +36,23 @@ kernel void readers_and_a_writer(device float* x [[buffer(0)]], device float* y 
   if (group == writer && tid == 0) x[0] = 1.0f;
 }
 
+// Threadgroup 1 writes x[0]; threadgroup 0 reads it until it changes (or gives up), doing
+// arithmetic between reads so that it waits long without repeating accesses as a spin-wait
+// would (the sanitizer reports those as a hang): with the two on two workers, the reader's
+// bytes change under it before it stops. out[0]: whether it saw the change.
+kernel void reads_while_another_writes(device float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                                       uint group [[threadgroup_position_in_grid]]) {
+  if (group == 1) {
+    x[0] = 1.0f;
+    return;
+  }
+  float busy = 0.0f;
+  for (uint i = 0; i < (1u << 20) && x[0] == 0.0f; ++i)
+    for (uint k = 0; k < 256; ++k) busy = fma(busy, 0.5f, 1.0f);
+  out[0] = x[0];
+  out[1] = busy;
+}
+
 // The benchmark's shape of work: each threadgroup stages tiles of both operands in
 // threadgroup memory, with barriers, and every threadgroup of a row (column) reads the same
 // words of a (b).
@@ -61,6 +78,8 @@ GROUPS = 32
 N = 16
 WORKERS = ["1", "2", "8"]
 THREAD = re.compile(r"thread \((\d+), 0, 0\) \(index (\d+) in threadgroup \((\d+), 0, 0\)\)")
+CHANGED = re.compile(r"\) changed it \(its bytes differed when the thread next stopped: it wrote them "
+                     r"through a reference, or read them while another threadgroup wrote them\)")
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +121,31 @@ def test_a_write_to_words_other_threadgroups_read_is_a_race_whichever_runs_first
         culprits = THREAD.findall(message)  # (grid position, index, threadgroup) of each
         assert len(culprits) == 2, message
         assert {int(g) for _, _, g in culprits} > {writer}, message
-        assert (str(writer * GROUP), "0", str(writer)) in culprits, message  # the writer: its thread 0
+        if (str(writer * GROUP), "0", str(writer)) not in culprits:  # the writer: its thread 0
+            # A reader that read x[0] as the writer wrote it, before the reader stopped, sees its
+            # bytes changed: with another threadgroup running at the same time, it cannot tell
+            # whether it wrote them itself, and says so.
+            assert workers > 1 and CHANGED.search(message), message
+
+
+def test_a_read_that_sees_another_threadgroups_write_says_the_bytes_changed(monkeypatch, lib):
+    # Which of the two wrote cannot be told from the reader's side: the report names the reader
+    # as having changed the bytes, with both explanations, never as their plain writer. The two
+    # threadgroups run at the same time only as the OS schedules the two workers: a few tries.
+    monkeypatch.setenv("TSM_EMU_WORKERS", "2")
+    for _ in range(10):
+        x, out = torch.zeros(2), torch.zeros(2)
+        with pytest.raises(KernelFault) as info:
+            call_with_timeout(lib.reads_while_another_writes, x, out, threads=2, group_size=1)
+        if out[0] == 1.0:  # the reader saw the write before it stopped
+            break
+    else:
+        pytest.fail("the reader never saw the other threadgroup's write in 10 dispatches")
+    message = str(info.value)
+    assert info.value.kind == "device_race", message
+    assert CHANGED.search(message), message
+    assert "thread (0, 0, 0) (index 0 in threadgroup (0, 0, 0)) changed it" in message, message
+    assert "thread (1, 0, 0) (index 0 in threadgroup (1, 0, 0)) wrote it" in message, message
 
 
 def test_counters_are_the_same_sums_on_any_number_of_workers(lib, monkeypatch):

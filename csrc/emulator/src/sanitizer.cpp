@@ -297,8 +297,11 @@ bool Sanitizer::conflict(Access a, Access b) {
 void Sanitizer::race(const Region& r, const Touch& t, Access earlier, Access now) {
   const bool device = r.kind == R_BUFFER;
   auto how = [](const Access& a) {
-    return a.atomic() ? " updated it atomically"
-                      : (a.write() ? " wrote it" : " read it (or stored the value already there)");
+    if (a.atomic()) return " updated it atomically";
+    if (a.changed())
+      return " changed it (its bytes differed when the thread next stopped: it wrote them through a "
+             "reference, or read them while another threadgroup wrote them)";
+    return a.write() ? " wrote it" : " read it (or stored the value already there)";
   };
   std::string msg = element_name(r, t) + ": " + thread_name(earlier.group, earlier.thread) +
                     how(earlier) + " and " + thread_name(now.group, now.thread) + how(now);
@@ -380,10 +383,11 @@ template <bool kThreadgroup>
 
 // Inline: end_segment calls it once per access it logged.
 template <bool kThreadgroup>
-[[gnu::always_inline]] inline void Sanitizer::record(const Touch& t, Access who, bool write) {
+[[gnu::always_inline]] inline void Sanitizer::record(const Touch& t, Access who, bool write, bool changed) {
   Region& r = *t.region;
   const size_t offset = size_t(t.address - r.base), bytes = t.bytes;
-  who.bits = uint8_t((t.atomic ? Access::kAtomic : 0) | (write ? Access::kWrite : 0));
+  who.bits = uint8_t((t.atomic ? Access::kAtomic : 0) | (write ? Access::kWrite : 0) |
+                     (changed ? Access::kChanged : 0));
   // A read (or the read of a +=) of threadgroup bytes nobody has written: a race if another
   // thread writes them later in this interval, so reported when the interval ends.
   const bool reads_first = kThreadgroup && !t.atomic && (!write || t.first == USE_UPDATE);
@@ -440,7 +444,8 @@ void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
     if (!write) with_size(t.bytes, [&](auto n) { write = std::memcmp(log.snapshot(t), t.address, n) != 0; });
     if (device) {
       if (!t.atomic) (write ? counters_.device_bytes_written : counters_.device_bytes_read) += t.bytes * t.count;
-      record<false>(t, dev_now, write);
+      const bool changed = write && !t.atomic && !t.stored && t.region->shadow->shared();
+      record<false>(t, dev_now, write, changed);
     } else {
       record<true>(t, tg_now, write);
     }
@@ -449,9 +454,10 @@ void Sanitizer::end_segment(const ThreadId& who, AccessLog& log) {
     bool changed = false;
     with_word_size(c.bytes, [&](auto n) { changed = std::memcmp(&c.before, c.address, n) != 0; });
     if (!changed) continue;  // a read, which its cell covered when made
-    // Written through the reference the read handed out: a race with the reads covering it.
+    // Written through the reference the read handed out (or, on several workers, by another
+    // threadgroup meanwhile): a race with the reads covering it.
     if (c.region->kind == R_BUFFER)
-      record<false>(covered_touch(c), dev_now, true);
+      record<false>(covered_touch(c), dev_now, true, c.region->shadow->shared());
     else
       record<true>(covered_touch(c), tg_now, true);
   }

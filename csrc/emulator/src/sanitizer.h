@@ -15,8 +15,9 @@
 // accesses to the same bytes in the region's shadow; a read that could add nothing there
 // (AccessLog::CoveredRead) is only compared with its snapshot. An access is a write if the rewriter marked it as an assignment's target
 // (sanitize.h) or if it changed the bytes; otherwise a read. (With several workers, a read
-// of bytes another threadgroup changes before the reader stops counts as a write: a race
-// either way, reported with that wording.)
+// of bytes another threadgroup changes before the reader stops counts as a write too: a race
+// either way, whose report says the bytes changed, by the thread or by another threadgroup,
+// since which of the two it was cannot be told; Access::kChanged.)
 // Two accesses of different threads, at least one a write, race unless ordered:
 //   threadgroup memory: by a threadgroup_barrier with mem_threadgroup, or, for lanes of one
 //                       SIMD-group, a simdgroup_barrier with mem_threadgroup;
@@ -58,13 +59,18 @@ struct Access {
   uint32_t sg_epoch;   // simdgroup barriers passed by its SIMD-group
   uint16_t thread;     // thread_index_in_threadgroup
   uint8_t simdgroup;
-  // The bytes of the 4-byte word touched (bits 0-3), kWrite, kAtomic. Not bit-fields: an
-  // Access built of byte stores and read back whole stalls the store buffer.
+  // The bytes of the 4-byte word touched (bits 0-3), kWrite, kAtomic, kChanged. Not
+  // bit-fields: an Access built of byte stores and read back whole stalls the store buffer.
   uint8_t bits;
-  static constexpr uint8_t kWrite = 0x10, kAtomic = 0x20;
+  // kChanged (with kWrite): a write known only by the bytes having changed before the thread
+  // stopped, in a buffer other workers' threadgroups write at the same time: the thread wrote
+  // them through a reference the rewriter could not mark, or read them while another
+  // threadgroup wrote them. A race either way; the report says it may be either.
+  static constexpr uint8_t kWrite = 0x10, kAtomic = 0x20, kChanged = 0x40;
   unsigned mask() const { return bits & 0xFu; }
   bool write() const { return bits & kWrite; }
   bool atomic() const { return bits & kAtomic; }
+  bool changed() const { return bits & kChanged; }
 };
 static_assert(sizeof(Access) == 16, "Access packs into 16 bytes");
 
@@ -97,6 +103,9 @@ class Shadow {
   // `workers`: how many use it at once (one: no locking).
   Shadow(size_t bytes, unsigned workers)
       : pages_(((bytes + 3) / 4 + kPageWords - 1) / kPageWords), locked_(workers > 1 ? kLocks : 0) {}
+  // Whether several workers use it: another threadgroup may change a buffer's bytes while
+  // a thread runs.
+  bool shared() const { return !locked_.empty(); }
 
   // Holds the lock of the page of a word while in scope, with the page allocated.
   class PageLock {
@@ -468,9 +477,10 @@ class Sanitizer : public Regions {
                         const Now& now, const void* before);
   Touch* look_up(AccessLog& log, const AccessLog::Key& key);  // in a long log
   [[noreturn]] void hang(const AccessLog& log, const Touch& t, const ThreadId& who) const;
-  // `who`: the accessing thread with its memory's epochs (bits left to set).
+  // `who`: the accessing thread with its memory's epochs (bits left to set). `changed`: the
+  // write is known only by the bytes having changed (Access::kChanged).
   template <bool kThreadgroup>
-  void record(const Touch& t, Access who, bool write);
+  void record(const Touch& t, Access who, bool write, bool changed = false);
   // One word of it: `now` carries the word's byte mask.
   template <bool kThreadgroup>
   void record_word(Region& r, const Touch& t, Cell& c, Access now, bool write, bool reads_first,
