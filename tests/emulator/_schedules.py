@@ -1,5 +1,7 @@
-"""A shader built both ways the emulator runs a threadgroup: barrier regions (its threads as
-a loop between stops) and fibers (``TSM_EMU_REGIONS=0``), for tests that the two agree."""
+"""A shader built each way the emulator runs a threadgroup: barrier regions (its threads as
+a loop between stops), fibers (``TSM_EMU_REGIONS=0``) and, for a uniform kernel with
+SIMD-group functions, lanes at once (the default of regions; ``TSM_EMU_LANES=0`` keeps the
+rounds), for tests that they agree."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,6 +19,17 @@ def both_ways(source: str, monkeypatch, sanitize: bool):
     # Two builds, not one library handed out twice (compile_shader keeps what it loaded).
     assert regions is not fibers and regions.path != fibers.path
     return regions, fibers
+
+
+def three_ways(source: str, monkeypatch):
+    """(lanes, rounds, fibers): plain libraries with lanes at once, with the regions'
+    rounds instead (``TSM_EMU_LANES=0``), and with fibers."""
+    monkeypatch.setenv("TSM_EMU_LANES", "0")
+    rounds, fibers = both_ways(source, monkeypatch, sanitize=False)
+    monkeypatch.delenv("TSM_EMU_LANES")
+    lanes = compile_shader(source)
+    assert len({lanes.path, rounds.path, fibers.path}) == 3
+    return lanes, rounds, fibers
 
 
 def grouped(source: str, tmp_path: Path) -> set:

@@ -111,11 +111,11 @@ def compile_shader(source: str, *, include_dirs: Sequence[str] = (), sanitize: b
     if not isinstance(source, str):
         raise TypeError(f"compile_shader expects the shader source as a str, got {type(source).__name__}")
     constants = dict(function_constants or {})
-    # Everything the build depends on: TSM_EMU_REGIONS too, or a library built one way
-    # would be handed out for the other.
+    # Everything the build depends on: TSM_EMU_REGIONS and TSM_EMU_LANES too, or a library
+    # built one way would be handed out for the other.
     key = (source, tuple(str(d) for d in include_dirs), bool(sanitize), language_version,
            tuple(sorted(((type(k).__name__, k), type(v).__name__, repr(v)) for k, v in constants.items())),
-           _compiler.regions_enabled())
+           _compiler.regions_enabled(), _compiler.lanes_enabled())
     with _lock:
         if key not in _libraries:
             _libraries[key] = Library(compile_source(source, include_dirs=[Path(d) for d in include_dirs],

@@ -305,6 +305,7 @@ class GeneratedCxx:
     flags: Tuple[str, ...]  # also the runtime sources' (see compile_flags)
     kernels: List[_rewrite.Kernel]
     grouped: Set[str]  # kernel functions run as barrier regions (see _regions)
+    lanes: Set[str] = frozenset()  # of those, the ones run lanes at once in plain dispatches (_lanes)
 
 
 def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_version: str,
@@ -316,18 +317,27 @@ def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_
     translation = _frontend.emulator_edits(views.emulator, language_version=language_version,
                                            main_file=str(path), kernels=views.kernels, regions=regions)
     emulated = _rewrite._apply(views.emulator, translation.edits)
-    text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") + "#include <metal_stdlib>\n" +
+    text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") +
+            ("" if lanes_enabled() else "#define __TSM_EMU_NO_LANES__ 1\n") + "#include <metal_stdlib>\n" +
             _rewrite.rewrite(emulated, sanitize=sanitize) +
             _rewrite.binding_table(views.kernels, translation.grouped, translation.synchronising,
                                    straight=regions))
     flags = compile_flags(command) + (sanitized_flags(tuple(command)) if sanitize else ())
-    return GeneratedCxx(text, flags, views.kernels, translation.grouped)
+    return GeneratedCxx(text, flags, views.kernels, translation.grouped,
+                        translation.lanes if lanes_enabled() and not sanitize else frozenset())
 
 
 def regions_enabled() -> bool:
     """Whether kernels that only synchronise at threadgroup barriers run as barrier regions
     (the default) rather than fibers: ``TSM_EMU_REGIONS=0`` turns them off, to compare."""
     return os.environ.get("TSM_EMU_REGIONS", "1") != "0"
+
+
+def lanes_enabled() -> bool:
+    """Whether uniform kernels with SIMD-group functions run their threadgroups lanes at once
+    in plain dispatches (the default; _lanes) rather than as barrier regions' rounds:
+    ``TSM_EMU_LANES=0`` turns it off, to compare."""
+    return os.environ.get("TSM_EMU_LANES", "1") != "0"
 
 
 def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
@@ -358,7 +368,8 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
     # Keyed by what went in, so a cache hit needs neither the check nor the translation.
     key = hashlib.sha256("\0".join((_toolchain_fingerprint(), language_version,
                                     " ".join(sanitized_flags()) if sanitize else "plain",
-                                    str(regions_enabled()), views.metal, views.emulator)).encode()).hexdigest()[:24]
+                                    str(regions_enabled()), str(lanes_enabled()), views.metal,
+                                    views.emulator)).encode()).hexdigest()[:24]
 
     def link(cxx: GeneratedCxx, out: Path) -> None:
         runtime = _runtime_objects()

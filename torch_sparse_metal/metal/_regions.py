@@ -53,6 +53,10 @@ a constant when all threads resume at one, and the compiler keeps only that stop
   (``Slots<T, true>``), which the lambda after the body (``commit``) carries from one
   round to the next.
 
+* A uniform kernel with SIMD-group functions gets a second body in its group function, for
+  plain dispatches: its threadgroup lanes at once (_lanes), the control flow around its
+  stops once for all threads and the code between them as loops over the threads.
+
 Whatever does not qualify runs as fibers, as before; so does every kernel when
 ``TSM_EMU_REGIONS=0``.
 """
@@ -64,7 +68,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import _bounds_probe, _designators, _frontend, _matrix_products, _rewrite, _tensor_ops
+from . import _bounds_probe, _designators, _frontend, _lanes, _matrix_products, _rewrite, _tensor_ops
 from ._uniformity import (SCALAR_KINDS, analyse, binds_reference, in_metal, is_reference, mutable_reference,
                           node_key, only_constructs, runs_own_code)
 
@@ -76,6 +80,7 @@ class Translation:
     """What the emulator's translation of a shader needs from this module."""
     edits: List[Edit] = field(default_factory=list)
     grouped: Set[str] = field(default_factory=set)        # kernel functions with a group function
+    lanes: Set[str] = field(default_factory=set)          # of those, the ones run lanes at once (_lanes)
     synchronising: Set[str] = field(default_factory=set)  # kernel functions that synchronise
 
 
@@ -169,11 +174,14 @@ def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
         if definitions[0].kind == k.FUNCTION_DECL and any(extent.start.offset <= at < extent.end.offset
                                                           for at in troubled):
             continue  # runs as fibers, which need no AST
+        group = _GroupFunction(definitions[0], entries[0], prepared, original, base_edits)
         try:
-            out.edits += _GroupFunction(definitions[0], entries[0], prepared, original, base_edits).edits()
+            out.edits += group.edits()
         except _Unsupported:
             continue
         out.grouped.add(name)
+        if group.not_lanes is None:
+            out.lanes.add(name)
     return out
 
 
@@ -236,6 +244,7 @@ class _GroupFunction:
         self.params = [c for c in kernel.get_children() if c.kind == self.k.PARM_DECL]
         if len(self.params) != len(entry.params):
             raise _Unsupported("parameters")
+        self.not_lanes: Optional[str] = "not translated"  # why it does not run lanes at once (lanes())
 
     # ---- positions -------------------------------------------------------------------------
     def span(self, cursor) -> Tuple[int, int]:
@@ -802,38 +811,13 @@ class _GroupFunction:
         def replace(start: int, end: int, text: str) -> None:
             fine.append((start, end, text, (0, 0)))
 
-        for start, end, text in self.base_edits:
-            # The other edits' insertions (integer division's calls) are innermost.
-            fine.append((start, end, text, (1 if text.endswith("(") else -1, 1000) if start == end else (0, 0)))
+        fine += self.renaming_edits()
 
-        # Uses of slot variables: renamed (inside their own declaration, to its temporaries).
-        own: Dict[int, int] = {}  # VAR_DECL hash -> offset of the declaring statement
-        for offset, (_, _, frames) in self.frame_statements.items():
-            for f in frames:
-                own[f.var.canonical.hash] = offset
-        for ref, ancestors in self.refs:
-            target = ref.referenced
-            if target is None:
-                continue
-            f = self.frame_of.get(target.canonical.hash)
-            if f is None:
-                continue
-            start, end = self.span(ref)
-            if self.original[start:end] != target.spelling:
-                raise _Unsupported("reference spelling")
-            s_start, s_end = self.span(f.statement)
-            inside = s_start <= start < s_end
-            replace(start, end, f"__tsm_d{f.index}" if inside else f.name)
-
-        # Declarations of slot variables: into temporaries, then constructed in the slots.
+        # Declarations of slot variables: into temporaries (renaming_edits), then constructed
+        # in the slots.
         moved: Dict[int, Tuple[int, int, str]] = {}  # for-initialisations, by their loop's offset
         for offset, (statement, scope, frames) in self.frame_statements.items():
             s_start, s_end = self.span(statement)
-            for f in frames:
-                at = self.source.original(f.var.location.offset)
-                if self.original[at:at + len(f.var.spelling)] != f.var.spelling:
-                    raise _Unsupported("declarator spelling")
-                replace(at, at + len(f.var.spelling), f"__tsm_d{f.index}")
             # A variable that cannot change is stored into its slot where it is declared, and
             # never at a stop (see group_text).
             constructs = " ".join(f"::tsm_emu::construct({f.name}, __tsm_d{f.index});" +
@@ -847,11 +831,7 @@ class _GroupFunction:
                 insert(s_start, "{ ", (1, depth))
                 insert(s_end, f" {constructs} }}", (-1, depth))
 
-        # Hoisted declarations leave the body (for the group function's top).
-        blocks: List[Tuple[int, int, str]] = []
-        for statement in self.hoisted:
-            start, end = self.span(statement)
-            blocks.append((start, end, _rewrite.blank(self.original[start:end])))
+        blocks = self.hoisted_blocks()
 
         # Loops around barriers count their iterations; a for's slot variables are declared
         # before it.
@@ -902,11 +882,7 @@ class _GroupFunction:
             else:
                 # The call once to hand over its value; then, when the lanes met, the
                 # statement again (the call now reads the values handed over).
-                # (A product's own call, its lowering, opens and closes at its ends.)
-                own = {(c_start, _matrix_products.LOWERED), (c_end, ")")} if product else set()
-                inner = [e for e in fine if c_start <= e[0] and e[1] <= c_end
-                         and not (e[0] == e[1] and e[0] in (c_start, c_end) and (e[0], e[2]) not in own)]
-                text = self.apply(inner, [], c_start, c_end).replace("\n", " ")
+                text = self.call_text(call, fine)
                 parent = point.ancestors[-1]
                 wrap = parent.kind != k.COMPOUND_STMT
                 opener = (("{ " if wrap else "") +
@@ -933,6 +909,52 @@ class _GroupFunction:
 
         body = self.apply(fine, blocks, self.body_start, self.body_end)
         return [(self.end_of_kernel(), self.end_of_kernel(), self.group_text(fine, body))]
+
+    def renaming_edits(self, in_place: Set[int] = frozenset()) -> List[Tuple[int, int, str, Tuple[int, int]]]:
+        """The other edits of the kernel (base_edits), and its slot variables' names: each use
+        renamed to its frame's unique name, and each declarator, with the uses inside its own
+        declaration, to a temporary its slot is constructed from; or, for a variable in
+        ``in_place`` (by hash: _lanes' scalars), declared under its frame's name."""
+        fine = []
+        for start, end, text in self.base_edits:
+            # The other edits' insertions (integer division's calls) are innermost.
+            fine.append((start, end, text, (1 if text.endswith("(") else -1, 1000) if start == end else (0, 0)))
+        for ref, _ in self.refs:
+            target = ref.referenced
+            f = self.frame_of.get(target.canonical.hash) if target is not None else None
+            if f is None:
+                continue
+            start, end = self.span(ref)
+            if self.original[start:end] != target.spelling:
+                raise _Unsupported("reference spelling")
+            s_start, s_end = self.span(f.statement)
+            inside = s_start <= start < s_end and f.var.canonical.hash not in in_place
+            fine.append((start, end, f"__tsm_d{f.index}" if inside else f.name, (0, 0)))
+        for f in self.frames:
+            at = self.source.original(f.var.location.offset)
+            if self.original[at:at + len(f.var.spelling)] != f.var.spelling:
+                raise _Unsupported("declarator spelling")
+            name = f.name if f.var.canonical.hash in in_place else f"__tsm_d{f.index}"
+            fine.append((at, at + len(f.var.spelling), name, (0, 0)))
+        return fine
+
+    def hoisted_blocks(self) -> List[Tuple[int, int, str]]:
+        """Hoisted declarations leave the body (for the group function's top)."""
+        blocks = []
+        for statement in self.hoisted:
+            start, end = self.span(statement)
+            blocks.append((start, end, _rewrite.blank(self.original[start:end])))
+        return blocks
+
+    def call_text(self, call, fine) -> str:
+        """A SIMD-group function's call alone, with the edits inside it: what hands over its
+        value. (A product's own call, its lowering, opens and closes at its ends.)"""
+        c_start, c_end = self.span(call)
+        own = {(c_start, _matrix_products.LOWERED), (c_end, ")")} if _matrix_products.operands(call) is not None \
+            else set()
+        inner = [e for e in fine if c_start <= e[0] and e[1] <= c_end
+                 and not (e[0] == e[1] and e[0] in (c_start, c_end) and (e[0], e[2]) not in own)]
+        return self.apply(inner, [], c_start, c_end).replace("\n", " ")
 
     def live(self, frame: _Frame, point: _Point) -> bool:
         """Whether a thread resuming at ``point`` may read ``frame``'s variable before its
@@ -1163,6 +1185,19 @@ class _GroupFunction:
             per_thread(p, f"__tsm_p{i}", pinned, saved=modified)
         probes, types = self.probes(fine)
         head += probes
+        sites = ", ".join(["0u"] + [f"{s}u" for s in self.sites])
+        kinds = ", ".join(["0"] + [str(p.kind) for p in self.points])
+        head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
+        head.append(f"static const unsigned char __tsm_kinds[] = {{{kinds}}};")
+        # Lanes at once (_lanes), for plain dispatches of the kernels it suits; the rounds
+        # below for the others, and for sanitized dispatches.
+        file, line = self.where(self.body)
+        lanes = self.lanes(types)
+        if self.not_lanes:  # (for a reader of the translation, and the tests)
+            head.append(f"static constexpr const char* __tsm_not_lanes = {_c_string(self.not_lanes)};")
+        if lanes:
+            head.append(f"\n#if !defined(__TSM_SANITIZE__) && !defined(__TSM_EMU_NO_LANES__)\n"
+                        f"{_line_marker(line, file)}\n{lanes}\n#else\n{_line_marker(line, file)}\n")
         # Variables with one value in every thread, and the loops' counters of a uniform
         # kernel: one copy for the threadgroup (Slots<T, true>, regions.h), which
         # run_regions' commit carries from round to round.
@@ -1183,10 +1218,6 @@ class _GroupFunction:
                         f"__tsm_c{counter}(__tsm_cb{counter}, __tsm_g.n, \"(the iterations of a loop)\");")
             shared += [f"__tsm_c{counter}"] if uniformity.control else []
             per_thread(f"__tsm_it{counter}", f"__tsm_c{counter}", live=lambda point, c=counter: c in point.loops)
-        sites = ", ".join(["0u"] + [f"{s}u" for s in self.sites])
-        kinds = ", ".join(["0"] + [str(p.kind) for p in self.points])
-        head.append(f"static const unsigned __tsm_sites[] = {{{sites}}};")
-        head.append(f"static const unsigned char __tsm_kinds[] = {{{kinds}}};")
         commit = " ".join(f"{slots}.commit();" for slots in shared)
         # What C++ checks of a probed kernel: its memory's elements, and every thread's
         # variables in locals (a type that does not copy as bytes stays in its slot, which
@@ -1212,10 +1243,26 @@ class _GroupFunction:
                 stored = f"if constexpr (!decltype(__tsm_m)::probe) {{ {stored} }}"
             head.append(f"auto __tsm_save{number} = [&]() {{ {stored} }};")
         head.append("switch (__tsm_at) { case 0:")
-        file, line = self.where(self.body)
         end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]
         return (f"\n{_line_marker(line, file)}\n" + " ".join(head) + " " + body +
-                f" }} return -1; }}, [&] {{ {commit} }}); }}\n{_line_marker(end_line, end_file)}\n")
+                f" }} return -1; }}, [&] {{ {commit} }});" + ("\n#endif\n" if lanes else " ") +
+                f"}}\n{_line_marker(end_line, end_file)}\n")
+
+    def lanes(self, types: Dict[int, str]) -> Optional[str]:
+        """The group function's body that runs the threadgroup lanes at once (_lanes), for a
+        kernel with SIMD-group functions (barrier-only kernels resume a thread only at each
+        barrier: the rounds serve them as well); None where the rounds serve, and
+        ``not_lanes`` says why."""
+        self.not_lanes = "no SIMD-group function"
+        if not any(p.kind == W_COLLECTIVE for p in self.points):
+            return None
+        try:
+            text = _lanes.body(self, types)
+        except _lanes.Unsupported as e:
+            self.not_lanes = str(e)
+            return None
+        self.not_lanes = None
+        return text
 
 
     def probe(self, stops: Set[Tuple[str, int, int]]) -> _bounds_probe.Probe:

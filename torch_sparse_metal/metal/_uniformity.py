@@ -73,8 +73,10 @@ class _Kernel:
     """``builtins``: the built-ins whose values count (all of them, when None: a kernel's
     values that do not come from memory, _bounds_probe)."""
     def __init__(self, body, params: Sequence[object], entries: Sequence[_rewrite.Param],
-                 is_stop: Callable[[object], bool], builtins: Optional[FrozenSet[str]] = UNIFORM_BUILTINS) -> None:
+                 is_stop: Callable[[object], bool], builtins: Optional[FrozenSet[str]] = UNIFORM_BUILTINS,
+                 returns_leave: bool = True) -> None:
         self.cindex = _frontend._cindex()
+        self.returns_leave = returns_leave
         self.lib = self.cindex.conf.lib
         self.body = body
         self.is_stop = is_stop
@@ -208,7 +210,8 @@ class _Kernel:
             if target is not None and not in_metal(target):
                 # A user's operator: what its parameters say (its object: may be written,
                 # through a non-const method or a `mutable` member).
-                at = [node_key(a) for a in args].index(node_key(operand)) if operand in args else -1
+                keys = [node_key(a) for a in args]
+                at = keys.index(node_key(operand)) if node_key(operand) in keys else -1
                 if target.kind.name == "CXX_METHOD":
                     return at > 0 and _reads_parameter(target, at - 1)
                 return at >= 0 and _reads_parameter(target, at)
@@ -219,11 +222,13 @@ class _Kernel:
             object_ = node_key(args[0]) == node_key(operand) if args else True
             return not (object_ and (name in ("operator[]", "operator()", "operator->") or
                                      (name == "operator*" and operands == 1)))
-        args = list(call.get_arguments())
-        if operand not in args:  # the object of a method: Metal's const ones only read it
+        # (By extent: a cursor of get_arguments() never compares equal to the same one
+        # reached through get_children().)
+        keys = [node_key(a) for a in call.get_arguments()]
+        if node_key(operand) not in keys:  # the object of a method: Metal's const ones only read it
             return target is not None and target.kind.name == "CXX_METHOD" and target.is_const_method() \
                 and in_metal(target)
-        at = args.index(operand)
+        at = keys.index(node_key(operand))
         # The function called, or in a template every one the call may resolve to.
         candidates = [target] if target is not None else self.overloads(call)
         return bool(candidates) and all(_reads_parameter(f, at) for f in candidates)
@@ -343,7 +348,8 @@ class _Kernel:
         def walk(node, loops: int, switches: int) -> bool:
             for c in node.get_children():
                 kind = c.kind.name
-                if self.is_stop(c) or kind in ("RETURN_STMT", "GOTO_STMT", "INDIRECT_GOTO_STMT"):
+                if self.is_stop(c) or kind in ("GOTO_STMT", "INDIRECT_GOTO_STMT") or (
+                        kind == "RETURN_STMT" and self.returns_leave):
                     return True
                 if kind == "BREAK_STMT" and loops + switches == 0:
                     return True
@@ -448,12 +454,14 @@ class Uniformity:
 
 
 def analyse(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
-            is_stop: Callable[[object], bool]) -> Uniformity:
+            is_stop: Callable[[object], bool], returns_leave: bool = True) -> Uniformity:
     """The kernel's uniformity (see the module's docstring). ``body``: the kernel's
     COMPOUND_STMT; ``params``: its PARM_DECLs, ``entries`` what the binding says of each;
     ``is_stop(cursor)``: whether a cursor is one of its barriers or SIMD-group function
-    calls."""
-    kernel = _Kernel(body, params, entries, is_stop)
+    calls. ``returns_leave=False``: the threads still running take the same way, a thread
+    that returns early being gone rather than elsewhere (_lanes: a returned thread is
+    inactive at the SIMD-group functions after, as a fiber that returned)."""
+    kernel = _Kernel(body, params, entries, is_stop, returns_leave=returns_leave)
     if not kernel.uniform_control():
         return Uniformity(False, frozenset())
     own = {c.canonical.hash for c in body.walk_preorder() if c.kind.name == "VAR_DECL"}

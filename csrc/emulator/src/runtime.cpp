@@ -1186,6 +1186,29 @@ bool release_simd_groups(Group& g, const Describe& thread) {
   return released;
 }
 
+// After every SIMD-group's lanes for which meets(t) handed their values to one SIMD-group
+// function: they meet there, their values where they handed them (not the exchange's copy),
+// and the next function's values go to the other buffer (a lane handing over its next value
+// must not overwrite one its SIMD-group's later lanes have yet to read).
+template <class Meets>
+void meet_in_place(Group& g, Meets meets) {
+  Worker* w = t_worker;
+  const uint32_t n = g.n;
+  for (uint32_t first = 0, sg = 0; first < n; first += kSimdWidth, ++sg) {
+    const uint32_t end = std::min(n, first + kSimdWidth);
+    Exchange& ex = w->region_exchange[sg];
+    ex.begin_fill(w->exchanges);
+    for (uint32_t t = first; t < end; ++t)
+      if (meets(t)) ex.active |= uint64_t(1) << (t - first);
+    if (!ex.active) continue;
+    ex.hand_out(w->met[sg]);
+    w->met[sg].values = g.lanes.slots + first;
+  }
+  using Values = unsigned char(*)[kSimdValueBytes];
+  const Values front = reinterpret_cast<Values>(w->slots.data()), back = reinterpret_cast<Values>(w->slots_back.data());
+  g.lanes.slots = g.lanes.slots == front ? back : front;
+}
+
 // After a plain round: the case of release_simd_groups that the project's kernels with
 // SIMD-group functions meet at nearly every round, without its copies. Every thread that
 // has not returned waits at a SIMD-group function (no barrier), and in each SIMD-group the
@@ -1214,24 +1237,20 @@ Released release_in_place(Group& g) {
       if (at[t] != at[l] || !same_place(g, t, l)) return Released::kNone;
     }
   }
-  Worker* w = t_worker;
-  for (uint32_t first = 0, sg = 0; first < n; first += kSimdWidth, ++sg) {
-    const uint32_t end = std::min(n, first + kSimdWidth);
-    Exchange& ex = w->region_exchange[sg];
-    ex.begin_fill(w->exchanges);
-    for (uint32_t t = first; t < end; ++t) {
-      if (at[t] < 0) continue;
-      ex.active |= uint64_t(1) << (t - first);
-      if (!one_stop) g.runnable[t] = 1;  // (the next round runs them all, without flags)
-    }
-    if (!ex.active) continue;
-    ex.hand_out(w->met[sg]);
-    w->met[sg].values = g.lanes.slots + first;  // (where they are, not the exchange's copy)
-  }
-  using Values = unsigned char(*)[kSimdValueBytes];
-  const Values front = reinterpret_cast<Values>(w->slots.data()), back = reinterpret_cast<Values>(w->slots_back.data());
-  g.lanes.slots = g.lanes.slots == front ? back : front;
+  meet_in_place(g, [&](uint32_t t) {
+    if (at[t] < 0) return false;
+    if (!one_stop) g.runnable[t] = 1;  // (the next round runs them all, without flags)
+    return true;
+  });
   return one_stop ? Released::kAll : Released::kSome;
+}
+
+// A fault caught in kernel code (lanes.h): the runtime code it was raised in is left.
+void caught_in_kernel_code() { t_runtime_depth = 0; }
+
+// Lanes at once (lanes.h): every thread not gone handed its value to one SIMD-group function.
+void release_lanes(Group& g, const uint8_t* gone) {
+  meet_in_place(g, [&](uint32_t t) { return !gone[t]; });
 }
 
 // The fiber scheduler's resolve_threadgroup_barrier, for threads that ran as a loop: the

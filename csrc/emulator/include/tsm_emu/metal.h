@@ -22,6 +22,7 @@
 #include "tsm_emu/pack.h"
 #include "tsm_emu/builtins.h"
 #include "tsm_emu/regions.h"
+#include "tsm_emu/lanes.h"
 
 // Metal's scalar, fixed-width integer and vector type names are visible without `using
 // namespace metal`: ggml-common.h declares its blocks with half2 and uint8_t before any

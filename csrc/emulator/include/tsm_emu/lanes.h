@@ -1,0 +1,111 @@
+// Lanes at once: a uniform barrier-region kernel's threadgroup run statement by statement,
+// the code between two stops a loop over the threads (the translation is
+// torch_sparse_metal/metal/_lanes.py, which says when this is exact and what differs).
+//
+// Barrier regions (regions.h) run each thread from where it waits to its next stop before
+// the next thread: a thread's resumption (its variables out of their slots and back, its
+// built-ins, the round's bookkeeping) is paid per thread and stop, and a kernel with a
+// SIMD-group function every few instructions (matmul_shuffle: four FMAs per broadcast)
+// spends most of its time resuming. Here the control flow around the stops runs once for
+// the threadgroup, and only what lies between them runs per thread.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <type_traits>
+
+#include "tsm_emu/regions.h"
+
+namespace tsm_emu {
+
+// (runtime.cpp) Every thread not gone handed its value to one SIMD-group function: each
+// SIMD-group's lanes meet there, as release_in_place releases them.
+void release_lanes(Group& g, const uint8_t* gone);
+// (runtime.cpp) A fault was caught in kernel code: the runtime code it was raised in is left.
+void caught_in_kernel_code();
+
+// A kernel variable declared without a value (`Acc4 ar;`), in its thread's slot.
+template <class T>
+inline void construct_default(T& slot) {
+  using V = std::remove_cv_t<T>;
+  if constexpr (!std::is_trivially_default_constructible<V>::value)
+    ::new (const_cast<void*>(static_cast<const volatile void*>(&slot))) V;
+}
+// Whether declaring variables of these types without a value does nothing: a loop over the
+// threads that only declares them is left out.
+template <class... T>
+constexpr bool trivially_declared = (std::is_trivially_default_constructible<std::remove_cv_t<T>>::value && ...);
+
+class Lanes {
+ public:
+  // Per thread: running, returned (inactive at the SIMD-group functions after, as a fiber
+  // that returned), or stopped by a fault (raised at the next stop).
+  enum : uint8_t { kRunning = 0, kReturned = 1, kFaulted = 2 };
+
+  Lanes(Group& g, const uint32_t* sites, const uint8_t* kinds) : g_(g) {
+    static thread_local SlotBuffer buffer;
+    gone = static_cast<uint8_t*>(buffer.reserve(g.n ? g.n : 1));
+    std::fill(gone, gone + g.n, uint8_t(kRunning));
+    g.sites = sites;
+    g.kinds = kinds;
+  }
+  Lanes(const Lanes&) = delete;
+  Lanes& operator=(const Lanes&) = delete;
+
+  uint8_t* gone;
+
+  // Thread t faulted (called from the catch of its loop): it runs no further. Fibers run
+  // each thread to its next stop before the next thread, so the fault they raise is the
+  // first, in thread order, of the threads that fault before the next stop; each thread's
+  // code up to its first fault is the same either way, so that fault is raised there.
+  void fault(uint32_t t) {
+    caught_in_kernel_code();
+    gone[t] = kFaulted;
+    if (t < fault_thread_) {
+      fault_thread_ = t;
+      fault_ = std::current_exception();
+    }
+  }
+  // At every stop and where the threadgroup ends: a fault (see above), or a stop requested.
+  void settle() {
+    if (fault_) std::rethrow_exception(fault_);
+    if (g_.stop->load(std::memory_order_relaxed) != 0) stop_group();
+  }
+  bool all_gone() const {
+    for (uint32_t t = 0, n = g_.n; t < n; ++t)
+      if (!gone[t]) return false;
+    return true;
+  }
+  // Before a SIMD-group function's lanes read what they handed over.
+  void release() {
+    settle();
+    release_lanes(g_, gone);
+  }
+  // A threadgroup or simdgroup barrier, stop k of the translation: every thread still
+  // running waits there. One that returned is what fibers check (resolve_regions: a
+  // divergence, unless TSM_EMU_EXITED_THREADS_ARRIVE).
+  void barrier(int k) {
+    settle();
+    const uint32_t n = g_.n;
+    bool returned = false;
+    for (uint32_t t = 0; t < n; ++t) returned |= gone[t] != kRunning;
+    if (!returned) return;
+    g_.uniform_round = false;
+    for (uint32_t t = 0; t < n; ++t) {
+      g_.at[t] = gone[t] != kRunning ? -1 : k;
+      g_.iteration[t] = 0;
+      g_.flags[t] = 0;
+      g_.path_len[t] = 0;
+    }
+    resolve_regions(g_);
+  }
+
+ private:
+  Group& g_;
+  uint32_t fault_thread_ = UINT32_MAX;
+  std::exception_ptr fault_;
+};
+
+}  // namespace tsm_emu

@@ -1,0 +1,379 @@
+"""Lanes at once (``torch_sparse_metal/metal/_lanes.py``, ``tsm_emu/lanes.h``): a uniform
+kernel with SIMD-group functions runs a plain dispatch's threadgroup statement by statement,
+the code between two stops a loop over the threads, its control flow once.
+
+Every launch must give the bits of the regions' rounds (``TSM_EMU_LANES=0``) and of fibers
+(``TSM_EMU_REGIONS=0``), and where it is computable NumPy's answer; a fault must name the
+thread and access fibers name; a barrier after threads returned must fault (or not) as under
+fibers; what the translation cannot run so must keep the rounds, saying why.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from torch_sparse_metal._paths import SHADERS_DIR
+from torch_sparse_metal.metal import KernelFault, _compiler
+
+from _hang_guard import call_with_timeout
+from _schedules import three_ways
+
+HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
+
+KERNELS = HEADER + r"""
+// Shuffles and a reduction in a loop whose trip count is a parameter; threads past n load
+// zeros and keep shuffling (a partial last SIMD-group when the group is not a multiple of 32).
+kernel void rotate(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                   constant uint& n [[buffer(2)]], constant uint& rounds [[buffer(3)]],
+                   uint gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  float v = gid < n ? x[gid] : 0.0f;
+  float acc = 0.0f;
+  for (uint r = 0; r < rounds; ++r) {
+    v = simd_shuffle(v, ushort((lane + 1) % 32));
+    acc = fma(v, float(r + 1), acc);
+    acc += simd_sum(v) * 0.5f;
+  }
+  if (gid < n) {
+    out[gid] = acc;
+  }
+}
+
+// Threads past n return before the SIMD-group functions: inactive there, as fibers that
+// returned.
+kernel void early_return(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                         constant uint& n [[buffer(2)]], uint gid [[thread_position_in_grid]]) {
+  if (gid >= n) {
+    return;
+  }
+  const float v = x[gid];
+  const float s = simd_sum(v);
+  const float p = simd_prefix_exclusive_sum(v);
+  out[gid] = s + 2.0f * p;
+}
+
+// Threadgroup memory between barriers beside SIMD-group functions; a uniform `break` out of
+// the loop around them, and a variable every thread assigns alike (`scale`) but in code each
+// thread runs on its own (the inner loop), so each thread has its own copy.
+kernel void staged(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                   constant uint& limit [[buffer(2)]], uint gid [[thread_position_in_grid]],
+                   uint lid [[thread_position_in_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                   uint sg [[simdgroup_index_in_threadgroup]], uint groups [[simdgroups_per_threadgroup]]) {
+  threadgroup float partial[32];
+  float v = x[gid];
+  float total = 0.0f;
+  float scale = 1.0f;
+  for (uint step = 0; step < 6; ++step) {
+    const float s = simd_sum(v);
+    if (lane == 0) {
+      partial[sg] = s;
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    const float t = lane < groups ? partial[lane] : 0.0f;
+    total += simd_sum(t) * scale;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    for (uint j = 0; j < 2; ++j) {
+      scale *= 0.75f;
+    }
+    v = v * 0.5f + float(step);
+    if (step == limit) {
+      break;
+    }
+  }
+  out[gid] = total;
+}
+"""
+
+
+def staged_reference(x: np.ndarray, group: int, limit: int) -> np.ndarray:
+    """``staged`` in float64, for a grid of whole threadgroups of whole SIMD-groups."""
+    x = x.astype(np.float64)
+    out = np.zeros_like(x)
+    for g0 in range(0, len(x), group):
+        v = x[g0:g0 + group].copy()
+        total = np.zeros(group)
+        scale = np.ones(group)
+        for step in range(6):
+            sums = v.reshape(-1, 32).sum(axis=1)
+            total += sums.sum() * scale
+            scale = scale * 0.75 * 0.75
+            v = v * 0.5 + step
+            if step == limit:
+                break
+        out[g0:g0 + group] = total
+    return out
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.view(torch.int32), b.view(torch.int32))
+
+
+@pytest.fixture(autouse=True)
+def _strict_barriers(monkeypatch):
+    monkeypatch.delenv("TSM_EMU_EXITED_THREADS_ARRIVE", raising=False)
+
+
+def generated(source: str, tmp_path, sanitize: bool = False) -> _compiler.GeneratedCxx:
+    path = tmp_path / "shader.metal"
+    path.write_text(source)
+    return _compiler.generated_cxx(path, sanitize=sanitize)
+
+
+def not_lanes(cxx: _compiler.GeneratedCxx) -> dict:
+    """Why each kernel that runs as regions does not run lanes at once (the translation says)."""
+    reasons = {}
+    for m in re.finditer(r"inline void (\w+)__tsm_group\(.*?__tsm_not_lanes = \"((?:[^\"\\]|\\.)*)\"", cxx.text):
+        reasons[m.group(1)] = m.group(2)
+    return reasons
+
+
+def test_these_kernels_run_lanes_at_once(tmp_path):
+    cxx = generated(KERNELS, tmp_path)
+    assert cxx.lanes == {"rotate", "early_return", "staged"}
+    # Sanitized builds keep the rounds (the sanitizer follows one thread at a time).
+    assert generated(KERNELS, tmp_path, sanitize=True).lanes == set()
+
+
+@pytest.mark.parametrize("n, threads, group", [(256, 256, 64), (100, 100, 50), (70, 96, 96), (33, 64, 64)])
+@pytest.mark.parametrize("rounds", [0, 1, 5])
+def test_shuffles_and_sums_agree_with_rounds_and_fibers(monkeypatch, n, threads, group, rounds):
+    ways = three_ways(KERNELS, monkeypatch)
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)).float()
+    outs = []
+    for lib in ways:
+        out = torch.full((n,), float("nan"))
+        lib.rotate(x, out, n, rounds, threads=threads, group_size=group)
+        outs.append(out)
+    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
+    if threads % 32 == 0 and rounds:
+        # NumPy, where every SIMD-group is whole (a partial one's missing lanes read poison)
+        v = np.zeros(threads)
+        v[:n] = x.double().numpy()
+        acc = np.zeros(threads)
+        for r in range(rounds):
+            v = np.roll(v.reshape(-1, 32), -1, axis=1).reshape(-1)
+            acc = v * (r + 1) + acc
+            acc += np.repeat(v.reshape(-1, 32).sum(axis=1), 32) * 0.5
+        np.testing.assert_allclose(outs[0].numpy(), acc[:n], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n, threads, group", [(256, 256, 64), (40, 64, 64), (1, 32, 32), (95, 128, 64)])
+def test_threads_that_returned_are_inactive(monkeypatch, n, threads, group):
+    ways = three_ways(KERNELS, monkeypatch)
+    x = torch.arange(threads, dtype=torch.float32) * 0.25 + 1.0
+    outs = []
+    for lib in ways:
+        out = torch.full((threads,), float("nan"))
+        lib.early_return(x, out, n, threads=threads, group_size=group)
+        outs.append(out)
+    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
+    v = x.double().numpy()
+    want = np.full(threads, np.nan)
+    for first in range(0, n, 32):
+        live = v[first:min(first + 32, n)]  # the active lanes of this SIMD-group
+        want[first:first + len(live)] = live.sum() + 2.0 * (np.cumsum(live) - live)
+    np.testing.assert_allclose(outs[0].numpy(), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("group", [32, 64, 256])
+@pytest.mark.parametrize("limit", [0, 3, 100])
+def test_barriers_a_uniform_break_and_a_thread_own_variable(monkeypatch, group, limit):
+    ways = three_ways(KERNELS, monkeypatch)
+    x = torch.rand(512, generator=torch.Generator().manual_seed(group)) * 4.0
+    outs = []
+    for lib in ways:
+        out = torch.full((512,), float("nan"))
+        lib.staged(x, out, limit, threads=512, group_size=group)
+        outs.append(out)
+    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
+    np.testing.assert_allclose(outs[0].numpy(), staged_reference(x.numpy(), group, limit), rtol=1e-5)
+
+
+FAULTS = HEADER + r"""
+// Between two SIMD-group functions thread `first` reads past the end of x, and later in the
+// code thread `second` does: `second` < `first` runs to its fault before `first` starts, so
+// fibers report `second`'s read. A loop over the threads per statement would reach `first`'s
+// read first; lanes at once must report `second`'s.
+kernel void two_faults(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                       constant uint& first [[buffer(2)]], constant uint& second [[buffer(3)]],
+                       constant uint& never [[buffer(4)]], uint lid [[thread_position_in_threadgroup]]) {
+  float v = simd_sum(float(lid));
+  const float a = lid == first ? x[1000 + lid] : 1.0f;
+  if (never != 0) {
+    v += simd_sum(a);  // (not run: only a place the threads' loop ends)
+  }
+  const float b = lid == second ? x[2000 + lid] : 2.0f;
+  out[lid] = simd_sum(a + b) + v;
+}
+
+// Threads from 40 on return before a barrier the others wait at.
+kernel void return_before_barrier(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  if (lid >= 40) {
+    return;
+  }
+  const float s = simd_sum(1.0f);
+  threadgroup_barrier(mem_flags::mem_none);
+  out[lid] = s;
+}
+"""
+
+
+def fault_of(lib, kernel: str, *args, **launch):
+    try:
+        call_with_timeout(getattr(lib, kernel), *args, **launch)
+    except KernelFault as e:
+        return e.kind, str(e)
+    return None
+
+
+@pytest.mark.parametrize("first, second", [(9, 3), (3, 9), (40, 33), (5, 5)])
+def test_a_fault_names_the_thread_and_access_fibers_name(monkeypatch, tmp_path, first, second):
+    assert generated(FAULTS, tmp_path).lanes == {"two_faults", "return_before_barrier"}
+    ways = three_ways(FAULTS, monkeypatch)
+    x = torch.zeros(64)
+    faults = [fault_of(lib, "two_faults", x, torch.zeros(64), first, second, 0, threads=64, group_size=64)
+              for lib in ways]
+    assert faults[0] is not None and faults[0][0] == "out_of_bounds"
+    assert faults[0] == faults[1] == faults[2]
+    reported = min(first, second)
+    assert f"index {reported} in threadgroup" in faults[0][1], faults[0][1]
+
+
+def test_a_barrier_after_threads_returned_is_what_fibers_make_of_it(monkeypatch):
+    ways = three_ways(FAULTS, monkeypatch)
+    faults = [fault_of(lib, "return_before_barrier", torch.zeros(64), threads=64, group_size=64)
+              for lib in ways]
+    assert faults[0] is not None and faults[0][0] == "barrier_divergence"
+    assert "returned before the threadgroup_barrier" in faults[0][1]
+    assert faults[0] == faults[1] == faults[2]
+    # (Read once per loaded library: a source of its own.)
+    monkeypatch.setenv("TSM_EMU_EXITED_THREADS_ARRIVE", "1")
+    lenient = FAULTS.replace("return_before_barrier", "lenient_return_before_barrier")
+    outs = []
+    for lib in three_ways(lenient, monkeypatch):
+        out = torch.full((64,), float("nan"))
+        call_with_timeout(lib.lenient_return_before_barrier, out, threads=64, group_size=64)
+        outs.append(out)
+    want = torch.tensor([32.0] * 32 + [8.0] * 8 + [float("nan")] * 24)
+    for out in outs:
+        torch.testing.assert_close(out, want, equal_nan=True)
+
+
+REFUSED = HEADER + r"""
+// An atomic: the order in which the threads' loops would run it is not the fibers'.
+kernel void with_atomic(device atomic_uint* counter [[buffer(0)]], device float* out [[buffer(1)]],
+                        uint gid [[thread_position_in_grid]]) {
+  const uint slot = atomic_fetch_add_explicit(counter, 1u, memory_order_relaxed);
+  out[gid] = simd_sum(float(slot));
+}
+
+// A loop around a SIMD-group function whose trip count each thread reads from memory.
+kernel void from_memory(device const uint* trips [[buffer(0)]], device float* out [[buffer(1)]],
+                        uint gid [[thread_position_in_grid]]) {
+  float v = 1.0f;
+  for (uint i = 0; i < trips[0]; ++i) {
+    v = simd_sum(v);
+  }
+  out[gid] = v;
+}
+
+// A loop counter that every thread sets alike, but in code each thread runs on its own: the
+// loop's condition would read a thread's own copy.
+kernel void counter_set_per_thread(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+  float v = 1.0f;
+  for (uint i = 0; i < 4; ++i) {
+    v = simd_sum(v) * 0.25f;
+    for (uint j = 0; j < 2; ++j) {
+      i += 0;
+    }
+  }
+  out[gid] = v;
+}
+
+// A variable declared in the code between two stops, read after a statement that runs once.
+kernel void local_after_scalar(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+  uint k = 0;
+  for (uint i = 0; i < 2; ++i) {
+    const float s = simd_sum(float(gid));
+    k += 1;
+    out[gid] = s + float(k);
+  }
+}
+
+// A loop around a SIMD-group function that declares, beside its counter, a variable every
+// thread sets alike in code each thread runs on its own.
+kernel void loop_declares_own(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+  float v = float(gid);
+  for (uint i = 0, c = 0; i < 3; ++i) {
+    v = simd_sum(v) * 0.125f;
+    for (uint j = 0; j < 2; ++j) {
+      c += 1;
+    }
+    out[gid] = v + float(c);
+  }
+}
+
+// The same for the condition of an `if` around a SIMD-group function.
+kernel void condition_reads_own(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+  uint u = 1;
+  float v = float(gid);
+  for (uint i = 0; i < 2; ++i) {
+    for (uint j = 0; j < 2; ++j) {
+      u += 1;
+    }
+    if (u > 2) {
+      v = simd_sum(v) * 0.5f;
+    }
+  }
+  out[gid] = v;
+}
+
+// Barriers only: the rounds serve.
+kernel void barriers_only(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+  threadgroup float t[64];
+  t[lid] = float(lid);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  out[lid] = t[63 - lid];
+}
+"""
+
+
+def test_what_cannot_run_lanes_at_once_keeps_the_rounds_and_says_why(monkeypatch, tmp_path):
+    cxx = generated(REFUSED, tmp_path)
+    assert cxx.lanes == set()
+    assert cxx.grouped >= {"with_atomic", "from_memory", "counter_set_per_thread", "local_after_scalar",
+                           "loop_declares_own", "condition_reads_own", "barriers_only"}
+    assert not_lanes(cxx) == {
+        "with_atomic": "an atomic or a message, whose order the threads' loops would change",
+        "from_memory": "not uniform",
+        "counter_set_per_thread": "a loop around a stop declares i, a thread's own",
+        "local_after_scalar": "s is read beyond the statements around it",
+        "loop_declares_own": "a loop around a stop declares c, a thread's own",
+        "condition_reads_own": "a condition or scalar statement reads u, a thread's own",
+        "barriers_only": "no SIMD-group function",
+    }
+    # ... and still runs, the rounds giving the fibers' bits.
+    lanes, rounds, fibers = three_ways(REFUSED, monkeypatch)
+    for kernel in ("counter_set_per_thread", "local_after_scalar", "loop_declares_own", "condition_reads_own"):
+        outs = []
+        for lib in (lanes, fibers):
+            out = torch.full((64,), float("nan"))
+            getattr(lib, kernel)(out, threads=64, group_size=64)
+            outs.append(out)
+        assert bitwise_equal(outs[0], outs[1]), kernel
+
+
+def test_the_projects_kernels_with_simd_group_functions(tmp_path):
+    """Which of the project's kernels run lanes at once, and why the others do not."""
+    lanes, reasons = set(), {}
+    for path in sorted(SHADERS_DIR.glob("*.metal")):
+        cxx = _compiler.generated_cxx(path)
+        lanes |= cxx.lanes
+        reasons.update({k: v for k, v in not_lanes(cxx).items() if v != "no SIMD-group function"})
+    assert lanes == {"matmul_shuffle", "matmul_simdgroup", "cross_entropy_forward"}
+    assert reasons == {
+        "adamw_step": "an atomic or a message, whose order the threads' loops would change",
+        "sparse_linear_backward_batch_lanes": "an atomic or a message, whose order the threads' loops would change",
+    }
