@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from torch_sparse_metal._paths import SHADERS_DIR
 from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader, record
 
+from _random_kernels import random_kernel
 from _schedules import both_ways, grouped
 
 from _hang_guard import call_with_timeout
@@ -439,62 +440,6 @@ def test_the_project_shaders_with_barriers_run_as_regions():
 
 
 # ---- random structures ---------------------------------------------------------------------------
-def random_kernel(name: str, rng: random.Random) -> str:
-    """A kernel of nested uniform loops and ifs around barriers; threads exchange values
-    through threadgroup memory between barriers, so any misplaced barrier or lost variable
-    shows in the output."""
-    counter = [0]
-
-    def fresh() -> str:
-        counter[0] += 1
-        return f"v{counter[0]}"
-
-    def block(depth: int, live: List[str]) -> List[str]:
-        lines = []
-        for _ in range(rng.randint(1, 3)):
-            choice = rng.random()
-            if choice < 0.35 or depth >= 3:
-                var = fresh()
-                src = rng.choice(live)
-                lines.append(f"float {var} = {src} * 0.5f + float(lid % {rng.randint(2, 7)});")
-                lines.append(f"t[lid] = {var};")
-                lines.append("threadgroup_barrier(mem_flags::mem_threadgroup);")
-                lines.append(f"{rng.choice(live)} += t[(lid + {rng.randint(1, 40)}) % n];")
-                lines.append("threadgroup_barrier(mem_flags::mem_threadgroup);")
-                live = live + [var]
-            elif choice < 0.6:
-                i = fresh()
-                lines.append(f"for (uint {i} = 0; {i} < {rng.randint(0, 3)}u; ++{i}) {{")
-                lines += block(depth + 1, live)
-                if rng.random() < 0.3:
-                    lines.append(f"if ({i} == 1u) continue;")
-                    lines += block(depth + 1, live)
-                lines.append("}")
-            elif choice < 0.8:
-                lines.append(f"if (mode % {rng.randint(2, 4)}u == 0u) {{")
-                lines += block(depth + 1, live)
-                lines.append("} else {")
-                lines += block(depth + 1, live)
-                lines.append("}")
-            else:
-                i = fresh()
-                lines.append(f"uint {i} = 0;")
-                lines.append("do {")
-                lines += block(depth + 1, live)
-                lines.append(f"}} while (++{i} < {rng.randint(1, 3)}u);")
-        return lines
-
-    return random_kernel_text(name, block(0, ["acc"]))
-
-
-def random_kernel_text(name: str, body: List[str]) -> str:
-    return (f"kernel void {name}(device float* out [[buffer(0)]], constant uint& mode [[buffer(1)]],\n"
-            f"    uint lid [[thread_position_in_threadgroup]], uint gid [[thread_position_in_grid]],\n"
-            f"    uint n [[threads_per_threadgroup]]) {{\n"
-            f"  threadgroup float t[64];\n  float acc = float(gid) * 0.125f;\n  " + "\n  ".join(body) +
-            "\n  out[gid] = acc;\n}\n")
-
-
 def random_structures_agree(generator, seed: int, kernels: int, threads: int, group: int) -> None:
     rng = random.Random(seed)
     names = [f"{generator.__name__}_{i}" for i in range(kernels)]
@@ -814,62 +759,6 @@ def test_simd_group_results_are_right(monkeypatch):
     first = v[base]
     expected = (down + broadcast + prefix) * 3 + fill + first + (v > 2).reshape(-1, 4).all(1).repeat(4) + (-7)
     np.testing.assert_allclose(out.numpy(), expected.astype(np.float32), rtol=1e-6)
-
-
-def random_simd_kernel(name: str, rng: random.Random) -> str:
-    """Uniform loops around barriers, as random_kernel, and SIMD-group functions in
-    branches and loops that depend on the lane (divergent), so lanes meet at different
-    calls and iterations."""
-    counter = [0]
-
-    def fresh() -> str:
-        counter[0] += 1
-        return f"v{counter[0]}"
-
-    # Shuffles read a given lane: only where every lane is active (no poison values).
-    shuffles = ["simd_shuffle_xor({}, {k}u)", "simd_shuffle_rotate_down({}, {k}u)"]
-    reductions = ["simd_sum({})", "simd_max({})", "simd_prefix_inclusive_sum({})", "quad_sum({})",
-                  "simd_broadcast_first({})"]
-
-    def block(depth: int, live: List[str], uniform: bool) -> List[str]:
-        lines = []
-        for _ in range(rng.randint(1, 3)):
-            choice = rng.random()
-            if choice < 0.3 or depth >= 3:
-                var = fresh()
-                call = rng.choice(reductions + shuffles if uniform else reductions).format(
-                    rng.choice(live), k=rng.randint(1, 7))
-                lines.append(f"float {var} = {call} * 0.25f + float(lid % {rng.randint(2, 5)});")
-                lines.append(f"{rng.choice(live)} += {var};")
-                live = live + [var]
-            elif choice < 0.45 and uniform:
-                lines.append(f"t[lid] = {rng.choice(live)};")
-                lines.append("threadgroup_barrier(mem_flags::mem_threadgroup);")
-                lines.append(f"{rng.choice(live)} += t[(lid + {rng.randint(1, 40)}) % n];")
-                lines.append("threadgroup_barrier(mem_flags::mem_threadgroup);")
-            elif choice < 0.7:
-                i = fresh()
-                bound = f"lid % {rng.randint(2, 4)}u" if rng.random() < 0.5 else f"{rng.randint(0, 3)}u"
-                lines.append(f"for (uint {i} = 0; {i} < {bound}; ++{i}) {{")
-                lines += block(depth + 1, live, uniform and not bound.startswith("lid"))
-                lines.append("}")
-            else:
-                cond = f"lid % {rng.randint(2, 5)}u == 0u" if rng.random() < 0.6 else f"mode % {rng.randint(2, 4)}u == 0u"
-                inner = uniform and cond.startswith("mode")
-                lines.append(f"if ({cond}) {{")
-                lines += block(depth + 1, live, inner)
-                lines.append("} else {")
-                lines += block(depth + 1, live, inner)
-                lines.append("}")
-        return lines
-
-    return random_kernel_text(name, block(0, ["acc"], True))
-
-
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-@given(st.integers(0, 2 ** 32 - 1))
-def test_random_simd_structures_agree_with_fibers(seed):
-    random_structures_agree(random_simd_kernel, seed, kernels=5, threads=64, group=64)
 
 
 def test_a_fault_at_a_simdgroup_barrier_leaves_nothing_for_the_next_dispatch(monkeypatch):

@@ -9,16 +9,19 @@ fibers; what the translation cannot run so must keep the rounds, saying why.
 """
 from __future__ import annotations
 
+import random
 import re
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from torch_sparse_metal._paths import SHADERS_DIR
 from torch_sparse_metal.metal import KernelFault, _compiler
 
 from _hang_guard import call_with_timeout
+from _random_kernels import random_simd_kernel
 from _schedules import three_ways
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
@@ -261,7 +264,109 @@ def test_a_barrier_after_threads_returned_is_what_fibers_make_of_it(monkeypatch)
         torch.testing.assert_close(out, want, equal_nan=True)
 
 
-REFUSED = HEADER + r"""
+PARTED = HEADER + r"""
+// SIMD-group 0 sums what every SIMD-group left in threadgroup memory (MLX's reductions): a
+// SIMD-group function only some SIMD-groups reach.
+kernel void two_level_sum(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                          uint gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]],
+                          uint sg [[simdgroup_index_in_threadgroup]],
+                          uint groups [[simdgroups_per_threadgroup]], uint tg [[threadgroup_position_in_grid]]) {
+  threadgroup float partial[32];
+  const float s = simd_sum(x[gid]);
+  if (lane == 0) {
+    partial[sg] = s;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (sg == 0) {
+    float t = lane < groups ? partial[lane] : 0.0f;
+    t = simd_sum(t);
+    if (lane == 0) {
+      out[tg] = t;
+    }
+  }
+}
+
+// Each thread loops its own number of times around SIMD-group functions: the lanes that left
+// are inactive at the ones after; a lane's `continue` skips an iteration's, its `break`
+// leaves the loop; a thread returns from inside it.
+kernel void own_trips(device const uint* trips [[buffer(0)]], device float* out [[buffer(1)]],
+                      uint gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  float acc = 0.0f;
+  uint done = 0;
+  for (uint k = 0; k < trips[gid]; ++k) {
+    if (k == 2 && lane % 3 == 0) {
+      continue;
+    }
+    if (k == 5 && lane % 5 == 1) {
+      break;
+    }
+    acc += simd_sum(float(k + lane));
+    const float left = simd_shuffle_down(acc, ushort(1));
+    acc += left == left ? left * 0.5f : 1000.0f;  // (an inactive lane reads NaN)
+    done += 1;
+    if (acc > 60000.0f) {
+      out[gid] = -acc;
+      return;
+    }
+  }
+  out[gid] = acc + float(done) * 0.125f;
+}
+
+// Branches with a SIMD-group function each, inside a loop each thread leaves on its own; a
+// do-while and a while whose conditions each thread evaluates.
+kernel void branches(device const uint* trips [[buffer(0)]], device const float* x [[buffer(1)]],
+                     device float* out [[buffer(2)]], uint gid [[thread_position_in_grid]],
+                     uint lane [[thread_index_in_simdgroup]]) {
+  float acc = 0.0f;
+  uint k = 0;
+  while (k < trips[gid]) {
+    float a;
+    if ((lane + k) % 2 == 0) {
+      a = simd_sum(float(lane));
+    } else {
+      a = simd_max(float(k * 3 + lane));
+    }
+    acc += a;
+    k += 1;
+  }
+  float v = x[gid];
+  uint steps = 0;
+  do {
+    v = v * 0.5f + simd_broadcast(v, ushort(0)) * 0.25f;
+    steps += 1;
+  } while (v > 1.0f && steps < 20);
+  out[gid] = acc + v + float(steps);
+}
+"""
+
+
+@pytest.mark.parametrize("threads, group", [(256, 256), (256, 64), (96, 96), (70, 70), (40, 40)])
+def test_threads_parting_around_simd_group_functions_agree_with_rounds_and_fibers(monkeypatch, tmp_path,
+                                                                                    threads, group):
+    assert generated(PARTED, tmp_path).lanes == {"two_level_sum", "own_trips", "branches"}
+    ways = three_ways(PARTED, monkeypatch)
+    rng = np.random.default_rng(threads + group)
+    x = torch.from_numpy(rng.standard_normal(threads).astype(np.float32) * 8.0)
+    trips = torch.from_numpy(rng.integers(0, 9, threads).astype(np.int32))
+    groups = -(-threads // group)
+    results = []
+    for lib in ways:
+        sums = torch.full((groups,), float("nan"))
+        lib.two_level_sum(x, sums, threads=threads, group_size=group)
+        own = torch.full((threads,), float("nan"))
+        lib.own_trips(trips, own, threads=threads, group_size=group)
+        parted = torch.full((threads,), float("nan"))
+        lib.branches(trips, x, parted, threads=threads, group_size=group)
+        results.append((sums, own, parted))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert bitwise_equal(a, b)
+    if group % 32 == 0:  # (a partial SIMD-group's missing lanes are poison in simd_sum's reference)
+        want = x.double().numpy().reshape(groups, group).sum(axis=1)
+        np.testing.assert_allclose(results[0][0].numpy(), want, rtol=1e-5, atol=1e-4)
+
+
+EDGES = HEADER + r"""
 // An atomic: the order in which the threads' loops would run it is not the fibers'.
 kernel void with_atomic(device atomic_uint* counter [[buffer(0)]], device float* out [[buffer(1)]],
                         uint gid [[thread_position_in_grid]]) {
@@ -269,18 +374,19 @@ kernel void with_atomic(device atomic_uint* counter [[buffer(0)]], device float*
   out[gid] = simd_sum(float(slot));
 }
 
-// A loop around a SIMD-group function whose trip count each thread reads from memory.
-kernel void from_memory(device const uint* trips [[buffer(0)]], device float* out [[buffer(1)]],
-                        uint gid [[thread_position_in_grid]]) {
-  float v = 1.0f;
-  for (uint i = 0; i < trips[0]; ++i) {
+// A barrier only some SIMD-groups reach.
+kernel void barrier_apart(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]],
+                          uint sg [[simdgroup_index_in_threadgroup]]) {
+  float v = float(lid);
+  if (sg == 0) {
     v = simd_sum(v);
+    threadgroup_barrier(mem_flags::mem_none);
   }
-  out[gid] = v;
+  out[lid] = v;
 }
 
-// A loop counter that every thread sets alike, but in code each thread runs on its own: the
-// loop's condition would read a thread's own copy.
+// A loop counter that every thread sets alike, but in code each thread runs on its own: each
+// thread has its copy, and the loop's condition reads it in each thread.
 kernel void counter_set_per_thread(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
   float v = 1.0f;
   for (uint i = 0; i < 4; ++i) {
@@ -340,27 +446,28 @@ kernel void barriers_only(device float* out [[buffer(0)]], uint lid [[thread_pos
 """
 
 
-def test_what_cannot_run_lanes_at_once_keeps_the_rounds_and_says_why(monkeypatch, tmp_path):
-    cxx = generated(REFUSED, tmp_path)
-    assert cxx.lanes == set()
-    assert cxx.grouped >= {"with_atomic", "from_memory", "counter_set_per_thread", "local_after_scalar",
-                           "loop_declares_own", "condition_reads_own", "barriers_only"}
+def test_what_cannot_run_lanes_at_once_keeps_the_rounds_and_says_why_and_edges_that_can(monkeypatch, tmp_path):
+    cxx = generated(EDGES, tmp_path)
+    # A variable every thread sets alike in code each thread runs on its own is each
+    # thread's own, and a condition reading it is evaluated by each thread, as where their
+    # ways may part.
+    assert cxx.lanes == {"counter_set_per_thread", "loop_declares_own", "condition_reads_own"}
+    assert cxx.grouped >= {"with_atomic", "barrier_apart", "local_after_scalar", "barriers_only"}
     assert not_lanes(cxx) == {
         "with_atomic": "an atomic or a message, whose order the threads' loops would change",
-        "from_memory": "not uniform",
-        "counter_set_per_thread": "a loop around a stop declares i, a thread's own",
+        "barrier_apart": "a barrier where threads may go different ways",
         "local_after_scalar": "s is read beyond the statements around it",
-        "loop_declares_own": "a loop around a stop declares c, a thread's own",
-        "condition_reads_own": "a condition or scalar statement reads u, a thread's own",
         "barriers_only": "no SIMD-group function",
     }
-    # ... and still runs, the rounds giving the fibers' bits.
-    lanes, rounds, fibers = three_ways(REFUSED, monkeypatch)
-    for kernel in ("counter_set_per_thread", "local_after_scalar", "loop_declares_own", "condition_reads_own"):
+    # ... and the others run, giving the fibers' bits.
+    lanes, rounds, fibers = three_ways(EDGES, monkeypatch)
+    for kernel in ("counter_set_per_thread", "local_after_scalar", "loop_declares_own", "condition_reads_own",
+                   "barrier_apart"):
         outs = []
         for lib in (lanes, fibers):
             out = torch.full((64,), float("nan"))
-            getattr(lib, kernel)(out, threads=64, group_size=64)
+            # (threadgroups of one SIMD-group where a barrier is reached only by SIMD-group 0)
+            getattr(lib, kernel)(out, threads=64, group_size=32 if kernel == "barrier_apart" else 64)
             outs.append(out)
         assert bitwise_equal(outs[0], outs[1]), kernel
 
@@ -377,3 +484,33 @@ def test_the_projects_kernels_with_simd_group_functions(tmp_path):
         "adamw_step": "an atomic or a message, whose order the threads' loops would change",
         "sparse_linear_backward_batch_lanes": "an atomic or a message, whose order the threads' loops would change",
     }
+
+
+# ---- random kernels --------------------------------------------------------------------------------
+def outcome(lib, kernel: str, threads: int, group: int, mode: int):
+    out = torch.full((threads,), float("nan"))
+    try:
+        call_with_timeout(lib[kernel], out, mode, threads=threads, group_size=group)
+    except KernelFault as e:
+        return ("fault", e.kind, str(e))
+    return ("ran", out)
+
+
+# (No shrinking: each example builds three libraries; the failing seed is in the message.)
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck),
+          phases=(Phase.explicit, Phase.reuse, Phase.generate))
+@given(st.integers(0, 2 ** 32 - 1))
+def test_random_kernels_with_parting_lanes_agree_with_fibers(tmp_path_factory, seed):
+    rng = random.Random(seed)
+    names = [f"random_{i}" for i in range(6)]
+    source = HEADER + "\n".join(random_simd_kernel(name, rng) for name in names)
+    assert generated(source, tmp_path_factory.mktemp("random")).lanes == set(names), f"seed {seed}"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        ways = three_ways(source, monkeypatch)
+    for name in names:
+        for mode in (0, 1):
+            for threads, group in ((96, 96), (80, 40)):
+                lanes, rounds, fibers = (outcome(lib, name, threads, group, mode) for lib in ways)
+                assert lanes[0] == rounds[0] == fibers[0] == "ran", (seed, name, lanes[:3], fibers[:3])
+                assert bitwise_equal(lanes[1], fibers[1]) and bitwise_equal(rounds[1], fibers[1]), \
+                    f"seed {seed}, {name}, mode {mode}, {threads}/{group}"

@@ -334,8 +334,8 @@ def regions_enabled() -> bool:
 
 
 def lanes_enabled() -> bool:
-    """Whether uniform kernels with SIMD-group functions run their threadgroups lanes at once
-    in plain dispatches (the default; _lanes) rather than as barrier regions' rounds:
+    """Whether kernels with SIMD-group functions run their threadgroups lanes at once in
+    plain dispatches (the default; _lanes) rather than as barrier regions' rounds:
     ``TSM_EMU_LANES=0`` turns it off, to compare."""
     return os.environ.get("TSM_EMU_LANES", "1") != "0"
 

@@ -1,27 +1,33 @@
-"""Lanes at once: a uniform barrier-region kernel's threadgroup run statement by statement,
-the code between two stops a loop over its threads (the runtime side is
-csrc/emulator/include/tsm_emu/lanes.h).
+"""Lanes at once: a barrier-region kernel's threadgroup run statement by statement, the code
+between two stops a loop over its threads, as a GPU runs a SIMD-group's lanes (the runtime
+side is csrc/emulator/include/tsm_emu/lanes.h).
 
 Barrier regions (_regions) run each thread from where it waits to its next stop before the
 next thread. Every stop costs each thread a resumption: its variables copied out of their
 slots and stored back, its built-ins, the round's bookkeeping. A kernel with a SIMD-group
 function every few instructions pays it all the time: ``matmul_shuffle`` resumes each lane
-for four FMAs per broadcast. When every thread of a threadgroup takes the same way from
-stop to stop (_uniformity, a thread that returns early being gone rather than elsewhere),
-the control flow around the stops can run once for the whole threadgroup, and only the code
-between them per thread. The kernel's group function gets a second body (used in plain
-dispatches; sanitized ones keep the regions' rounds):
+for four FMAs per broadcast. Here the control flow around the stops runs once for the whole
+threadgroup, and only the code between them per thread. The kernel's group function gets a
+second body, used in plain dispatches (sanitized ones keep the regions' rounds):
 
 * A *structural* statement (one that holds a stop, or a ``break`` or ``continue`` of a
-  loop that does) stays as written: its conditions and loop headers run once, and may
-  read only *scalar* variables (one C++ local for the threadgroup) and values the same in
-  every thread. A scalar variable is one the analysis found uniform whose every
-  assignment is a statement of its own beside the stops (or a loop header), which runs once.
+  loop that does) stays a statement of the group function. Where its conditions have one
+  value in every thread (_uniformity's ``decisions``) they run once, and may read only
+  *scalar* variables (one C++ local for the threadgroup): variables the analysis found
+  uniform whose every assignment is a statement of its own beside the stops (or a loop
+  header), which runs once. Where they may differ, each thread evaluates them and the
+  threads that go elsewhere *wait* (a code per nesting level in the thread's state): an
+  ``if``'s branches run in turn, each for its threads, and a loop iterates while a thread
+  is in it, a thread that leaves it (its condition, ``break``) waiting at its end and one
+  that ``continue``s at its next iteration. That is the order fibers release a SIMD-group's
+  lanes in (the function first in the source, then by iteration), so the same lanes meet
+  at each SIMD-group function. A barrier must be where every thread goes alike.
 * Every other statement between two stops of one block is *per thread*: a run of them is
-  one loop over the threads, in thread order, each thread running the run as its fiber
-  would. A statement with a SIMD-group function ends the loop before it with each thread
-  handing over its value, and starts the loop after it with each thread replaying it
-  (regions' protocol, regions.h); a barrier has nothing to wait for.
+  one loop over the threads still running there, in thread order, each thread running the
+  run as its fiber would. A statement with a SIMD-group function ends the loop before it
+  with each thread handing over its value, and starts the loop after it with each thread
+  replaying it (regions' protocol, regions.h), the lanes that wait elsewhere inactive at
+  it; a barrier has nothing to wait for.
 * A variable declared beside the stops lives in a slot per thread (a regions frame), and
   a loop binds the slots it uses; a variable declared in a run is a local of its loop.
 * ``return`` ends the thread: it is skipped by the loops after, and inactive at the
@@ -30,9 +36,9 @@ dispatches; sanitized ones keep the regions' rounds):
 
 What can differ from fibers, which run a thread to its next stop before the next thread:
 
-* The order of two threads' effects from different runs between the same two stops. Only
-  a data race (which the sanitizer reports; sanitized dispatches never run this way) or an
-  atomic could tell: a kernel with atomics (or ``os_log``) does not run lanes at once.
+* The order of two threads' effects between the same two stops. Only a data race (which
+  the sanitizer reports; sanitized dispatches never run this way) or an atomic could tell:
+  a kernel with atomics (or ``os_log``) does not run lanes at once.
 * A fault: each thread's first fault stops that thread and is raised at the next stop, the
   first in thread order, which is the fault fibers raise. The threads after it have run
   their code up to there, though, so memory may hold their writes.
@@ -43,10 +49,10 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from . import _frontend
-from ._uniformity import UNIFORM_BUILTINS, analyse, node_key
+from ._uniformity import UNIFORM_BUILTINS, decisions, node_key
 
 _ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
 _INC_DEC = _frontend.INC_DEC_OPERATORS
@@ -54,8 +60,13 @@ _LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT")
 # What a kernel (or a function it calls) may not do to run lanes at once: an atomic, whose
 # threads' order the loops change, or a message, whose order they would change too.
 _ORDERED = re.compile(r"\b(?:atomic_\w+|os_log\w*|printf)\s*\(|\.\s*log\w*\s*\(")
+# Where a thread jumps out of a run's code: the end of its loop's iteration (a label
+# threads_loop names).
+_NEXT = "__TSM_NEXT_THREAD__"
+_MAX_DEPTH = 100  # nested structures where threads may part (two codes each, see lanes.h)
 
 W_COLLECTIVE = 1  # regions.h's WaitKind of a SIMD-group function
+Key = Tuple[str, int, int]
 
 
 class Unsupported(Exception):
@@ -67,6 +78,14 @@ class _Demote(Exception):
     def __init__(self, keys: Set[int]) -> None:
         super().__init__()
         self.keys = keys
+
+
+class _Part(Exception):
+    """A structure whose conditions read a thread's own variable: each thread evaluates
+    them, as where the threads' ways may part."""
+    def __init__(self, key: Key) -> None:
+        super().__init__()
+        self.key = key
 
 
 def body(group, types: Dict[int, str]) -> str:
@@ -91,33 +110,44 @@ class _LanesAtOnce:
                 _ORDERED.search(self.masked_text(f)) for f in self.called_functions()):
             raise Unsupported("an atomic or a message, whose order the threads' loops would change")
         stops = {node_key(p.call) for p in g.points}
-        uniformity = analyse(g.body, g.params, g.entry.params, lambda c: node_key(c) in stops,
-                             returns_leave=False)
-        if not uniformity.control:
-            raise Unsupported("not uniform")
+        decided = decisions(g.body, g.params, g.entry.params, lambda c: node_key(c) in stops)
+        self.uniform = decided.uniform
         for c in g.body.walk_preorder():
             if c.kind in (k.GOTO_STMT, k.INDIRECT_GOTO_STMT, k.LABEL_STMT, k.SWITCH_STMT) and \
                     self.encloses_stop(c):
                 raise Unsupported(c.kind.name)
         self.stops = {node_key(p.statement): (number, p) for number, p in enumerate(g.points, start=1)}
-        self.structural: Set[Tuple[str, int, int]] = {node_key(a) for p in g.points for a in p.ancestors}
-        self.jumps: Set[Tuple[str, int, int]] = set()
+        self.structural: Set[Key] = {node_key(a) for p in g.points for a in p.ancestors}
+        # Where threads may part: a structure holding a stop whose conditions may differ
+        # between threads, or a loop one of whose jumps lies where they may.
+        self.parting: Set[Key] = {key for key in self.structural if self.is_control(key) and key not in self.uniform}
+        self.jumps: Set[Key] = set()  # break and continue run once for all threads
+        self.lane_jumps: Dict[Key, Key] = {}  # those each thread takes on its own: -> its loop
         self.mark_jumps(g.body, [])
         self.hoisted = {node_key(s) for s in g.hoisted}
         self.frame_keys = {f.var.canonical.hash: f for f in g.frames}
         self.scalar: Set[int] = {f.var.canonical.hash for f in g.frames
-                                 if f.var.canonical.hash in uniformity.variables and
+                                 if f.var.canonical.hash in decided.variables and
                                  f.var.canonical.hash not in g.pinned}
+        self.blocks = g.hoisted_blocks()
         while True:
+            if any(p.kind != W_COLLECTIVE and any(node_key(a) in self.parting for a in p.ancestors)
+                   for p in g.points):
+                raise Unsupported("a barrier where threads may go different ways")
+            self.depth = self.parting_depths()
             try:
-                self.edits = g.renaming_edits(self.scalar)
-                self.blocks = g.hoisted_blocks()
+                self.edits = g.renaming_edits(self.scalar) + self.leaving_edits()
                 main = self.block(g.body)
                 break
             except _Demote as d:
                 self.scalar -= d.keys
+            except _Part as p:
+                self.parting.add(p.key)
         # (A block of its own: its views of threadgroup arrays take the arrays' names.)
         return "{ " + self.head() + " " + main + " __tsm_lanes.settle(); }"
+
+    def is_control(self, key: Key) -> bool:
+        return key[0] in ("IF_STMT",) + _LOOPS
 
     def masked_text(self, cursor) -> str:
         start, end = self.g.span(cursor)
@@ -148,8 +178,10 @@ class _LanesAtOnce:
         return any(a <= self.g.span(p.call)[0] < b for p in self.g.points)
 
     def mark_jumps(self, node, ancestors: List[object]) -> None:
-        """``break`` and ``continue`` of loops that hold a stop: they and what is between them
-        and their loop are structural (they run once, for every thread alike)."""
+        """``break`` and ``continue`` of loops that hold a stop. Where every thread takes them
+        alike (the loop and what lies between decide uniformly) they and what is between
+        them and their loop are structural, run once; elsewhere each thread takes its own,
+        and its loop is where threads part."""
         k = self.k
         for c in node.get_children():
             if c.kind in (k.LAMBDA_EXPR, k.STRUCT_DECL, k.CLASS_DECL):
@@ -162,10 +194,57 @@ class _LanesAtOnce:
                         if node_key(target) in self.structural:
                             if target.kind == k.SWITCH_STMT:
                                 raise Unsupported("a switch around a stop")
-                            self.jumps.add(node_key(c))
-                            self.structural.update(node_key(a) for a in path[i + 1:])
+                            between = [a for a in path[i + 1:] if self.is_control(node_key(a))]
+                            if node_key(target) in self.uniform and all(node_key(a) in self.uniform for a in between):
+                                self.jumps.add(node_key(c))
+                                self.structural.update(node_key(a) for a in path[i + 1:])
+                            else:
+                                self.lane_jumps[node_key(c)] = node_key(target)
+                                self.parting.add(node_key(target))
                         break
             self.mark_jumps(c, ancestors + [node])
+
+    def parting_depths(self) -> Dict[Key, int]:
+        """Each structure where threads may part: how many such structures enclose it, itself
+        included (its codes in a thread's state, lanes.h)."""
+        depth: Dict[Key, int] = {}
+
+        def walk(node, level: int) -> None:
+            for c in node.get_children():
+                key = node_key(c)
+                inner = level
+                if key in self.parting:
+                    inner = level + 1
+                    if inner > _MAX_DEPTH:
+                        raise Unsupported("structures where threads may part nested too deep")
+                    depth[key] = inner
+                walk(c, inner)
+
+        walk(self.g.body, 0)
+        return depth
+
+    def leaving_edits(self) -> List[tuple]:
+        """A thread's ``return``, and its own ``break`` or ``continue`` of a loop where threads
+        part: it stops running the run's code (goto the end of its iteration of the run's
+        loop) and waits (lanes.h: returned; at the loop's end; at its next iteration)."""
+        g = self.g
+        k = self.k
+        out = []
+        for c in g.body.walk_preorder():
+            key = node_key(c)
+            if c.kind == k.RETURN_STMT:
+                if list(c.get_children()):
+                    raise Unsupported("a return with a value")
+                code = "::tsm_emu::Lanes::kReturned"
+            elif key in self.lane_jumps:
+                loop = self.depth[self.lane_jumps[key]]
+                code = str(_leave_code(loop) if c.kind == k.BREAK_STMT else _next_code(loop))
+            else:
+                continue
+            start = g.span(c)[0]
+            out.append((start, g.statement_end(c),
+                        f"{{ __tsm_state[__tsm_t] = {code}; goto {_NEXT}; }}", (0, 0)))
+        return out
 
     def edited(self, start: int, end: int) -> str:
         return self.g.apply(self.edits, self.blocks, start, end).replace("\n", " ")
@@ -178,7 +257,7 @@ class _LanesAtOnce:
 
     def sequence(self, statements: List[object]) -> str:
         out: List[str] = []
-        run: List[Tuple[str, object]] = []  # ("statement" | "post" | "replay", statement)
+        run: List[Tuple[str, object]] = []  # see threads_loop
 
         def flush() -> None:
             if run:
@@ -229,13 +308,13 @@ class _LanesAtOnce:
             if scalar and len(scalar) != len(declared):
                 raise _Demote(set(scalar))  # (one declaration declares them all, per thread)
             if scalar:
-                self.check_scalar(s)
+                if not self.scalar_only(s):
+                    raise _Demote(set(scalar))
                 return "scalar"
         assigned = self.assigned(s) & self.scalar
         if assigned:
-            if not self.assigns_only(s, assigned):
+            if not self.assigns_only(s, assigned) or not self.scalar_only(s):
                 raise _Demote(assigned)
-            self.check_scalar(s)
             return "scalar"
         return "per thread"
 
@@ -270,25 +349,31 @@ class _LanesAtOnce:
             return True
         return False
 
-    def check_scalar(self, node) -> None:
-        """What runs once for the threadgroup reads no thread's own value."""
+    def scalar_only(self, node) -> bool:
+        """Whether what would run once for the threadgroup (a condition, a loop's
+        initialisation or increment, a statement assigning scalar variables) reads and
+        declares only what is the same in every thread."""
         k = self.k
         g = self.g
+        if node.kind == k.DECL_STMT and any(
+                v.kind == k.VAR_DECL and v.canonical.hash not in self.scalar for v in node.get_children()):
+            return False
         for c in node.walk_preorder():
             if c.kind != k.DECL_REF_EXPR or c.referenced is None:
                 continue
             target = c.referenced
             key = target.canonical.hash
             if key in self.frame_keys and key not in self.scalar:
-                raise Unsupported(f"a condition or scalar statement reads {target.spelling}, a thread's own")
+                return False
             if target.kind == k.PARM_DECL:
                 for param, builtin, modified in g.thread_params:
                     if param.canonical.hash == key and (
                             modified or builtin is None or key in g.pinned or
                             g.entry.params[g.params.index(param)].builtin not in UNIFORM_BUILTINS):
-                        raise Unsupported(f"a condition or scalar statement reads {target.spelling}, a thread's own")
+                        return False
             elif target.kind == k.VAR_DECL and key not in self.frame_keys and not self.shared(target):
-                raise Unsupported(f"a condition or scalar statement reads {target.spelling}, a thread's own")
+                return False
+        return True
 
     def shared(self, var) -> bool:
         """A variable one for the threadgroup: hoisted (static, constexpr, threadgroup, a
@@ -302,54 +387,141 @@ class _LanesAtOnce:
         return self.edited(self.g.span(s)[0], self.g.statement_end(s))
 
     def structure(self, s) -> str:
-        """A structural statement: its conditions once, its parts in turn."""
+        """A structural statement: its conditions once, its parts in turn; or, where threads
+        may part, for each thread (parted)."""
         k = self.k
         g = self.g
         kids = list(s.get_children())
         if s.kind == k.COMPOUND_STMT:
             return self.block(s)
+        if s.kind in (k.IF_STMT, k.FOR_STMT, k.WHILE_STMT) and any(c.kind == k.VAR_DECL for c in kids):
+            raise Unsupported("a condition with a declaration")
+        if s.kind == k.IF_STMT and any(c.kind == k.DECL_STMT for c in kids):
+            raise Unsupported("if with an initialiser")
+        if s.kind not in (k.IF_STMT,) + tuple(getattr(k, name) for name in _LOOPS):
+            raise Unsupported(s.kind.name)
+        if node_key(s) in self.parting:
+            return self.parted(s)
+        # Conditions the same in every thread, but reading a thread's own variable (one
+        # per-thread code assigns too): each thread evaluates them.
+        header = [kids[0]] if s.kind == k.IF_STMT else kids[1:] if s.kind == k.DO_STMT else kids[:-1]
+        if not all(self.scalar_only(part) for part in header):
+            raise _Part(node_key(s))
         if s.kind == k.IF_STMT:
-            if any(c.kind in (k.VAR_DECL, k.DECL_STMT) for c in kids):
-                raise Unsupported("if with a declaration")
-            self.check_scalar(kids[0])
             text = f"if ({self.edited(*g.span(kids[0]))}) {self.block(kids[1])}"
             return text + (f" else {self.block(kids[2])}" if len(kids) > 2 else "")
-        if s.kind in (k.FOR_STMT, k.WHILE_STMT):
-            if any(c.kind == k.VAR_DECL for c in kids):
-                raise Unsupported("a loop condition with a declaration")
-            for init in kids[:-1]:
-                for var in init.get_children() if init.kind == k.DECL_STMT else ():
-                    if var.kind == k.VAR_DECL and var.canonical.hash not in self.scalar:
-                        raise Unsupported(f"a loop around a stop declares {var.spelling}, a thread's own")
-            body = kids[-1]
-            for part in kids[:-1]:
-                self.check_scalar(part)
-            start, body_start = g.span(s)[0], g.span(body)[0]
-            return self.edited(start, body_start) + " " + self.block(body)
         if s.kind == k.DO_STMT:
             body = kids[0]
-            for part in kids[1:]:
-                self.check_scalar(part)
             return "do " + self.block(body) + " " + self.edited(g.span(body)[1], g.statement_end(s))
-        raise Unsupported(s.kind.name)
+        body = kids[-1]
+        start, body_start = g.span(s)[0], g.span(body)[0]
+        return self.edited(start, body_start) + " " + self.block(body)
+
+
+    def parted(self, s) -> str:
+        """A structure where threads may part. Each thread evaluates its conditions; one that
+        goes elsewhere waits at a code of this nesting level (lanes.h) until the structure
+        ends, as the others run on: an if's branches in turn; a loop's body while a thread is
+        in it."""
+        k = self.k
+        kids = list(s.get_children())
+        level = self.depth[node_key(s)]
+        leave, again = _leave_code(level), _next_code(level)
+        if s.kind == k.IF_STMT:
+            out = [self.threads_loop([("test", kids[0], leave)]),
+                   f"if (__tsm_lanes.any_running()) {self.block(kids[1])}"]
+            if len(kids) > 2:
+                out.append(f"__tsm_lanes.flip({leave}); if (__tsm_lanes.any_running()) {self.block(kids[2])}")
+            out.append(f"__tsm_lanes.unpark({leave});")
+            return "{ " + " ".join(out) + " }"
+        if s.kind == k.DO_STMT:
+            body, condition = kids[0], kids[1]
+            return ("{ while (true) { " + self.block(body) + f" __tsm_lanes.unpark({again}); " +
+                    self.threads_loop([("test", condition, leave)]) +
+                    f" if (!__tsm_lanes.any_running()) break; }} __tsm_lanes.unpark({leave}); }}")
+        init, condition, step = self.header(s)
+        if init is not None and init[1].kind == k.DECL_STMT:
+            declared = {c.canonical.hash for c in init[1].get_children() if c.kind == k.VAR_DECL}
+            if declared & self.scalar:  # (each thread runs the initialisation: its own copy)
+                raise _Demote(declared & self.scalar)
+        body = kids[-1]
+        out = ["{"]
+        if init is not None:
+            out.append(self.threads_loop([init]))
+        out.append("while (true) {")
+        if condition is not None:
+            out.append(self.threads_loop([("test", condition, leave)]))
+        out.append("if (!__tsm_lanes.any_running()) break;")
+        out.append(self.block(body))
+        out.append(f"__tsm_lanes.unpark({again});")
+        if step is not None:
+            out.append(self.threads_loop([step]))
+        out.append(f"}} __tsm_lanes.unpark({leave}); }}")
+        return " ".join(out)
+
+    def header(self, s) -> Tuple[Optional[tuple], Optional[object], Optional[tuple]]:
+        """A loop's initialisation (a run item), condition and increment (a run item), each
+        None where it has none."""
+        k = self.k
+        g = self.g
+        kids = list(s.get_children())
+        if s.kind == k.WHILE_STMT:
+            return None, kids[0], None
+        # A for's parts, from its text: clang's children do not say which of them are there.
+        start, end = g.span(s)
+        open_paren = g.masked.index("(", start)
+        close = _match(g.masked, open_paren)
+        semicolons, depth = [], 0
+        for i in range(open_paren + 1, close):
+            ch = g.masked[i]
+            depth += ch in "([{"
+            depth -= ch in ")]}"
+            if ch == ";" and depth == 0:
+                semicolons.append(i)
+        if len(semicolons) != 2:
+            raise Unsupported("a for header")
+        spans = [(open_paren + 1, semicolons[0] + 1), (semicolons[0] + 1, semicolons[1]), (semicolons[1] + 1, close)]
+        parts: List[Optional[object]] = [None, None, None]
+        for c in kids[:-1]:
+            at = g.span(c)[0]
+            for i, (a, b) in enumerate(spans):
+                if a <= at < b:
+                    parts[i] = c
+        init, condition, step = parts
+        return (("statement", init) if init is not None else None, condition,
+                ("expression", step) if step is not None else None)
 
     # ---- a loop over the threads -----------------------------------------------------------------
-    def threads_loop(self, run: List[Tuple[str, object]]) -> str:
+    def threads_loop(self, run: List[tuple]) -> str:
+        """One loop over the threads running here (state 0, lanes.h), each running the run's
+        items in turn: ("statement", s); ("expression", e), e as a statement; ("test", c,
+        code): the thread waits at ``code`` unless condition c holds; ("post", s) and
+        ("replay", s): s's SIMD-group function handing over the thread's value, s replaying it."""
         g = self.g
         k = self.k
         pieces: List[str] = []
         spans: List[Tuple[int, int]] = []
-        returns = 0  # the run's return statements
+        leaving = 0  # the run's returns and its threads' own jumps (leaving_edits)
         declared_only: List[str] = []  # the types of variables declared without a value ("": others)
-        for what, s in run:
-            start, end = g.span(s)[0], g.statement_end(s)
+        for item in run:
+            what, s = item[0], item[1]
             if what == "post":
                 call = self.stops[node_key(s)][1].call
                 text = g.call_text(call, self.edits)
                 pieces.append(f"__tsm_g.set_mode(::tsm_emu::kPosting); (void)({text}); "
                               f"__tsm_g.set_mode(::tsm_emu::kOrdinary);")
                 spans.append(g.span(call))
+                declared_only.append("")
                 continue
+            if what in ("test", "expression"):
+                start, end = g.span(s)
+                text = self.edited(start, end)
+                text = f"if (!({text})) __tsm_state[__tsm_t] = {item[2]};" if what == "test" else f"{text};"
+                pieces.append(text)
+                spans.append((start, end))
+                declared_only.append("")
+                continue
+            start, end = g.span(s)[0], g.statement_end(s)
             text = self.edited(start, end)
             variables = [c for c in s.get_children() if c.kind == k.VAR_DECL] if s.kind == k.DECL_STMT else []
             frames = [g.frame_of[v.canonical.hash] for v in variables if v.canonical.hash in g.frame_of]
@@ -368,22 +540,20 @@ class _LanesAtOnce:
                 text = f"__tsm_g.set_mode(::tsm_emu::kReplaying); {text}"
             pieces.append(text)
             spans.append((start, end))
-            returns += sum(c.kind == k.RETURN_STMT for c in s.walk_preorder())
+            leaving += sum(c.kind == k.RETURN_STMT or node_key(c) in self.lane_jumps for c in s.walk_preorder())
         self.check_locals(run, spans)
-        collective = any(what != "statement" for what, _ in run)
+        collective = any(item[0] in ("post", "replay") for item in run)
         label = f"__tsm_next{next(self.labels)}"
         body = " ".join(pieces)
-        if returns:
-            body, replaced = re.subn(r"\breturn\s*;",
-                                     f"{{ __tsm_gone[__tsm_t] = ::tsm_emu::Lanes::kReturned; goto {label}; }}", body)
-            if replaced != returns:
-                raise Unsupported("a return the translation does not read")
-        loop = (f"for (unsigned __tsm_t = 0; __tsm_t < __tsm_n; ++__tsm_t) {{ if (__tsm_gone[__tsm_t]) continue; "
+        if body.count(_NEXT) != leaving:
+            raise Unsupported("a return, break or continue the translation does not read")
+        body = body.replace(_NEXT, label)
+        loop = (f"for (unsigned __tsm_t = 0; __tsm_t < __tsm_n; ++__tsm_t) {{ if (__tsm_state[__tsm_t]) continue; "
                 f"__tsm_g.enter(__tsm_t, false); try {{ {self.bindings(spans, collective)} {{ {body} }} }} "
                 f"catch (...) {{ __tsm_lanes.fault(__tsm_t); }} {label}:; }}")
-        if returns:
+        if any(c.kind == k.RETURN_STMT for item in run for c in item[1].walk_preorder()):
             loop += " if (__tsm_lanes.all_gone()) { __tsm_lanes.settle(); return; }"
-        if declared_only and all(declared_only):
+        if all(declared_only):
             # A loop that only declares variables without a value, of types whose default
             # construction does nothing, does nothing (matmul_shuffle's `Acc4 ar;` at each of its
             # broadcasts).
@@ -402,8 +572,8 @@ class _LanesAtOnce:
         no statement after the loop may read it."""
         g = self.g
         k = self.k
-        declared = {c.canonical.hash for what, s in run if s.kind == k.DECL_STMT and what != "post"
-                    for c in s.get_children() if c.kind == k.VAR_DECL and c.canonical.hash not in g.frame_of}
+        declared = {c.canonical.hash for item in run if item[1].kind == k.DECL_STMT and item[0] != "post"
+                    for c in item[1].get_children() if c.kind == k.VAR_DECL and c.canonical.hash not in g.frame_of}
         if not declared:
             return
         for ref, _ in g.refs:
@@ -449,7 +619,7 @@ class _LanesAtOnce:
     def head(self) -> str:
         g = self.g
         out = ["::tsm_emu::Lanes __tsm_lanes(__tsm_g, __tsm_sites, __tsm_kinds);",
-               "::uint8_t* const __tsm_gone = __tsm_lanes.gone; const unsigned __tsm_n = __tsm_g.n;"]
+               "::uint8_t* const __tsm_state = __tsm_lanes.state; const unsigned __tsm_n = __tsm_g.n;"]
         for i, (name, array) in enumerate(g.shared_vars):
             out.append(f"auto {name} = __tsm_h{i};" if array else f"auto& {name} = __tsm_h{i};")
         for f in g.frames:
@@ -457,6 +627,27 @@ class _LanesAtOnce:
                 out.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_lb{f.index}; "
                            f"::tsm_emu::Slots<{self.types[f.index]}> __tsm_l{f.index}(__tsm_lb{f.index}, __tsm_g.n);")
         return " ".join(out)
+
+
+def _leave_code(level: int) -> int:
+    """A thread's state while it waits for the end of a structure at nesting ``level``: the
+    branch it did not take, the loop it left."""
+    return 2 * level - 1
+
+
+def _next_code(level: int) -> int:
+    """A thread's state while it waits for a loop's next iteration (`continue`)."""
+    return 2 * level
+
+
+def _match(text: str, open_paren: int) -> int:
+    depth = 0
+    for i in range(open_paren, len(text)):
+        depth += text[i] == "("
+        depth -= text[i] == ")"
+        if depth == 0:
+            return i
+    raise Unsupported("unbalanced parentheses")
 
 
 def _in_library(cursor) -> bool:

@@ -53,9 +53,10 @@ a constant when all threads resume at one, and the compiler keeps only that stop
   (``Slots<T, true>``), which the lambda after the body (``commit``) carries from one
   round to the next.
 
-* A uniform kernel with SIMD-group functions gets a second body in its group function, for
-  plain dispatches: its threadgroup lanes at once (_lanes), the control flow around its
-  stops once for all threads and the code between them as loops over the threads.
+* A kernel with SIMD-group functions gets a second body in its group function, for plain
+  dispatches: its threadgroup lanes at once (_lanes), the control flow around its stops
+  once for all threads (each thread evaluating the conditions that may differ) and the code
+  between them as loops over the threads.
 
 Whatever does not qualify runs as fibers, as before; so does every kernel when
 ``TSM_EMU_REGIONS=0``.

@@ -73,10 +73,8 @@ class _Kernel:
     """``builtins``: the built-ins whose values count (all of them, when None: a kernel's
     values that do not come from memory, _bounds_probe)."""
     def __init__(self, body, params: Sequence[object], entries: Sequence[_rewrite.Param],
-                 is_stop: Callable[[object], bool], builtins: Optional[FrozenSet[str]] = UNIFORM_BUILTINS,
-                 returns_leave: bool = True) -> None:
+                 is_stop: Callable[[object], bool], builtins: Optional[FrozenSet[str]] = UNIFORM_BUILTINS) -> None:
         self.cindex = _frontend._cindex()
-        self.returns_leave = returns_leave
         self.lib = self.cindex.conf.lib
         self.body = body
         self.is_stop = is_stop
@@ -99,6 +97,9 @@ class _Kernel:
         self.controls: List[tuple] = []  # (control node, its conditions, ancestors)
         self.collect(body, [])
         self.decided = {node_key(c): conds for c, conds, _ in self.controls}
+        # Per loop, the control structures between each of its jumps and it (see parted).
+        self.jumps: Dict[Tuple[str, int, int], List[List[object]]] = {}
+        self.collect_jumps(body, [])
         self.uniform: Set[int] = {v for v, a in self.assignments.items() if a is not None}
 
     # ---- the walk: assignments and control structures ----------------------------------------
@@ -126,6 +127,21 @@ class _Kernel:
             self.controls.append((node, self.conditions(node, kids), list(ancestors)))
         for c in kids:
             self.collect(c, ancestors + [node])
+
+    def collect_jumps(self, node, ancestors: List[object]) -> None:
+        for c in node.get_children():
+            kind = c.kind.name
+            if kind in ("LAMBDA_EXPR", "STRUCT_DECL", "CLASS_DECL"):
+                continue
+            if kind in ("BREAK_STMT", "CONTINUE_STMT"):
+                for i in range(len(ancestors), -1, -1):
+                    target = (ancestors + [node])[i]
+                    if target.kind.name in _LOOPS or (kind == "BREAK_STMT" and target.kind.name == "SWITCH_STMT"):
+                        if target.kind.name in _LOOPS:
+                            path = [a for a in (ancestors + [node])[i + 1:] if node_key(a) in self.decided]
+                            self.jumps.setdefault(node_key(target), []).append(path)
+                        break
+            self.collect_jumps(c, ancestors + [node])
 
     def conditions(self, node, kids: List[object]) -> List[object]:
         """The expressions that decide which of a control structure's parts run. (A for's
@@ -304,7 +320,20 @@ class _Kernel:
                 continue  # (a loop's condition runs as often as the loop: not exempt)
             if not all(self.condition(c) for c in conds):
                 return False
+            if self.parted(outer):
+                return False
         return True
+
+    def parted(self, loop) -> bool:
+        """Whether a `break` or `continue` of ``loop`` lies under a condition that is not
+        uniform: then the threads' iterations part too (what follows it in the body runs in
+        some threads only). (A kernel with one is not uniform: ``leaves``; this matters to
+        ``decisions``, where threads may part.)"""
+        jumps = self.jumps.get(node_key(loop))
+        if not jumps:
+            return False
+        return any(not all(self.condition(c) for control in path for c in self.decided[node_key(control)])
+                   for path in jumps)
 
     def condition(self, node) -> bool:
         if node.kind.name == "DECL_STMT":
@@ -348,8 +377,7 @@ class _Kernel:
         def walk(node, loops: int, switches: int) -> bool:
             for c in node.get_children():
                 kind = c.kind.name
-                if self.is_stop(c) or kind in ("GOTO_STMT", "INDIRECT_GOTO_STMT") or (
-                        kind == "RETURN_STMT" and self.returns_leave):
+                if self.is_stop(c) or kind in ("RETURN_STMT", "GOTO_STMT", "INDIRECT_GOTO_STMT"):
                     return True
                 if kind == "BREAK_STMT" and loops + switches == 0:
                     return True
@@ -454,18 +482,39 @@ class Uniformity:
 
 
 def analyse(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
-            is_stop: Callable[[object], bool], returns_leave: bool = True) -> Uniformity:
+            is_stop: Callable[[object], bool]) -> Uniformity:
     """The kernel's uniformity (see the module's docstring). ``body``: the kernel's
     COMPOUND_STMT; ``params``: its PARM_DECLs, ``entries`` what the binding says of each;
     ``is_stop(cursor)``: whether a cursor is one of its barriers or SIMD-group function
-    calls. ``returns_leave=False``: the threads still running take the same way, a thread
-    that returns early being gone rather than elsewhere (_lanes: a returned thread is
-    inactive at the SIMD-group functions after, as a fiber that returned)."""
-    kernel = _Kernel(body, params, entries, is_stop, returns_leave=returns_leave)
+    calls."""
+    kernel = _Kernel(body, params, entries, is_stop)
     if not kernel.uniform_control():
         return Uniformity(False, frozenset())
     own = {c.canonical.hash for c in body.walk_preorder() if c.kind.name == "VAR_DECL"}
     return Uniformity(True, frozenset(kernel.uniform & own))
+
+
+@dataclass(frozen=True)
+class Decisions:
+    """Where a kernel's threads may part (_lanes). ``variables``: its own variables with one
+    value in every thread that runs the code assigning them (a thread that returned early
+    is gone, not elsewhere); ``uniform``: the control structures (node_key) whose
+    conditions have one value in all threads, loops with no `break` or `continue` under a
+    condition that has not (the others may send threads different ways)."""
+    variables: FrozenSet[int]
+    uniform: FrozenSet[Tuple[str, int, int]]
+
+
+def decisions(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
+              is_stop: Callable[[object], bool]) -> Decisions:
+    """The kernel's ``Decisions``, whether or not its control is uniform (``analyse``)."""
+    kernel = _Kernel(body, params, entries, is_stop)
+    kernel.solve()
+    own = {c.canonical.hash for c in body.walk_preorder() if c.kind.name == "VAR_DECL"}
+    uniform = {node_key(c) for c, conds, _ in kernel.controls
+               if all(kernel.condition(x) for x in conds) and not
+               (c.kind.name in _LOOPS and kernel.parted(c))}
+    return Decisions(frozenset(kernel.uniform & own), frozenset(uniform))
 
 
 def only_constructs(call) -> bool:

@@ -1248,9 +1248,10 @@ Released release_in_place(Group& g) {
 // A fault caught in kernel code (lanes.h): the runtime code it was raised in is left.
 void caught_in_kernel_code() { t_runtime_depth = 0; }
 
-// Lanes at once (lanes.h): every thread not gone handed its value to one SIMD-group function.
-void release_lanes(Group& g, const uint8_t* gone) {
-  meet_in_place(g, [&](uint32_t t) { return !gone[t]; });
+// Lanes at once (lanes.h): every thread running (state 0) handed its value to one SIMD-group
+// function.
+void release_lanes(Group& g, const uint8_t* state) {
+  meet_in_place(g, [&](uint32_t t) { return state[t] == 0; });
 }
 
 // The fiber scheduler's resolve_threadgroup_barrier, for threads that ran as a loop: the

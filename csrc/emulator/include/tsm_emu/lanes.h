@@ -1,6 +1,7 @@
-// Lanes at once: a uniform barrier-region kernel's threadgroup run statement by statement,
-// the code between two stops a loop over the threads (the translation is
-// torch_sparse_metal/metal/_lanes.py, which says when this is exact and what differs).
+// Lanes at once: a barrier-region kernel's threadgroup run statement by statement, the code
+// between two stops a loop over the threads, as a GPU runs a SIMD-group's lanes (the
+// translation is torch_sparse_metal/metal/_lanes.py, which says when this is exact and what
+// differs).
 //
 // Barrier regions (regions.h) run each thread from where it waits to its next stop before
 // the next thread: a thread's resumption (its variables out of their slots and back, its
@@ -20,9 +21,9 @@
 
 namespace tsm_emu {
 
-// (runtime.cpp) Every thread not gone handed its value to one SIMD-group function: each
-// SIMD-group's lanes meet there, as release_in_place releases them.
-void release_lanes(Group& g, const uint8_t* gone);
+// (runtime.cpp) Every thread running (state 0, see Lanes) handed its value to one SIMD-group
+// function: each SIMD-group's lanes meet there, as release_in_place releases them.
+void release_lanes(Group& g, const uint8_t* state);
 // (runtime.cpp) A fault was caught in kernel code: the runtime code it was raised in is left.
 void caught_in_kernel_code();
 
@@ -40,21 +41,24 @@ constexpr bool trivially_declared = (std::is_trivially_default_constructible<std
 
 class Lanes {
  public:
-  // Per thread: running, returned (inactive at the SIMD-group functions after, as a fiber
-  // that returned), or stopped by a fault (raised at the next stop).
-  enum : uint8_t { kRunning = 0, kReturned = 1, kFaulted = 2 };
+  // Per thread: running the code at hand (0); waiting where its way parted from it, at a
+  // code of the translation's (the end of a branch it did not take or of a loop it left:
+  // 2 level - 1; a loop's next iteration: 2 level, level the nesting of such structures);
+  // returned (inactive at the SIMD-group functions after, as a fiber that returned); or
+  // stopped by a fault (raised at the next stop).
+  enum : uint8_t { kRunning = 0, kReturned = 254, kFaulted = 255 };
 
   Lanes(Group& g, const uint32_t* sites, const uint8_t* kinds) : g_(g) {
     static thread_local SlotBuffer buffer;
-    gone = static_cast<uint8_t*>(buffer.reserve(g.n ? g.n : 1));
-    std::fill(gone, gone + g.n, uint8_t(kRunning));
+    state = static_cast<uint8_t*>(buffer.reserve(g.n ? g.n : 1));
+    std::fill(state, state + g.n, uint8_t(kRunning));
     g.sites = sites;
     g.kinds = kinds;
   }
   Lanes(const Lanes&) = delete;
   Lanes& operator=(const Lanes&) = delete;
 
-  uint8_t* gone;
+  uint8_t* state;
 
   // Thread t faulted (called from the catch of its loop): it runs no further. Fibers run
   // each thread to its next stop before the next thread, so the fault they raise is the
@@ -62,7 +66,7 @@ class Lanes {
   // code up to its first fault is the same either way, so that fault is raised there.
   void fault(uint32_t t) {
     caught_in_kernel_code();
-    gone[t] = kFaulted;
+    state[t] = kFaulted;
     if (t < fault_thread_) {
       fault_thread_ = t;
       fault_ = std::current_exception();
@@ -75,26 +79,42 @@ class Lanes {
   }
   bool all_gone() const {
     for (uint32_t t = 0, n = g_.n; t < n; ++t)
-      if (!gone[t]) return false;
+      if (state[t] < kReturned) return false;
     return true;
+  }
+  // Whether a thread runs the code at hand (a branch, a loop's next iteration).
+  bool any_running() const {
+    unsigned running = 0;
+    for (uint32_t t = 0, n = g_.n; t < n; ++t) running |= state[t] == kRunning;
+    return running != 0;
+  }
+  // The threads waiting at `code` run on (the end of the structure, the loop's next iteration).
+  void unpark(uint8_t code) {
+    for (uint32_t t = 0, n = g_.n; t < n; ++t)
+      if (state[t] == code) state[t] = kRunning;
+  }
+  // An if's else: the threads that ran its first branch wait at `code`, those that waited run.
+  void flip(uint8_t code) {
+    for (uint32_t t = 0, n = g_.n; t < n; ++t)
+      state[t] = state[t] == kRunning ? code : state[t] == code ? uint8_t(kRunning) : state[t];
   }
   // Before a SIMD-group function's lanes read what they handed over.
   void release() {
     settle();
-    release_lanes(g_, gone);
+    release_lanes(g_, state);
   }
-  // A threadgroup or simdgroup barrier, stop k of the translation: every thread still
-  // running waits there. One that returned is what fibers check (resolve_regions: a
-  // divergence, unless TSM_EMU_EXITED_THREADS_ARRIVE).
+  // A threadgroup or simdgroup barrier, stop k of the translation, where every thread goes
+  // alike: every thread still running waits there. One that returned is what fibers check
+  // (resolve_regions: a divergence, unless TSM_EMU_EXITED_THREADS_ARRIVE).
   void barrier(int k) {
     settle();
     const uint32_t n = g_.n;
     bool returned = false;
-    for (uint32_t t = 0; t < n; ++t) returned |= gone[t] != kRunning;
+    for (uint32_t t = 0; t < n; ++t) returned |= state[t] != kRunning;
     if (!returned) return;
     g_.uniform_round = false;
     for (uint32_t t = 0; t < n; ++t) {
-      g_.at[t] = gone[t] != kRunning ? -1 : k;
+      g_.at[t] = state[t] != kRunning ? -1 : k;
       g_.iteration[t] = 0;
       g_.flags[t] = 0;
       g_.path_len[t] = 0;
