@@ -367,11 +367,13 @@ def test_threads_parting_around_simd_group_functions_agree_with_rounds_and_fiber
 
 
 EDGES = HEADER + r"""
-// An atomic: the order in which the threads' loops would run it is not the fibers'.
-kernel void with_atomic(device atomic_uint* counter [[buffer(0)]], device float* out [[buffer(1)]],
-                        uint gid [[thread_position_in_grid]]) {
-  const uint slot = atomic_fetch_add_explicit(counter, 1u, memory_order_relaxed);
-  out[gid] = simd_sum(float(slot));
+// A message: the threads' loops would log them in another order.
+kernel void with_message(device float* out [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+  const float s = simd_sum(float(gid));
+  if (gid == 0) {
+    os_log_default.log("sum %f", s);
+  }
+  out[gid] = s;
 }
 
 // A barrier only some SIMD-groups reach.
@@ -452,9 +454,9 @@ def test_what_cannot_run_lanes_at_once_keeps_the_rounds_and_says_why_and_edges_t
     # thread's own, and a condition reading it is evaluated by each thread, as where their
     # ways may part.
     assert cxx.lanes == {"counter_set_per_thread", "loop_declares_own", "condition_reads_own"}
-    assert cxx.grouped >= {"with_atomic", "barrier_apart", "local_after_scalar", "barriers_only"}
+    assert cxx.grouped >= {"with_message", "barrier_apart", "local_after_scalar", "barriers_only"}
     assert not_lanes(cxx) == {
-        "with_atomic": "an atomic or a message, whose order the threads' loops would change",
+        "with_message": "a message, whose order the threads' loops would change",
         "barrier_apart": "a barrier where threads may go different ways",
         "local_after_scalar": "s is read beyond the statements around it",
         "barriers_only": "no SIMD-group function",
@@ -479,11 +481,46 @@ def test_the_projects_kernels_with_simd_group_functions(tmp_path):
         cxx = _compiler.generated_cxx(path)
         lanes |= cxx.lanes
         reasons.update({k: v for k, v in not_lanes(cxx).items() if v != "no SIMD-group function"})
-    assert lanes == {"matmul_shuffle", "matmul_simdgroup", "cross_entropy_forward"}
-    assert reasons == {
-        "adamw_step": "an atomic or a message, whose order the threads' loops would change",
-        "sparse_linear_backward_batch_lanes": "an atomic or a message, whose order the threads' loops would change",
-    }
+    assert lanes == {"matmul_shuffle", "matmul_simdgroup", "cross_entropy_forward", "adamw_step",
+                     "sparse_linear_backward_batch_lanes"}
+    assert reasons == {}
+
+
+ATOMICS = HEADER + r"""
+// Each thread takes a ticket and adds to a sum, before and after SIMD-group functions, in a
+// branch only some SIMD-groups take: atomics of different threads are unordered, so the
+// tickets may go to other threads than under fibers, but each once, and the sums hold every
+// term.
+kernel void tickets(device atomic_uint* next [[buffer(0)]], device atomic_uint* total [[buffer(1)]],
+                    device atomic_float* sum [[buffer(2)]], device uint* ticket [[buffer(3)]],
+                    device float* out [[buffer(4)]], uint gid [[thread_position_in_grid]],
+                    uint sg [[simdgroup_index_in_threadgroup]]) {
+  ticket[gid] = atomic_fetch_add_explicit(next, 1u, memory_order_relaxed);
+  float v = simd_sum(float(gid % 7));
+  if (sg % 2 == 0) {
+    atomic_fetch_add_explicit(total, gid, memory_order_relaxed);
+    v += simd_max(float(gid));
+  }
+  atomic_fetch_add_explicit(sum, float(gid) * 0.5f, memory_order_relaxed);
+  out[gid] = v;
+}
+"""
+
+
+@pytest.mark.parametrize("threads, group", [(256, 64), (100, 50)])
+def test_atomics_take_a_legal_order(monkeypatch, tmp_path, threads, group):
+    assert generated(ATOMICS, tmp_path).lanes == {"tickets"}
+    outs = []
+    for lib in three_ways(ATOMICS, monkeypatch):
+        next_, total = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
+        sum_, ticket, out = torch.zeros(1), torch.full((threads,), -1, dtype=torch.int32), torch.zeros(threads)
+        lib.tickets(next_, total, sum_, ticket, out, threads=threads, group_size=group)
+        assert sorted(ticket.tolist()) == list(range(threads)) and next_.item() == threads
+        gid = np.arange(threads)
+        assert total.item() == int(gid[(gid % group) // 32 % 2 == 0].sum())
+        np.testing.assert_allclose(sum_.item(), gid.sum() * 0.5, rtol=1e-6)
+        outs.append(out)
+    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
 
 
 # ---- random kernels --------------------------------------------------------------------------------

@@ -37,8 +37,12 @@ second body, used in plain dispatches (sanitized ones keep the regions' rounds):
 What can differ from fibers, which run a thread to its next stop before the next thread:
 
 * The order of two threads' effects between the same two stops. Only a data race (which
-  the sanitizer reports; sanitized dispatches never run this way) or an atomic could tell:
-  a kernel with atomics (or ``os_log``) does not run lanes at once.
+  the sanitizer reports; sanitized dispatches never run this way), an atomic or a message
+  could tell. Atomics of different threads are unordered in Metal (relaxed, the only order
+  it has), so the loops' order is one a GPU may take as well as the fibers' is: a float
+  sum of atomic adds may differ in its last bits, an atomic's old value may go to another
+  thread. A kernel with ``os_log``, whose messages would come in another order, keeps the
+  rounds.
 * A fault: each thread's first fault stops that thread and is raised at the next stop, the
   first in thread order, which is the fault fibers raise. The threads after it have run
   their code up to there, though, so memory may hold their writes.
@@ -57,9 +61,9 @@ from ._uniformity import UNIFORM_BUILTINS, decisions, node_key
 _ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
 _INC_DEC = _frontend.INC_DEC_OPERATORS
 _LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT")
-# What a kernel (or a function it calls) may not do to run lanes at once: an atomic, whose
-# threads' order the loops change, or a message, whose order they would change too.
-_ORDERED = re.compile(r"\b(?:atomic_\w+|os_log\w*|printf)\s*\(|\.\s*log\w*\s*\(")
+# What a kernel (or a function it calls) may not do to run lanes at once: log a message,
+# which the loops over the threads would log in another order.
+_MESSAGE = re.compile(r"\b(?:os_log\w*|printf)\s*\(|\.\s*log\w*\s*\(")
 # Where a thread jumps out of a run's code: the end of its loop's iteration (a label
 # threads_loop names).
 _NEXT = "__TSM_NEXT_THREAD__"
@@ -106,9 +110,9 @@ class _LanesAtOnce:
     def text(self) -> str:
         g = self.g
         k = self.k
-        if _ORDERED.search(self.masked_text(g.kernel)) or any(
-                _ORDERED.search(self.masked_text(f)) for f in self.called_functions()):
-            raise Unsupported("an atomic or a message, whose order the threads' loops would change")
+        if _MESSAGE.search(self.masked_text(g.kernel)) or any(
+                _MESSAGE.search(self.masked_text(f)) for f in self.called_functions()):
+            raise Unsupported("a message, whose order the threads' loops would change")
         stops = {node_key(p.call) for p in g.points}
         decided = decisions(g.body, g.params, g.entry.params, lambda c: node_key(c) in stops)
         self.uniform = decided.uniform
