@@ -45,7 +45,9 @@ What can differ from fibers, which run a thread to its next stop before the next
   rounds.
 * A fault: each thread's first fault stops that thread and is raised at the next stop, the
   first in thread order, which is the fault fibers raise. The threads after it have run
-  their code up to there, though, so memory may hold their writes.
+  their code up to there, though, so memory may hold their writes. Where threads part, a
+  branch runs past its stops before the other starts, so a fault there may be raised where
+  fibers would have raised the other branch's, met in an earlier round.
 
 Whatever does not qualify keeps the regions' rounds; ``TSM_EMU_LANES=0`` turns this off.
 """

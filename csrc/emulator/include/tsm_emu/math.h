@@ -24,6 +24,7 @@
 // subsat, mulhi, madhi, madsat, not abs_diff, add_sat, ...).
 #pragma once
 
+#include "tsm_emu/runtime.h"
 #include "tsm_emu/types.h"
 
 namespace metal {
@@ -444,20 +445,8 @@ TSM_FP2(fmax, h_fmax(x, y), h_fmax(x, y))
 TSM_FP2(divide, x / y, x / y)
 TSM_FP2(step, y < x ? 0.0f : 1.0f, y < x ? 0.0 : 1.0)  // step(edge, x)
 
-// Instrumented builds count explicit multiply-adds for the benchmarks' FMA counter.
-#ifdef __TSM_SANITIZE__
-}  // namespace metal
-namespace tsm_emu {
-void count_fmas(unsigned n);
-// Whether the running dispatch counts (inside metal.record()): the counters of no other are
-// read, and a call per fma was 3% of a sanitized tiled matmul. Set before its workers start.
-extern bool counting_fmas;
-}  // namespace tsm_emu
-namespace metal {
-#define TSM_COUNT_FMA() (::tsm_emu::counting_fmas ? ::tsm_emu::count_fmas(1) : void())
-#else
-#define TSM_COUNT_FMA() ((void)0)
-#endif
+// Instrumented builds count explicit multiply-adds (runtime.h: counted_fmas).
+#define TSM_COUNT_FMA() ::tsm_emu::counted_fmas(1)
 namespace tsm_detail {
 inline float counted_fma(float x, float y, float z) { return TSM_COUNT_FMA(), __builtin_fmaf(x, y, z); }
 inline double counted_fma(double x, double y, double z) { return TSM_COUNT_FMA(), __builtin_fma(x, y, z); }

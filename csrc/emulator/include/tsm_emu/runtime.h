@@ -216,10 +216,14 @@ struct LoopFrame {
 };
 SimdExchange simd_exchange(const void* value, size_t size, uint32_t site);
 [[noreturn]] void collective_outside_stop();  // (runtime.cpp) raises: an emulator bug
+// A SIMD-group function and its exchange go inline into the loops over threads: out of
+// line, a lane's call cost ~90 instructions, most of them passing the exchange around (a
+// half of tsm.mm[shuffle]'s instructions lanes at once; 0.58x of them inline).
+#define TSM_EMU_COLLECTIVE __attribute__((always_inline)) inline
 // A lane of a region-compiled threadgroup at a SIMD-group function: hand over its value
 // (kPosting: the exchange holds just the caller), or read what its SIMD-group's lanes met
 // with (kReplaying).
-inline SimdExchange lane_exchange(const void* value, size_t size, LaneRef ref) {
+TSM_EMU_COLLECTIVE SimdExchange lane_exchange(const void* value, size_t size, LaneRef ref) {
   RegionLanes& l = *ref.lanes;
   const uint32_t t = ref.thread, sg = t / 32, lane = t % 32;
   if (size > kSimdValueBytes) fault("launch", "SIMD-group function on a value wider than 64 bytes");
@@ -239,7 +243,7 @@ inline SimdExchange lane_exchange(const void* value, size_t size, LaneRef ref) {
   out.operands = l.operands[t];
   return out;
 }
-inline SimdExchange simd_exchange(const void* value, size_t size, Site site) {
+TSM_EMU_COLLECTIVE SimdExchange simd_exchange(const void* value, size_t size, Site site) {
   if (site.lanes) return lane_exchange(value, size, LaneRef{site.lanes, site.thread});
   return simd_exchange(value, size, site.value);
 }
@@ -260,8 +264,19 @@ const Bounds* threadgroup_region(int index);
 void inactive_lane_read(uint32_t lane);
 bool inject_spurious_cas_failure();
 // Instrumented (sanitized) dispatches count explicit fused multiply-adds: fma(), mad() and
-// simdgroup_matrix products.
+// simdgroup_matrix products, for the benchmarks' FMA counter. Only the dispatch inside
+// metal.record() counts (counting_fmas, set before its workers start): a call per fma was
+// 3% of a sanitized tiled matmul, and a plain build's, per lane and simdgroup_matrix
+// product, 5% of kmeans_iteration's instructions.
 void count_fmas(unsigned n);
+extern bool counting_fmas;
+inline void counted_fmas(unsigned n) {
+#ifdef __TSM_SANITIZE__
+  if (counting_fmas) count_fmas(n);
+#else
+  (void)n;
+#endif
+}
 
 // ---- argument binding ---------------------------------------------------------------
 template <class T>

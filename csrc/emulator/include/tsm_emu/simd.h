@@ -69,7 +69,7 @@ inline T reduce_all(const tsm_emu::SimdExchange& x, Op op) {
 }
 
 template <class T>
-inline tsm_emu::SimdExchange exchange(const T& v, ::tsm_emu::Site site) {
+TSM_EMU_COLLECTIVE tsm_emu::SimdExchange exchange(const T& v, ::tsm_emu::Site site) {
   static_assert(sizeof(T) <= tsm_emu::kSimdValueBytes, "SIMD-group functions take values of at most 64 bytes");
   return tsm_emu::simd_exchange(&v, sizeof(T), site);
 }
@@ -100,7 +100,7 @@ inline T prefix(const T& v, ::tsm_emu::Site site, bool inclusive, T identity, Op
 // store-to-load forward that fails (the shuffle matmul was 7% slower).
 #define TSM_SIMD_REDUCTION(name, op, base, width)                                \
   template <class T>                                                             \
-  inline T name(const T& v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                        \
+  TSM_EMU_COLLECTIVE T name(const T& v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                        \
     auto x = simd_detail::exchange(v, site_);         \
     if (width == 32) return simd_detail::reduce_all<T>(x, simd_detail::op{});   \
     unsigned b = base;                                                           \
@@ -142,7 +142,7 @@ inline T simd_prefix_exclusive_product(const T& v, ::tsm_emu::Site site_ = TSM_E
 // Shuffles: `src(lane)` names the lane to read; `keep` says the caller keeps its own value.
 #define TSM_SHUFFLE(name, width, src_expr, keep_expr)                            \
   template <class T, class I>                                                    \
-  inline T name(const T& v, I arg, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                      \
+  TSM_EMU_COLLECTIVE T name(const T& v, I arg, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {                      \
     auto x = simd_detail::exchange(v, site_);         \
     const unsigned lane = x.lane, base = lane & ~(width - 1u);                  \
     const unsigned d = tsm_emu::own_operand(x, unsigned(arg), 0);                \
@@ -167,7 +167,7 @@ TSM_SHUFFLE(quad_shuffle_xor, 4u, base + ((lane - base) ^ (d & 3u)), false)
 #undef TSM_SHUFFLE
 
 template <class T>
-inline T simd_broadcast_first(const T& v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
+TSM_EMU_COLLECTIVE T simd_broadcast_first(const T& v, ::tsm_emu::Site site_ = TSM_EMU_SITE_HERE) {
   auto x = simd_detail::exchange(v, site_);
   return simd_detail::read<T>(x, unsigned(__builtin_ctzll(x.active)));
 }

@@ -158,7 +158,7 @@ inline bool multiply_accumulate(const vec<T, 2>& a, const vec<T, 2>& b, const ve
   const Place p = place(x.lane);
   d[0] = D[p.row][p.col];
   d[1] = D[p.row][p.col + 1];
-  tsm_emu::count_fmas(16);  // this lane's share of the 512 of an 8x8x8 product
+  tsm_emu::counted_fmas(16);  // this lane's share of the 512 of an 8x8x8 product
   return true;
 }
 }  // namespace simdgroup_detail

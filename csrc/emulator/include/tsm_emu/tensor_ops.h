@@ -516,7 +516,7 @@ class matmul2d {
                    A(d.transpose_right ? b[p.col][k] : b[k][p.col]));
       destination.elements_[i] = TD(acc);
     }
-    ::tsm_emu::count_fmas(unsigned(DL::capacity) * unsigned(d.k));
+    ::tsm_emu::counted_fmas(unsigned(DL::capacity) * unsigned(d.k));
   }
 
   // Each thread computes the destination elements its share holds, reading the operands where
@@ -576,7 +576,7 @@ class matmul2d {
         ::tsm_emu::stored(destination.at(p.col, p.row)) = std::remove_cv_t<typename D::element_type>(acc);
       ++computed;
     }
-    ::tsm_emu::count_fmas(computed * unsigned(K));
+    ::tsm_emu::counted_fmas(computed * unsigned(K));
   }
 
   static constexpr bool accumulating() { return d.matmul_mode == matmul2d_descriptor::mode::multiply_accumulate; }
