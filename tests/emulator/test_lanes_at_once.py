@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -484,6 +486,20 @@ def test_the_projects_kernels_with_simd_group_functions(tmp_path):
     assert lanes == {"matmul_shuffle", "matmul_simdgroup", "cross_entropy_forward", "adamw_step",
                      "sparse_linear_backward_batch_lanes"}
     assert reasons == {}
+
+
+def test_simd_group_functions_go_inline_into_the_loops_over_threads():
+    """Out of line, each lane's simd_broadcast cost ~90 instructions, half of tsm.mm[shuffle]'s
+    lanes at once; g++ left it out of line in that kernel's large group function."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("needs nm (binutils)")
+    lib = _compiler.compile_file(SHADERS_DIR / "matmul_shuffle.metal")
+    symbols = subprocess.run([nm, "-C", "--defined-only", str(lib.path)], capture_output=True, text=True,
+                             check=True).stdout.splitlines()
+    assert any("matmul_shuffle__tsm_group" in s for s in symbols)  # (nm reads the library's own functions)
+    out_of_line = [s for s in symbols if re.search(r"metal::(simd|quad)_\w+<|lane_exchange|tsm_emu::Site\)", s)]
+    assert out_of_line == []
 
 
 ATOMICS = HEADER + r"""
