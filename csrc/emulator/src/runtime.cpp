@@ -1186,20 +1186,20 @@ bool release_simd_groups(Group& g, const Describe& thread) {
   return released;
 }
 
-// After every SIMD-group's lanes for which meets(t) handed their values to one SIMD-group
-// function: they meet there, their values where they handed them (not the exchange's copy),
-// and the next function's values go to the other buffer (a lane handing over its next value
-// must not overwrite one its SIMD-group's later lanes have yet to read).
-template <class Meets>
-void meet_in_place(Group& g, Meets meets) {
+// After every SIMD-group's lanes in mask_of(first, end) (the mask of threads first..end-1 that
+// handed their values to one SIMD-group function): they meet there, their values where they
+// handed them (not the exchange's copy), and the next function's values go to the other
+// buffer (a lane handing over its next value must not overwrite one its SIMD-group's later
+// lanes have yet to read).
+template <class MaskOf>
+void meet_in_place(Group& g, MaskOf mask_of) {
   Worker* w = t_worker;
   const uint32_t n = g.n;
   for (uint32_t first = 0, sg = 0; first < n; first += kSimdWidth, ++sg) {
     const uint32_t end = std::min(n, first + kSimdWidth);
     Exchange& ex = w->region_exchange[sg];
     ex.begin_fill(w->exchanges);
-    for (uint32_t t = first; t < end; ++t)
-      if (meets(t)) ex.active |= uint64_t(1) << (t - first);
+    ex.active = mask_of(first, end);
     if (!ex.active) continue;
     ex.hand_out(w->met[sg]);
     w->met[sg].values = g.lanes.slots + first;
@@ -1207,6 +1207,16 @@ void meet_in_place(Group& g, Meets meets) {
   using Values = unsigned char(*)[kSimdValueBytes];
   const Values front = reinterpret_cast<Values>(w->slots.data()), back = reinterpret_cast<Values>(w->slots_back.data());
   g.lanes.slots = g.lanes.slots == front ? back : front;
+}
+
+// The mask of threads first..end-1 for which meets(t), in a local: through the exchange,
+// each lane's bit was a load and a store.
+template <class Meets>
+uint64_t lane_mask(uint32_t first, uint32_t end, Meets meets) {
+  uint64_t m = 0;
+  for (uint32_t t = first; t < end; ++t)
+    if (meets(t)) m |= uint64_t(1) << (t - first);
+  return m;
 }
 
 // After a plain round: the case of release_simd_groups that the project's kernels with
@@ -1237,10 +1247,12 @@ Released release_in_place(Group& g) {
       if (at[t] != at[l] || !same_place(g, t, l)) return Released::kNone;
     }
   }
-  meet_in_place(g, [&](uint32_t t) {
-    if (at[t] < 0) return false;
-    if (!one_stop) g.runnable[t] = 1;  // (the next round runs them all, without flags)
-    return true;
+  meet_in_place(g, [&](uint32_t first, uint32_t end) {
+    return lane_mask(first, end, [&](uint32_t t) {
+      if (at[t] < 0) return false;
+      if (!one_stop) g.runnable[t] = 1;  // (the next round runs them all, without flags)
+      return true;
+    });
   });
   return one_stop ? Released::kAll : Released::kSome;
 }
@@ -1251,7 +1263,15 @@ void caught_in_kernel_code() { t_runtime_depth = 0; }
 // Lanes at once (lanes.h): every thread running (state 0) handed its value to one SIMD-group
 // function.
 void release_lanes(Group& g, const uint8_t* state) {
-  meet_in_place(g, [&](uint32_t t) { return state[t] == 0; });
+  meet_in_place(g, [&](uint32_t first, uint32_t end) {
+    if (end - first == kSimdWidth) {  // all 32 running, as nearly always: four loads
+      uint64_t words[kSimdWidth / 8], any = 0;
+      std::memcpy(words, state + first, sizeof words);
+      for (uint64_t word : words) any |= word;
+      if (any == 0) return (uint64_t(1) << kSimdWidth) - 1;
+    }
+    return lane_mask(first, end, [&](uint32_t t) { return state[t] == 0; });
+  });
 }
 
 // The fiber scheduler's resolve_threadgroup_barrier, for threads that ran as a loop: the
