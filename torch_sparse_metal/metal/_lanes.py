@@ -57,8 +57,8 @@ import itertools
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
-from . import _frontend
-from ._uniformity import UNIFORM_BUILTINS, decisions, node_key
+from . import _frontend, _rewrite
+from ._uniformity import UNIFORM_BUILTINS, decisions, jump_target, node_key
 
 _ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
 _INC_DEC = _frontend.INC_DEC_OPERATORS
@@ -194,20 +194,18 @@ class _LanesAtOnce:
                 continue
             if c.kind in (k.BREAK_STMT, k.CONTINUE_STMT):
                 path = ancestors + [node]
-                for i in range(len(path) - 1, -1, -1):
-                    target = path[i]
-                    if target.kind.name in _LOOPS or (c.kind == k.BREAK_STMT and target.kind == k.SWITCH_STMT):
-                        if node_key(target) in self.structural:
-                            if target.kind == k.SWITCH_STMT:
-                                raise Unsupported("a switch around a stop")
-                            between = [a for a in path[i + 1:] if self.is_control(node_key(a))]
-                            if node_key(target) in self.uniform and all(node_key(a) in self.uniform for a in between):
-                                self.jumps.add(node_key(c))
-                                self.structural.update(node_key(a) for a in path[i + 1:])
-                            else:
-                                self.lane_jumps[node_key(c)] = node_key(target)
-                                self.parting.add(node_key(target))
-                        break
+                i = jump_target(c, path)
+                target = path[i] if i >= 0 else None
+                if target is not None and node_key(target) in self.structural:
+                    if target.kind == k.SWITCH_STMT:
+                        raise Unsupported("a switch around a stop")
+                    between = [a for a in path[i + 1:] if self.is_control(node_key(a))]
+                    if node_key(target) in self.uniform and all(node_key(a) in self.uniform for a in between):
+                        self.jumps.add(node_key(c))
+                        self.structural.update(node_key(a) for a in path[i + 1:])
+                    else:
+                        self.lane_jumps[node_key(c)] = node_key(target)
+                        self.parting.add(node_key(target))
             self.mark_jumps(c, ancestors + [node])
 
     def parting_depths(self) -> Dict[Key, int]:
@@ -476,7 +474,10 @@ class _LanesAtOnce:
         # A for's parts, from its text: clang's children do not say which of them are there.
         start, end = g.span(s)
         open_paren = g.masked.index("(", start)
-        close = _match(g.masked, open_paren)
+        try:
+            close = _rewrite._match_close(g.masked, open_paren, "(", ")")
+        except _rewrite.ParseError:
+            raise Unsupported("unbalanced parentheses") from None
         semicolons, depth = [], 0
         for i in range(open_paren + 1, close):
             ch = g.masked[i]
@@ -644,16 +645,6 @@ def _leave_code(level: int) -> int:
 def _next_code(level: int) -> int:
     """A thread's state while it waits for a loop's next iteration (`continue`)."""
     return 2 * level
-
-
-def _match(text: str, open_paren: int) -> int:
-    depth = 0
-    for i in range(open_paren, len(text)):
-        depth += text[i] == "("
-        depth -= text[i] == ")"
-        if depth == 0:
-            return i
-    raise Unsupported("unbalanced parentheses")
 
 
 def _in_library(cursor) -> bool:

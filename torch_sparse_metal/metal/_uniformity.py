@@ -134,13 +134,11 @@ class _Kernel:
             if kind in ("LAMBDA_EXPR", "STRUCT_DECL", "CLASS_DECL"):
                 continue
             if kind in ("BREAK_STMT", "CONTINUE_STMT"):
-                for i in range(len(ancestors), -1, -1):
-                    target = (ancestors + [node])[i]
-                    if target.kind.name in _LOOPS or (kind == "BREAK_STMT" and target.kind.name == "SWITCH_STMT"):
-                        if target.kind.name in _LOOPS:
-                            path = [a for a in (ancestors + [node])[i + 1:] if node_key(a) in self.decided]
-                            self.jumps.setdefault(node_key(target), []).append(path)
-                        break
+                path = ancestors + [node]
+                i = jump_target(c, path)
+                if i >= 0 and path[i].kind.name in _LOOPS:
+                    between = [a for a in path[i + 1:] if node_key(a) in self.decided]
+                    self.jumps.setdefault(node_key(path[i]), []).append(between)
             self.collect_jumps(c, ancestors + [node])
 
     def conditions(self, node, kids: List[object]) -> List[object]:
@@ -479,6 +477,17 @@ class Uniformity:
     cursors' hashes) that have one value in all threads; empty when not."""
     control: bool
     variables: FrozenSet[int]
+
+
+def jump_target(jump, path: Sequence[object]) -> int:
+    """Where in ``path`` (a ``break`` or ``continue``'s ancestors, outermost first) is the
+    structure it jumps out of: its innermost loop, or for a ``break`` a switch inside that;
+    -1 if none."""
+    for i in range(len(path) - 1, -1, -1):
+        kind = path[i].kind.name
+        if kind in _LOOPS or (jump.kind.name == "BREAK_STMT" and kind == "SWITCH_STMT"):
+            return i
+    return -1
 
 
 def analyse(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
