@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torch_sparse_metal.metal import _compiler, compile_shader
+import torch
+
+from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
+
+from _hang_guard import call_with_timeout
 
 
 def both_ways(source: str, monkeypatch, sanitize: bool):
@@ -37,3 +41,18 @@ def grouped(source: str, tmp_path: Path) -> set:
     path = tmp_path / "shader.metal"
     path.write_text(source)
     return _compiler.generated_cxx(path).grouped
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to the bit, NaNs (a shuffle's poison value) included."""
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
+                                                                     b.contiguous().view(torch.uint8))
+
+
+def fault_of(lib, kernel: str, *args, **launch):
+    """(kind, words) of the fault a launch of ``lib``'s ``kernel`` raises, or None."""
+    try:
+        call_with_timeout(getattr(lib, kernel), *args, **launch)
+    except KernelFault as e:
+        return e.kind, str(e)
+    return None

@@ -29,7 +29,7 @@ from torch_sparse_metal._paths import SHADERS_DIR
 from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader, record
 
 from _random_kernels import random_kernel
-from _schedules import both_ways, grouped
+from _schedules import both_ways, bitwise_equal, grouped
 
 from _hang_guard import call_with_timeout
 
@@ -244,12 +244,6 @@ def same(x: Tuple[object, ...], y: Tuple[object, ...]) -> bool:
     if x[0] == "fault" and x[1] == y[1] == "barrier_divergence":
         return re.findall(r"thread \([^)]*\)", x[2]) == re.findall(r"thread \([^)]*\)", y[2])
     return all(bitwise_equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(x[1:], y[1:]))
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal to the bit, NaNs (a shuffle's poison value) included."""
-    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
-                                                                     b.contiguous().view(torch.uint8))
 
 
 def agree_on_every_launch(source: str, launches, monkeypatch, sanitize: bool) -> List[Tuple[str, str]]:

@@ -24,7 +24,7 @@ from torch_sparse_metal.metal import KernelFault, _compiler
 
 from _hang_guard import call_with_timeout
 from _random_kernels import random_simd_kernel
-from _schedules import three_ways
+from _schedules import bitwise_equal, fault_of, three_ways
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -109,10 +109,6 @@ def staged_reference(x: np.ndarray, group: int, limit: int) -> np.ndarray:
                 break
         out[g0:g0 + group] = total
     return out
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 @pytest.fixture(autouse=True)
@@ -223,14 +219,6 @@ kernel void return_before_barrier(device float* out [[buffer(0)]], uint lid [[th
   out[lid] = s;
 }
 """
-
-
-def fault_of(lib, kernel: str, *args, **launch):
-    try:
-        call_with_timeout(getattr(lib, kernel), *args, **launch)
-    except KernelFault as e:
-        return e.kind, str(e)
-    return None
 
 
 @pytest.mark.parametrize("first, second", [(9, 3), (3, 9), (40, 33), (5, 5)])

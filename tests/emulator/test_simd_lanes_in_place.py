@@ -21,7 +21,7 @@ from torch_sparse_metal._paths import SHADERS_DIR
 from torch_sparse_metal.metal import KernelFault, _compiler
 
 from _hang_guard import call_with_timeout
-from _schedules import both_ways, grouped
+from _schedules import both_ways, bitwise_equal, grouped
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -105,10 +105,6 @@ kernel void mutable_member(device float* out [[buffer(0)]], uint gid [[thread_po
   }
 }
 """
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
 
 
 BUILDS = pytest.mark.parametrize("sanitize", [False, True], ids=["plain", "sanitized"])

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Set, Tuple
 
 from . import _frontend, _rewrite
-from ._uniformity import _NOT_UNIFORM_CALL, _Kernel, in_metal, is_reference, node_key
+from ._uniformity import _Kernel, is_reference, node_key
 
 # Canonical type kinds of the scalars and vectors a view's element or a local may be.
 _VALUE_KINDS = frozenset((
@@ -45,7 +45,6 @@ _VALUE_KINDS = frozenset((
 # A template's types, which the translation's C++ checks once instantiated
 # (tsm_emu::probe_elements and locals_are_copies, probe.h and regions.h).
 _DEPENDENT_KINDS = frozenset(("Unexposed", "TemplateTypeParm", "Dependent", "DependentSizedArray"))
-_TRANSPARENT = ("UNEXPOSED_EXPR", "PAREN_EXPR")
 
 
 @dataclass(frozen=True)
@@ -60,32 +59,6 @@ class Probe:
 def _value_type(t) -> bool:
     t = _frontend.element_type(t)
     return _frontend._type_kind(t) in _VALUE_KINDS | _DEPENDENT_KINDS
-
-
-def _up(node, ancestors: Sequence[object]) -> Tuple[object, int]:
-    """The node an expression is an operand of, past implicit conversions and parentheses,
-    with its index in ``ancestors``."""
-    i = len(ancestors) - 1
-    while i >= 0 and ancestors[i].kind.name in _TRANSPARENT:
-        node, i = ancestors[i], i - 1
-    return node, i
-
-
-def _stripped(node):
-    while node is not None and node.kind.name in _TRANSPARENT:
-        node = next(iter(node.get_children()), None)
-    return node
-
-
-def _pure(kernel: _Kernel, call) -> bool:
-    """A call with no effect but its result (``_Kernel.pure_call``); in a template, one left
-    unresolved whose every candidate is a function of Metal's so."""
-    if call.referenced is not None:
-        return kernel.pure_call(call)
-    candidates = kernel.overloads(call)
-    return bool(candidates) and all(
-        c.kind.name in ("FUNCTION_DECL", "FUNCTION_TEMPLATE") and in_metal(c) and
-        not _NOT_UNIFORM_CALL.fullmatch(c.spelling) for c in candidates)
 
 
 def probe(body, params: Sequence[object], entries: Sequence[_rewrite.Param], threadgroup_arrays: Set[str],
@@ -130,21 +103,21 @@ def probe(body, params: Sequence[object], entries: Sequence[_rewrite.Param], thr
         elif kind == "DECL_REF_EXPR":
             target = node.referenced
             if target is not None and target.canonical.hash in views:
-                _, i = _up(node, ancestors)
+                _, i = _frontend.operand_parent(node, ancestors)
                 parent = ancestors[i] if i >= 0 else None
                 indexed = parent is not None and (
                     (parent.kind.name == "ARRAY_SUBSCRIPT_EXPR" and
-                     node_key(_stripped(next(iter(parent.get_children())))) == node_key(node))
+                     node_key(_frontend.stripped(next(iter(parent.get_children())))) == node_key(node))
                     or (parent.kind.name == "UNARY_OPERATOR" and
                         lib.clang_getCursorUnaryOperatorKind(parent) == _frontend.DEREFERENCE))
                 if not indexed:
                     return f"`{node.spelling}` used other than by an index"
         elif kind == "ARRAY_SUBSCRIPT_EXPR":
             base, index = list(node.get_children())[:2]
-            base = _stripped(base)
+            base = _frontend.stripped(base)
             inner = base
             while inner is not None and inner.kind.name == "ARRAY_SUBSCRIPT_EXPR":
-                inner = _stripped(next(iter(inner.get_children())))
+                inner = _frontend.stripped(next(iter(inner.get_children())))
             if inner is None or inner.kind.name != "DECL_REF_EXPR" or inner.referenced is None or \
                     inner.referenced.canonical.hash not in views:
                 return "an index into something other than a buffer or a threadgroup array"
@@ -155,7 +128,7 @@ def probe(body, params: Sequence[object], entries: Sequence[_rewrite.Param], thr
             if operator == _frontend.ADDRESS_OF:
                 return "an address taken"
             if operator == _frontend.DEREFERENCE:
-                operand = _stripped(next(iter(node.get_children())))
+                operand = _frontend.stripped(next(iter(node.get_children())))
                 if operand is None or operand.kind.name != "DECL_REF_EXPR" or operand.referenced is None or \
                         operand.referenced.canonical.hash not in views:
                     return "a dereference of something other than a buffer"
@@ -164,7 +137,7 @@ def probe(body, params: Sequence[object], entries: Sequence[_rewrite.Param], thr
             if base is not None and kernel.arrow(node, base):
                 return "a member through `->`"
         elif kind == "CALL_EXPR" and not is_stop(node):
-            if not _pure(kernel, node):
+            if not kernel.effect_free_call(node):
                 return f"a call of `{node.spelling or ' '.join(t.spelling for t in node.get_tokens())[:60]}`"
         elif kind in ("FOR_STMT", "WHILE_STMT", "DO_STMT") and not any(is_stop(c) for c in node.walk_preorder()):
             # A thread's loop between two stops: the probe would run it again for its indices

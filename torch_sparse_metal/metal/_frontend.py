@@ -883,6 +883,26 @@ def _type_kind(type_) -> str:
         return "Unknown"
 
 
+_TRANSPARENT = ("UNEXPOSED_EXPR", "PAREN_EXPR")  # implicit conversions and parentheses
+
+
+def operand_parent(node, ancestors: Sequence[object]) -> Tuple[object, int]:
+    """Where the expression ``node`` (``ancestors``: the nodes around it, outermost first)
+    is an operand: the node it is, past implicit conversions and parentheses, and the index
+    in ``ancestors`` of the node it is an operand of (-1: none)."""
+    i = len(ancestors) - 1
+    while i >= 0 and ancestors[i].kind.name in _TRANSPARENT:
+        node, i = ancestors[i], i - 1
+    return node, i
+
+
+def stripped(node):
+    """An expression past its implicit conversions and parentheses."""
+    while node is not None and node.kind.name in _TRANSPARENT:
+        node = next(iter(node.get_children()), None)
+    return node
+
+
 def element_type(type_):
     """The canonical type of ``type_``'s elements through any arrays (``type_``'s own if it
     is not an array)."""

@@ -34,6 +34,26 @@ second body, used in plain dispatches (sanitized ones keep the regions' rounds):
   SIMD-group functions after (as a fiber that returned); a barrier after it is what fibers
   make of it (resolve_regions). When no thread is left the group function returns.
 
+For code the C++ compiler vectorises across the threads:
+
+* An array declared beside the stops and used only through subscripts, an element at a
+  time, lives in element-major slots (``LaneSlots``: element i of thread t at i * n + t), so
+  one statement's access of it by consecutive threads is contiguous; its binding in a loop
+  is a view whose subscripts give the elements.
+* A run whose every item can fault only alike in all threads (``faults_alike``: each access
+  with one index, and a pointer's one pointer, in every thread, under conditions with one
+  value in every thread; only Metal's functions without effects, and the item's own
+  SIMD-group function) gets a second loop, taken when every thread runs: without each
+  thread's test, its entering and its catch. Only the first thread can be the first to
+  fault there, where it is entered before the loop, and the fault leaves at once, as the
+  fibers' would (they run that thread first); the test, the store of the running thread
+  (which with -fno-strict-aliasing may alias the slots) and the catch each kept g++ from
+  vectorising the loop. Floating point is the kernel's: each thread's operations stay its
+  own (no value of two threads is combined in a loop), under -ffp-contract=off and no
+  fast-math.
+* Each item's text starts with a line marker for its line, so __LINE__ in an array's check,
+  and a fault's report, say the source's line.
+
 What can differ from fibers, which run a thread to its next stop before the next thread:
 
 * The order of two threads' effects between the same two stops. Only a data race (which
@@ -72,6 +92,15 @@ _NEXT = "__TSM_NEXT_THREAD__"
 _MAX_DEPTH = 100  # nested structures where threads may part (two codes each, see lanes.h)
 
 W_COLLECTIVE = 1  # regions.h's WaitKind of a SIMD-group function
+# What a statement run without each thread's entering may not hold (faults_alike): what
+# leaves the thread's code, or what the analysis does not see into.
+_UNSEEN = frozenset(("LAMBDA_EXPR", "GOTO_STMT", "INDIRECT_GOTO_STMT", "RETURN_STMT", "CXX_TRY_STMT",
+                     "CXX_THROW_EXPR", "GCC_ASM_STMT", "MS_ASM_STMT", "CXX_NEW_EXPR", "CXX_DELETE_EXPR"))
+_ARRAYS = ("ConstantArray", "DependentSizedArray")
+# (Not && and ||, which decide whether their right operand runs: as calls, the analysis does
+# not see them as conditions.)
+_ARITHMETIC = frozenset("+ - * / % & | ^ ~ ! << >> < > <= >= == != = += -= *= /= %= &= |= ^= <<= >>= ++ --".split())
+_OWN_ELEMENTS = _ARRAYS + ("ExtVector", "Vector")
 Key = Tuple[str, int, int]
 
 
@@ -118,6 +147,7 @@ class _LanesAtOnce:
         stops = {node_key(p.call) for p in g.points}
         decided = decisions(g.body, g.params, g.entry.params, lambda c: node_key(c) in stops)
         self.uniform = decided.uniform
+        self.analysis = decided.kernel
         for c in g.body.walk_preorder():
             if c.kind in (k.GOTO_STMT, k.INDIRECT_GOTO_STMT, k.LABEL_STMT, k.SWITCH_STMT) and \
                     self.encloses_stop(c):
@@ -136,6 +166,7 @@ class _LanesAtOnce:
                                  if f.var.canonical.hash in decided.variables and
                                  f.var.canonical.hash not in g.pinned}
         self.blocks = g.hoisted_blocks()
+        self.lane_major = self.lane_major_frames()
         while True:
             if any(p.kind != W_COLLECTIVE and any(node_key(a) in self.parting for a in p.ancestors)
                    for p in g.points):
@@ -250,8 +281,15 @@ class _LanesAtOnce:
                         f"{{ __tsm_state[__tsm_t] = {code}; goto {_NEXT}; }}", (0, 0)))
         return out
 
-    def edited(self, start: int, end: int) -> str:
-        return self.g.apply(self.edits, self.blocks, start, end).replace("\n", " ")
+    def edited(self, start: int, end: int, at) -> str:
+        """The kernel's text [start, end) with the translation's edits, after a line marker for
+        the line of ``at`` (the cursor it begins with): what it says of its lines (__LINE__ in
+        an array's check, so a fault's report) is the source's. Its lines stay lines where the
+        edits kept their number; else it is one line, its first."""
+        text = self.g.apply(self.edits, self.blocks, start, end)
+        if text.count("\n") != self.g.original[start:end].count("\n"):
+            text = text.replace("\n", " ")
+        return f"\n{self.g.line_marker(at)}\n{text}"
 
     # ---- statements ------------------------------------------------------------------------------
     def block(self, node) -> str:
@@ -388,7 +426,7 @@ class _LanesAtOnce:
         return var.canonical.hash in self.g.hoisted_vars
 
     def scalar_text(self, s) -> str:
-        return self.edited(self.g.span(s)[0], self.g.statement_end(s))
+        return self.edited(self.g.span(s)[0], self.g.statement_end(s), s)
 
     def structure(self, s) -> str:
         """A structural statement: its conditions once, its parts in turn; or, where threads
@@ -412,14 +450,14 @@ class _LanesAtOnce:
         if not all(self.scalar_only(part) for part in header):
             raise _Part(node_key(s))
         if s.kind == k.IF_STMT:
-            text = f"if ({self.edited(*g.span(kids[0]))}) {self.block(kids[1])}"
+            text = f"if ({self.edited(*g.span(kids[0]), kids[0])}) {self.block(kids[1])}"
             return text + (f" else {self.block(kids[2])}" if len(kids) > 2 else "")
         if s.kind == k.DO_STMT:
             body = kids[0]
-            return "do " + self.block(body) + " " + self.edited(g.span(body)[1], g.statement_end(s))
+            return "do " + self.block(body) + " " + self.edited(g.span(body)[1], g.statement_end(s), kids[-1])
         body = kids[-1]
         start, body_start = g.span(s)[0], g.span(body)[0]
-        return self.edited(start, body_start) + " " + self.block(body)
+        return self.edited(start, body_start, s) + " " + self.block(body)
 
 
     def parted(self, s) -> str:
@@ -514,7 +552,7 @@ class _LanesAtOnce:
             what, s = item[0], item[1]
             if what == "post":
                 call = self.stops[node_key(s)][1].call
-                text = g.call_text(call, self.edits)
+                text = f"\n{g.line_marker(call)}\n{g.call_text(call, self.edits)}"
                 pieces.append(f"__tsm_g.set_mode(::tsm_emu::kPosting); (void)({text}); "
                               f"__tsm_g.set_mode(::tsm_emu::kOrdinary);")
                 spans.append(g.span(call))
@@ -522,14 +560,14 @@ class _LanesAtOnce:
                 continue
             if what in ("test", "expression"):
                 start, end = g.span(s)
-                text = self.edited(start, end)
+                text = self.edited(start, end, s)
                 text = f"if (!({text})) __tsm_state[__tsm_t] = {item[2]};" if what == "test" else f"{text};"
                 pieces.append(text)
                 spans.append((start, end))
                 declared_only.append("")
                 continue
             start, end = g.span(s)[0], g.statement_end(s)
-            text = self.edited(start, end)
+            text = self.edited(start, end, s)
             variables = [c for c in s.get_children() if c.kind == k.VAR_DECL] if s.kind == k.DECL_STMT else []
             frames = [g.frame_of[v.canonical.hash] for v in variables if v.canonical.hash in g.frame_of]
             if what == "statement" and variables and len(frames) == len(variables) and \
@@ -555,9 +593,20 @@ class _LanesAtOnce:
         if body.count(_NEXT) != leaving:
             raise Unsupported("a return, break or continue the translation does not read")
         body = body.replace(_NEXT, label)
+        bound = self.bindings(spans, collective)
         loop = (f"for (unsigned __tsm_t = 0; __tsm_t < __tsm_n; ++__tsm_t) {{ if (__tsm_state[__tsm_t]) continue; "
-                f"__tsm_g.enter(__tsm_t, false); try {{ {self.bindings(spans, collective)} {{ {body} }} }} "
+                f"__tsm_g.enter(__tsm_t, false); try {{ {bound} {{ {body} }} }} "
                 f"catch (...) {{ __tsm_lanes.fault(__tsm_t); }} {label}:; }}")
+        if not leaving and all(item[0] in ("statement", "expression", "post", "replay") and
+                               self.faults_alike(item[1], item[0]) for item in run):
+            # Every thread running, what can fault faults in all or none: the first thread's
+            # fault is the one to raise, where it is raised, so the loop needs neither each
+            # thread's test nor its entering (the running thread's store, which may alias the
+            # slots, kept the compiler from vectorising the loop) nor its catch. (A SIMD-group
+            # function reads its lane from __tsm_lane, and in a plain dispatch raises nothing.)
+            loop = (f"if (__tsm_lanes.all_running()) {{ __tsm_g.enter(0, false); "
+                    f"for (unsigned __tsm_t = 0; __tsm_t < __tsm_n; ++__tsm_t) {{ {bound} {{ {body} }} }} }} "
+                    f"else {{ {loop} }}")
         if any(c.kind == k.RETURN_STMT for item in run for c in item[1].walk_preorder()):
             loop += " if (__tsm_lanes.all_gone()) { __tsm_lanes.settle(); return; }"
         if all(declared_only):
@@ -566,6 +615,72 @@ class _LanesAtOnce:
             # broadcasts).
             loop = f"if constexpr (!::tsm_emu::trivially_declared<{', '.join(declared_only)}>) {{ {loop} }}"
         return loop
+
+    def faults_alike(self, statement, what: str) -> bool:
+        """Whether a run's item (``what`` of ``statement``: threads_loop's) can fault only
+        alike in all threads: every access it makes of memory or of an array has one index in
+        all threads (and a pointer's one pointer), under conditions with one value in all
+        threads, and it calls only Metal's functions without effects (which raise nothing in
+        a plain dispatch) and its own SIMD-group function."""
+        kernel = self.analysis
+        lib = self.lib
+        # A SIMD-group function's lane hands over its operands (post), or the statement runs
+        # with the call's result (replay): the call is its own, its operands are seen.
+        call = self.stops[node_key(statement)][1].call if what in ("post", "replay") else None
+        collective = node_key(call) if call is not None else None
+        if what == "post":
+            statement = call
+
+        def alike(node, chain: List[object]) -> bool:
+            kind = node.kind.name
+            here = chain + [node]
+            if kind in _UNSEEN:
+                return False
+            if kind == "ARRAY_SUBSCRIPT_EXPR":
+                base, index = list(node.get_children())[:2]
+                # (an array's or a vector's elements are its own; a pointer's, the pointer's)
+                own = _frontend._type_kind(_frontend.stripped(base).type.get_canonical()) in _OWN_ELEMENTS
+                if not (kernel.value(index) and (own or kernel.value(base)) and kernel.context(here)):
+                    return False
+            elif kind == "UNARY_OPERATOR":
+                operator = lib.clang_getCursorUnaryOperatorKind(node)
+                if operator == _frontend.ADDRESS_OF:
+                    return False
+                if operator == _frontend.DEREFERENCE and not (
+                        kernel.value(next(node.get_children())) and kernel.context(here)):
+                    return False
+            elif kind == "MEMBER_REF_EXPR":
+                base = next(iter(node.get_children()), None)
+                if base is not None and kernel.arrow(node, base):
+                    return False
+            elif kind == "CALL_EXPR" and not (kernel.effect_free_call(node) or _dependent_arithmetic(node) or
+                                              node_key(node) == collective):
+                return False
+            return all(alike(c, here) for c in node.get_children())
+
+        return alike(statement, [])
+
+    def lane_major_frames(self) -> Set[int]:
+        """The slots (frame indices) of arrays the kernel uses only through subscripts, an
+        element at a time, and never by address: element-major slots (lanes.h's LaneSlots),
+        which a loop over the threads reads and writes contiguously."""
+        g = self.g
+        ranks = {f.index: _rank(f.var.type) for f in g.frames if f.var.canonical.hash not in g.pinned}
+        out = {i for i, rank in ranks.items() if rank}
+        for ref, ancestors in g.refs:
+            f = g.frame_of.get(ref.referenced.canonical.hash) if ref.referenced is not None else None
+            if f is None or f.index not in out:
+                continue
+            node, around = ref, list(ancestors)
+            for _ in range(ranks[f.index]):  # subscripted as deep as the array is
+                node, i = _frontend.operand_parent(node, around)
+                parent = around[i] if i >= 0 else None
+                if parent is None or parent.kind.name != "ARRAY_SUBSCRIPT_EXPR" or \
+                        node_key(_frontend.stripped(next(parent.get_children()))) != node_key(_frontend.stripped(node)):
+                    out.discard(f.index)
+                    break
+                node, around = parent, around[:i]
+        return out
 
     def uninitialised(self, var) -> bool:
         """Whether a declarator gives its variable no value (`Acc4 ar;`, `float a[8];`)."""
@@ -619,7 +734,7 @@ class _LanesAtOnce:
             else:
                 out.append(f"auto& {p} = __tsm_p{i}[__tsm_t];")
         for index in sorted(frames):
-            out.append(f"auto& {frames[index].name} = __tsm_l{index}[__tsm_t];")
+            out.append(f"auto&& {frames[index].name} = __tsm_l{index}[__tsm_t];")  # (a view: lanes.h)
         return " ".join(out)
 
     # ---- the group function's part ---------------------------------------------------------------
@@ -631,9 +746,38 @@ class _LanesAtOnce:
             out.append(f"auto {name} = __tsm_h{i};" if array else f"auto& {name} = __tsm_h{i};")
         for f in g.frames:
             if f.var.canonical.hash not in self.scalar:
+                slots = "LaneSlots" if f.index in self.lane_major else "Slots"
                 out.append(f"static thread_local ::tsm_emu::SlotBuffer __tsm_lb{f.index}; "
-                           f"::tsm_emu::Slots<{self.types[f.index]}> __tsm_l{f.index}(__tsm_lb{f.index}, __tsm_g.n);")
+                           f"::tsm_emu::{slots}<{self.types[f.index]}> __tsm_l{f.index}(__tsm_lb{f.index}, __tsm_g.n);")
         return " ".join(out)
+
+
+def _dependent_arithmetic(call) -> bool:
+    """A template's call that clang leaves unresolved for a type it depends on: a conversion
+    (`T(0)`, `Acc(x)`) or an arithmetic, comparison or assignment operator (`acc += x`).
+    Taken to only compute, as Metal's scalars and vectors do, the template arguments of
+    kernels; its operands are seen as the call's children. (Not a subscript, a dereference,
+    an address, ->, a call, a construction from several values.)"""
+    if call.referenced is not None:
+        return False
+    kids = list(call.get_children())
+    if kids and kids[0].kind.name == "TYPE_REF":
+        return len(kids) <= 2
+    operators = [c for c in kids if c.kind.name == "DECL_REF_EXPR" and not c.spelling]
+    if len(operators) != 1 or len(kids) not in (2, 3):
+        return False
+    spelling = "".join(t.spelling for t in operators[0].get_tokens())
+    return spelling in _ARITHMETIC and not (len(kids) == 2 and spelling in ("*", "&"))
+
+
+def _rank(t) -> int:
+    """How many arrays deep a type is (0: not an array)."""
+    t = t.get_canonical()
+    rank = 0
+    while _frontend._type_kind(t) in _ARRAYS:
+        t = t.get_array_element_type().get_canonical()
+        rank += 1
+    return rank
 
 
 def _leave_code(level: int) -> int:

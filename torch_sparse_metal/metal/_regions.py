@@ -270,6 +270,11 @@ class _GroupFunction:
         file, line, _ = _frontend.presumed_location(cursor.extent.start)
         return file, line
 
+    def line_marker(self, cursor) -> str:
+        """A line marker for the line ``cursor`` begins on (a line of its own)."""
+        file, line = self.where(cursor)
+        return _line_marker(line, file)
+
     # ---- the walk ----------------------------------------------------------------------------
     def walk(self) -> None:
         k = self.k

@@ -36,7 +36,7 @@ kernel tests this module.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 from . import _frontend, _rewrite
@@ -304,6 +304,16 @@ class _Kernel:
         return target.kind.name == "FUNCTION_DECL" and in_metal(target) and \
             not _NOT_UNIFORM_CALL.fullmatch(target.spelling)
 
+    def effect_free_call(self, call) -> bool:
+        """A call with no effect but its result (``pure_call``); in a template, one left
+        unresolved whose every candidate is a function of Metal's so."""
+        if call.referenced is not None:
+            return self.pure_call(call)
+        candidates = self.overloads(call)
+        return bool(candidates) and all(
+            c.kind.name in ("FUNCTION_DECL", "FUNCTION_TEMPLATE") and in_metal(c) and
+            not _NOT_UNIFORM_CALL.fullmatch(c.spelling) for c in candidates)
+
     # ---- the fixed point -----------------------------------------------------------------------
     def context(self, chain: Sequence[object]) -> bool:
         """Whether what the innermost of these nested nodes does runs in all threads or in
@@ -509,9 +519,11 @@ class Decisions:
     value in every thread that runs the code assigning them (a thread that returned early
     is gone, not elsewhere); ``uniform``: the control structures (node_key) whose
     conditions have one value in all threads, loops with no `break` or `continue` under a
-    condition that has not (the others may send threads different ways)."""
+    condition that has not (the others may send threads different ways); ``kernel``: the
+    solved analysis, for what else _lanes asks of it (``value``, ``context``)."""
     variables: FrozenSet[int]
     uniform: FrozenSet[Tuple[str, int, int]]
+    kernel: _Kernel = field(compare=False, repr=False)
 
 
 def decisions(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
@@ -523,7 +535,7 @@ def decisions(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
     uniform = {node_key(c) for c, conds, _ in kernel.controls
                if all(kernel.condition(x) for x in conds) and not
                (c.kind.name in _LOOPS and kernel.parted(c))}
-    return Decisions(frozenset(kernel.uniform & own), frozenset(uniform))
+    return Decisions(frozenset(kernel.uniform & own), frozenset(uniform), kernel)
 
 
 def only_constructs(call) -> bool:

@@ -39,6 +39,73 @@ inline void construct_default(T& slot) {
 template <class... T>
 constexpr bool trivially_declared = (std::is_trivially_default_constructible<std::remove_cv_t<T>>::value && ...);
 
+// A thread's array in element-major slots: element i of thread t's array at i * n + t (n
+// threads), so that one statement's access of it by the threads of a loop over them is
+// contiguous, as the C++ compiler vectorises it (slots by thread put a matmul_shuffle lane's
+// `acc[32]` 128 bytes from the next lane's: gathers). For a variable used only through
+// subscripts (the translation checks, _lanes.py); its thread's binding is this view, whose
+// subscripts give the elements.
+template <class A>
+class lane_major_view;
+template <class E, size_t N>
+class lane_major_view<E[N]> {
+  using Scalar = std::remove_all_extents_t<E>;
+
+ public:
+  lane_major_view(Scalar* first, size_t n) : first_(first), n_(n) {}
+  __attribute__((always_inline)) decltype(auto) operator[](size_t i) const {
+    if constexpr (std::is_array<E>::value) {
+      return lane_major_view<E>(first_ + i * (sizeof(E) / sizeof(Scalar)) * n_, n_);
+    } else {
+      return (first_[i * n_]);
+    }
+  }
+  // (construct: the flat elements in order)
+  Scalar& flat(size_t i) const { return first_[i * n_]; }
+
+ private:
+  Scalar* first_;
+  size_t n_;
+};
+
+// Per-thread storage for one variable of a kernel run lanes at once: element-major for an
+// array of values that copy as bytes and need no construction, else Slots' (a slot per
+// thread).
+template <class T>
+constexpr bool lane_major = std::is_array<T>::value && copies_as_bytes<T> &&
+                            std::is_trivially_default_constructible<std::remove_all_extents_t<T>>::value;
+template <class T, bool = lane_major<T>>
+class LaneSlots : public Slots<T> {
+ public:
+  using Slots<T>::Slots;
+};
+template <class T>
+class LaneSlots<T, true> {
+  using A = std::remove_cv_t<T>;  // (a const array's elements are written once, constructed)
+  using Scalar = std::remove_all_extents_t<A>;
+  static_assert(alignof(Scalar) <= 64, "over-aligned kernel variable");
+
+ public:
+  LaneSlots(SlotBuffer& buffer, uint32_t n)
+      : n_(n ? n : 1), first_(static_cast<Scalar*>(buffer.reserve(sizeof(A) * n_))) {}
+  lane_major_view<A> operator[](uint32_t t) const { return lane_major_view<A>(first_ + t, n_); }
+
+ private:
+  size_t n_;
+  Scalar* first_;
+};
+
+template <class A, class U>
+inline void construct(const lane_major_view<A>& slot, const U& value) {
+  using Scalar = std::remove_all_extents_t<A>;
+  static_assert(std::is_same<std::remove_cv_t<std::remove_all_extents_t<U>>, std::remove_cv_t<Scalar>>::value &&
+                sizeof(U) == sizeof(A), "an array's value of another type");
+  const Scalar* from = reinterpret_cast<const Scalar*>(&value);
+  for (size_t i = 0; i < sizeof(A) / sizeof(Scalar); ++i) slot.flat(i) = from[i];
+}
+template <class A>
+inline void construct_default(const lane_major_view<A>&) {}  // (arrays of values: nothing)
+
 class Lanes {
  public:
   // Per thread: running the code at hand (0); waiting where its way parted from it, at a
@@ -81,6 +148,14 @@ class Lanes {
     for (uint32_t t = 0, n = g_.n; t < n; ++t)
       if (state[t] < kReturned) return false;
     return true;
+  }
+  // Whether every thread runs the code at hand: none waits elsewhere, returned or faulted
+  // (the loops over the threads that cannot fault but alike then drop their per-thread
+  // test, see _lanes.py). No early exit, so the compiler vectorises the scan.
+  bool all_running() const {
+    unsigned waiting = 0;
+    for (uint32_t t = 0, n = g_.n; t < n; ++t) waiting |= state[t];
+    return waiting == 0;
   }
   // Whether a thread runs the code at hand (a branch, a loop's next iteration).
   bool any_running() const {
