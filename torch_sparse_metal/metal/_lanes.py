@@ -553,8 +553,9 @@ class _LanesAtOnce:
             if what == "post":
                 call = self.stops[node_key(s)][1].call
                 text = f"\n{g.line_marker(call)}\n{g.call_text(call, self.edits)}"
-                pieces.append(f"__tsm_g.set_mode(::tsm_emu::kPosting); (void)({text}); "
-                              f"__tsm_g.set_mode(::tsm_emu::kOrdinary);")
+                # (its own lane: the thread's, posting; see bindings)
+                pieces.append(f"{{ const ::tsm_emu::LaneRef __tsm_lane{{&__tsm_g.home->lanes, __tsm_t, "
+                              f"::tsm_emu::kPosting}}; (void)({text}); }}")
                 spans.append(g.span(call))
                 declared_only.append("")
                 continue
@@ -581,8 +582,6 @@ class _LanesAtOnce:
                     constructs = " ".join(f"::tsm_emu::construct(__tsm_l{f.index}[__tsm_t], __tsm_d{f.index});"
                                           for f in frames)
                     text = f"{{ {text} {constructs} }}"
-            if what == "replay":
-                text = f"__tsm_g.set_mode(::tsm_emu::kReplaying); {text}"
             pieces.append(text)
             spans.append((start, end))
             leaving += sum(c.kind == k.RETURN_STMT or node_key(c) in self.lane_jumps for c in s.walk_preorder())
@@ -724,8 +723,8 @@ class _LanesAtOnce:
             elif ref.referenced.kind == k.PARM_DECL and key in thread_param:
                 params[thread_param[key]] = key
         out = []
-        if collective:
-            out.append("const ::tsm_emu::LaneRef __tsm_lane{&__tsm_g.home->lanes, __tsm_t};")
+        if collective:  # (replaying; a handing over has its own, see threads_loop)
+            out.append("const ::tsm_emu::LaneRef __tsm_lane{&__tsm_g.home->lanes, __tsm_t, ::tsm_emu::kReplaying};")
         for i in sorted(params):
             param, builtin, modified = g.thread_params[i]
             p = param.spelling

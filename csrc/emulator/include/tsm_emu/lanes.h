@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <type_traits>
@@ -151,10 +152,18 @@ class Lanes {
   }
   // Whether every thread runs the code at hand: none waits elsewhere, returned or faulted
   // (the loops over the threads that cannot fault but alike then drop their per-thread
-  // test, see _lanes.py). No early exit, so the compiler vectorises the scan.
+  // test, see _lanes.py). Eight states a load: byte by byte, g++ left the scan scalar, 32 M
+  // of tsm.mm[shuffle]'s 619 M instructions (it asks before most of its loops).
   bool all_running() const {
-    unsigned waiting = 0;
-    for (uint32_t t = 0, n = g_.n; t < n; ++t) waiting |= state[t];
+    const uint32_t n = g_.n;
+    uint64_t waiting = 0;
+    uint32_t t = 0;
+    for (; t + 8 <= n; t += 8) {
+      uint64_t word;
+      std::memcpy(&word, state + t, sizeof word);
+      waiting |= word;
+    }
+    for (; t < n; ++t) waiting |= state[t];
     return waiting == 0;
   }
   // Whether a thread runs the code at hand (a branch, a loop's next iteration).

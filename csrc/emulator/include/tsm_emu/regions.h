@@ -60,6 +60,7 @@ struct Group {
   RegionLanes lanes;
   // The group the runtime sees (t_group): itself, or what a copy was made from. A thread's
   // body sets `lanes.mode` there (set_mode), and its SIMD-group functions use those lanes.
+  // (Lanes at once pass the mode with each call instead: LaneRef, runtime.h.)
   Group* home = this;
 
   void set_mode(CollectiveMode m) { home->lanes.mode = m; }

@@ -169,20 +169,30 @@ struct RegionLanes {
   const SimdExchange* met = nullptr;  // per SIMD-group: what its lanes met with, once released
   uint32_t (*operands)[2] = nullptr;  // per thread: its call's own_operand()s
 };
-// The thread of a region body that calls a collective (no lanes outside region bodies).
+// The thread of a region body that calls a collective (no lanes outside region bodies), and
+// the call's mode: lanes at once know it where the call is (kPosting, kReplaying), a
+// constant the compiler folds into the call; the regions' rounds leave it to `lanes->mode`,
+// which their bodies set (kModeOfLanes). Set through the group at each call, the mode was
+// two stores and a load a lane (4% of tsm.mm[shuffle]'s instructions lanes at once).
+constexpr uint8_t kModeOfLanes = 0xFF;
 struct LaneRef {
   RegionLanes* lanes;
   uint32_t thread;
+  uint8_t mode = kModeOfLanes;
 };
 // (16 bytes, so a call passes it in two registers: at 24, through the stack, each call's
-// store and reload of it stalled on store forwarding, a seventh of a shuffle matmul's time.)
+// store and reload of it stalled on store forwarding, a seventh of a shuffle matmul's time.
+// So the calling thread, of at most 1024 in its threadgroup, has 16 bits beside the mode.)
 struct Site {
   uint32_t value;
-  uint32_t thread = 0;           // with `lanes`: the calling thread
+  uint16_t thread = 0;           // with `lanes`: the calling thread, and its LaneRef's mode
+  uint8_t mode = kModeOfLanes;
   RegionLanes* lanes = nullptr;  // a region body's collective: its threadgroup's lanes
   constexpr Site(uint32_t v) : value(v) {}
-  constexpr Site(uint32_t v, LaneRef lane) : value(v), thread(lane.thread), lanes(lane.lanes) {}
+  constexpr Site(uint32_t v, LaneRef lane) : value(v), thread(uint16_t(lane.thread)), mode(lane.mode), lanes(lane.lanes) {}
+  constexpr LaneRef lane() const { return LaneRef{lanes, thread, mode}; }
 };
+static_assert(sizeof(Site) == 16, "a Site in two registers");
 #define TSM_EMU_SITE_HERE (::tsm_emu::Site{uint32_t(__builtin_LINE()) << 12})
 
 // The rewriter opens a CallFrame at the top of every helper function that (directly or
@@ -227,15 +237,16 @@ TSM_EMU_COLLECTIVE SimdExchange lane_exchange(const void* value, size_t size, La
   RegionLanes& l = *ref.lanes;
   const uint32_t t = ref.thread, sg = t / 32, lane = t % 32;
   if (size > kSimdValueBytes) fault("launch", "SIMD-group function on a value wider than 64 bytes");
+  const uint8_t mode = ref.mode == kModeOfLanes ? l.mode : ref.mode;
   SimdExchange out;
-  if (l.mode == kPosting) {
+  if (mode == kPosting) {
     std::memcpy(l.slots[t], value, size);
     out.active = uint64_t(1) << lane;
     out.values = l.slots + size_t(sg) * 32;
     out.pending = true;
-  } else if (l.mode == kReplaying) {
+  } else if (mode == kReplaying) {
     out = l.met[sg];
-    l.mode = kOrdinary;
+    if (ref.mode == kModeOfLanes) l.mode = kOrdinary;
   } else {
     collective_outside_stop();
   }
@@ -244,7 +255,7 @@ TSM_EMU_COLLECTIVE SimdExchange lane_exchange(const void* value, size_t size, La
   return out;
 }
 TSM_EMU_COLLECTIVE SimdExchange simd_exchange(const void* value, size_t size, Site site) {
-  if (site.lanes) return lane_exchange(value, size, LaneRef{site.lanes, site.thread});
+  if (site.lanes) return lane_exchange(value, size, site.lane());
   return simd_exchange(value, size, site.value);
 }
 // `flags` are the barrier's mem_flags: in a sanitized dispatch, mem_threadgroup orders
