@@ -40,11 +40,11 @@ For code the C++ compiler vectorises across the threads:
   time, lives in element-major slots (``LaneSlots``: element i of thread t at i * n + t), so
   one statement's access of it by consecutive threads is contiguous; its binding in a loop
   is a view whose subscripts give the elements.
-* A run whose every item can fault only alike in all threads (``faults_alike``: each access
-  with one index, and a pointer's one pointer, in every thread, under conditions with one
-  value in every thread; only Metal's functions without effects, and the item's own
-  SIMD-group function) gets a second loop, taken when every thread runs: without each
-  thread's test, its entering and its catch. Only the first thread can be the first to
+* A run of element-major arrays without a SIMD-group function whose every statement can
+  fault only alike in all threads (``faults_alike``: each access with one index, and a
+  pointer's one pointer, in every thread, under conditions with one value in every thread;
+  only Metal's functions without effects) gets a second loop, taken when every thread runs:
+  without each thread's test, its entering and its catch. Only the first thread can be the first to
   fault there, where it is entered before the loop, and the fault leaves at once, as the
   fibers' would (they run that thread first); the test, the store of the running thread
   (which with -fno-strict-aliasing may alias the slots) and the catch each kept g++ from
@@ -596,13 +596,16 @@ class _LanesAtOnce:
         loop = (f"for (unsigned __tsm_t = 0; __tsm_t < __tsm_n; ++__tsm_t) {{ if (__tsm_state[__tsm_t]) continue; "
                 f"__tsm_g.enter(__tsm_t, false); try {{ {bound} {{ {body} }} }} "
                 f"catch (...) {{ __tsm_lanes.fault(__tsm_t); }} {label}:; }}")
-        if not leaving and all(item[0] in ("statement", "expression", "post", "replay") and
-                               self.faults_alike(item[1], item[0]) for item in run):
+        if not leaving and self.element_major_in(spans) and all(
+                item[0] in ("statement", "expression") and self.faults_alike(item[1]) for item in run):
             # Every thread running, what can fault faults in all or none: the first thread's
             # fault is the one to raise, where it is raised, so the loop needs neither each
             # thread's test nor its entering (the running thread's store, which may alias the
-            # slots, kept the compiler from vectorising the loop) nor its catch. (A SIMD-group
-            # function reads its lane from __tsm_lane, and in a plain dispatch raises nothing.)
+            # slots, kept the compiler from vectorising the loop) nor its catch. Only for a run
+            # of element-major arrays without a SIMD-group function, which the compiler may
+            # vectorise: a second copy of every run that qualifies, those with the functions'
+            # inlined protocol too, tripled the C++ compiler's time on the lanes tests' kernels
+            # (CI 734 -> 854 s) for a few percent of tsm.mm[shuffle]'s instructions.
             loop = (f"if (__tsm_lanes.all_running()) {{ __tsm_g.enter(0, false); "
                     f"for (unsigned __tsm_t = 0; __tsm_t < __tsm_n; ++__tsm_t) {{ {bound} {{ {body} }} }} }} "
                     f"else {{ {loop} }}")
@@ -615,20 +618,24 @@ class _LanesAtOnce:
             loop = f"if constexpr (!::tsm_emu::trivially_declared<{', '.join(declared_only)}>) {{ {loop} }}"
         return loop
 
-    def faults_alike(self, statement, what: str) -> bool:
-        """Whether a run's item (``what`` of ``statement``: threads_loop's) can fault only
-        alike in all threads: every access it makes of memory or of an array has one index in
-        all threads (and a pointer's one pointer), under conditions with one value in all
-        threads, and it calls only Metal's functions without effects (which raise nothing in
-        a plain dispatch) and its own SIMD-group function."""
+    def element_major_in(self, spans: List[Tuple[int, int]]) -> bool:
+        """Whether code in these spans uses an array in element-major slots."""
+        g = self.g
+        for ref, _ in g.refs:
+            f = g.frame_of.get(ref.referenced.canonical.hash) if ref.referenced is not None else None
+            if f is not None and f.index in self.lane_major and f.var.canonical.hash not in self.scalar:
+                at = g.span(ref)[0]
+                if any(a <= at < b for a, b in spans):
+                    return True
+        return False
+
+    def faults_alike(self, statement) -> bool:
+        """Whether a per-thread statement can fault only alike in all threads: every access
+        it makes of memory or of an array has one index in all threads (and a pointer's one
+        pointer), under conditions with one value in all threads, and it calls only Metal's
+        functions without effects (which raise nothing in a plain dispatch)."""
         kernel = self.analysis
         lib = self.lib
-        # A SIMD-group function's lane hands over its operands (post), or the statement runs
-        # with the call's result (replay): the call is its own, its operands are seen.
-        call = self.stops[node_key(statement)][1].call if what in ("post", "replay") else None
-        collective = node_key(call) if call is not None else None
-        if what == "post":
-            statement = call
 
         def alike(node, chain: List[object]) -> bool:
             kind = node.kind.name
@@ -652,8 +659,7 @@ class _LanesAtOnce:
                 base = next(iter(node.get_children()), None)
                 if base is not None and kernel.arrow(node, base):
                     return False
-            elif kind == "CALL_EXPR" and not (kernel.effect_free_call(node) or _dependent_arithmetic(node) or
-                                              node_key(node) == collective):
+            elif kind == "CALL_EXPR" and not (kernel.effect_free_call(node) or _dependent_arithmetic(node)):
                 return False
             return all(alike(c, here) for c in node.get_children())
 
