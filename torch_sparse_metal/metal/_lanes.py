@@ -44,9 +44,9 @@ For code the C++ compiler vectorises across the threads:
   fault only alike in all threads (``faults_alike``: each access with one index, and a
   pointer's one pointer, in every thread, under conditions with one value in every thread;
   only Metal's functions without effects) gets a second loop, taken when every thread runs:
-  without each thread's test, its entering and its catch. Only the first thread can be the first to
-  fault there, where it is entered before the loop, and the fault leaves at once, as the
-  fibers' would (they run that thread first); the test, the store of the running thread
+  without each thread's test, its entering and its catch. Only the first thread can be the
+  first to fault there, where it is entered before the loop, and the fault leaves at once, as
+  the fibers' would (they run that thread first); the test, the store of the running thread
   (which with -fno-strict-aliasing may alias the slots) and the catch each kept g++ from
   vectorising the loop. Floating point is the kernel's: each thread's operations stay its
   own (no value of two threads is combined in a loop), under -ffp-contract=off and no
@@ -620,14 +620,7 @@ class _LanesAtOnce:
 
     def element_major_in(self, spans: List[Tuple[int, int]]) -> bool:
         """Whether code in these spans uses an array in element-major slots."""
-        g = self.g
-        for ref, _ in g.refs:
-            f = g.frame_of.get(ref.referenced.canonical.hash) if ref.referenced is not None else None
-            if f is not None and f.index in self.lane_major and f.var.canonical.hash not in self.scalar:
-                at = g.span(ref)[0]
-                if any(a <= at < b for a, b in spans):
-                    return True
-        return False
+        return any(index in self.lane_major for index in self.thread_own(spans)[0])
 
     def faults_alike(self, statement) -> bool:
         """Whether a per-thread statement can fault only alike in all threads: every access
@@ -710,11 +703,10 @@ class _LanesAtOnce:
                 if not any(a <= at < b for a, b in spans):
                     raise Unsupported(f"{target.spelling} is read beyond the statements around it")
 
-    def bindings(self, spans: List[Tuple[int, int]], collective: bool) -> str:
-        """What the loop's statements use of a thread's own: its slots, its built-ins, and
-        for a SIMD-group function its lane (the rewriter passes `__tsm_lane` to each)."""
+    def thread_own(self, spans: List[Tuple[int, int]]) -> Tuple[Dict[int, object], Dict[int, int]]:
+        """The slots (frames, by index) and per-thread parameters (by index in
+        ``thread_params``) that code in these spans uses."""
         g = self.g
-        k = self.k
         frames: Dict[int, object] = {}
         params: Dict[int, int] = {}
         thread_param = {p.canonical.hash: i for i, (p, _, _) in enumerate(g.thread_params)}
@@ -726,8 +718,15 @@ class _LanesAtOnce:
             f = g.frame_of.get(key)
             if f is not None and key not in self.scalar:
                 frames[f.index] = f
-            elif ref.referenced.kind == k.PARM_DECL and key in thread_param:
+            elif ref.referenced.kind == self.k.PARM_DECL and key in thread_param:
                 params[thread_param[key]] = key
+        return frames, params
+
+    def bindings(self, spans: List[Tuple[int, int]], collective: bool) -> str:
+        """What the loop's statements use of a thread's own: its slots, its built-ins, and
+        for a SIMD-group function its lane (the rewriter passes `__tsm_lane` to each)."""
+        g = self.g
+        frames, params = self.thread_own(spans)
         out = []
         if collective:  # (replaying; a handing over has its own, see threads_loop)
             out.append("const ::tsm_emu::LaneRef __tsm_lane{&__tsm_g.home->lanes, __tsm_t, ::tsm_emu::kReplaying};")
