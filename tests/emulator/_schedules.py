@@ -49,6 +49,19 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
                                                                      b.contiguous().view(torch.uint8))
 
 
+def same_bits_each_way(ways, launch):
+    """What ``launch(lib)`` gives for each library of ``ways`` (a tensor, or a tuple of
+    them: the outputs it wrote), asserted the same to the bit in every way; the first way's
+    (lanes at once, of three_ways)."""
+    results = [launch(lib) for lib in ways]
+    as_tuples = [r if isinstance(r, tuple) else (r,) for r in results]
+    for other in as_tuples[1:]:
+        assert len(other) == len(as_tuples[0])
+        for a, b in zip(as_tuples[0], other):
+            assert bitwise_equal(a, b)
+    return results[0]
+
+
 def fault_of(lib, kernel: str, *args, **launch):
     """(kind, words) of the fault a launch of ``lib``'s ``kernel`` raises, or None."""
     try:

@@ -24,7 +24,7 @@ from torch_sparse_metal.metal import KernelFault, _compiler
 
 from _hang_guard import call_with_timeout
 from _random_kernels import random_simd_kernel
-from _schedules import bitwise_equal, fault_of, three_ways
+from _schedules import bitwise_equal, fault_of, same_bits_each_way, three_ways
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -140,14 +140,13 @@ def test_these_kernels_run_lanes_at_once(tmp_path):
 @pytest.mark.parametrize("n, threads, group", [(256, 256, 64), (100, 100, 50), (70, 96, 96), (33, 64, 64)])
 @pytest.mark.parametrize("rounds", [0, 1, 5])
 def test_shuffles_and_sums_agree_with_rounds_and_fibers(monkeypatch, n, threads, group, rounds):
-    ways = three_ways(KERNELS, monkeypatch)
     x = torch.randn(n, generator=torch.Generator().manual_seed(n)).float()
-    outs = []
-    for lib in ways:
+
+    def launch(lib):
         out = torch.full((n,), float("nan"))
         lib.rotate(x, out, n, rounds, threads=threads, group_size=group)
-        outs.append(out)
-    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
+        return out
+    out = same_bits_each_way(three_ways(KERNELS, monkeypatch), launch)
     if threads % 32 == 0 and rounds:
         # NumPy, where every SIMD-group is whole (a partial one's missing lanes read poison)
         v = np.zeros(threads)
@@ -157,39 +156,37 @@ def test_shuffles_and_sums_agree_with_rounds_and_fibers(monkeypatch, n, threads,
             v = np.roll(v.reshape(-1, 32), -1, axis=1).reshape(-1)
             acc = v * (r + 1) + acc
             acc += np.repeat(v.reshape(-1, 32).sum(axis=1), 32) * 0.5
-        np.testing.assert_allclose(outs[0].numpy(), acc[:n], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(out.numpy(), acc[:n], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("n, threads, group", [(256, 256, 64), (40, 64, 64), (1, 32, 32), (95, 128, 64)])
 def test_threads_that_returned_are_inactive(monkeypatch, n, threads, group):
-    ways = three_ways(KERNELS, monkeypatch)
     x = torch.arange(threads, dtype=torch.float32) * 0.25 + 1.0
-    outs = []
-    for lib in ways:
+
+    def launch(lib):
         out = torch.full((threads,), float("nan"))
         lib.early_return(x, out, n, threads=threads, group_size=group)
-        outs.append(out)
-    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
+        return out
+    out = same_bits_each_way(three_ways(KERNELS, monkeypatch), launch)
     v = x.double().numpy()
     want = np.full(threads, np.nan)
     for first in range(0, n, 32):
         live = v[first:min(first + 32, n)]  # the active lanes of this SIMD-group
         want[first:first + len(live)] = live.sum() + 2.0 * (np.cumsum(live) - live)
-    np.testing.assert_allclose(outs[0].numpy(), want, rtol=1e-6)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6)
 
 
 @pytest.mark.parametrize("group", [32, 64, 256])
 @pytest.mark.parametrize("limit", [0, 3, 100])
 def test_barriers_a_uniform_break_and_a_thread_own_variable(monkeypatch, group, limit):
-    ways = three_ways(KERNELS, monkeypatch)
     x = torch.rand(512, generator=torch.Generator().manual_seed(group)) * 4.0
-    outs = []
-    for lib in ways:
+
+    def launch(lib):
         out = torch.full((512,), float("nan"))
         lib.staged(x, out, limit, threads=512, group_size=group)
-        outs.append(out)
-    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
-    np.testing.assert_allclose(outs[0].numpy(), staged_reference(x.numpy(), group, limit), rtol=1e-5)
+        return out
+    out = same_bits_each_way(three_ways(KERNELS, monkeypatch), launch)
+    np.testing.assert_allclose(out.numpy(), staged_reference(x.numpy(), group, limit), rtol=1e-5)
 
 
 FAULTS = HEADER + r"""
@@ -334,26 +331,23 @@ kernel void branches(device const uint* trips [[buffer(0)]], device const float*
 def test_threads_parting_around_simd_group_functions_agree_with_rounds_and_fibers(monkeypatch, tmp_path,
                                                                                     threads, group):
     assert generated(PARTED, tmp_path).lanes == {"two_level_sum", "own_trips", "branches"}
-    ways = three_ways(PARTED, monkeypatch)
     rng = np.random.default_rng(threads + group)
     x = torch.from_numpy(rng.standard_normal(threads).astype(np.float32) * 8.0)
     trips = torch.from_numpy(rng.integers(0, 9, threads).astype(np.int32))
     groups = -(-threads // group)
-    results = []
-    for lib in ways:
+
+    def launch(lib):
         sums = torch.full((groups,), float("nan"))
         lib.two_level_sum(x, sums, threads=threads, group_size=group)
         own = torch.full((threads,), float("nan"))
         lib.own_trips(trips, own, threads=threads, group_size=group)
         parted = torch.full((threads,), float("nan"))
         lib.branches(trips, x, parted, threads=threads, group_size=group)
-        results.append((sums, own, parted))
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
-            assert bitwise_equal(a, b)
+        return sums, own, parted
+    sums, _, _ = same_bits_each_way(three_ways(PARTED, monkeypatch), launch)
     if group % 32 == 0:  # (a partial SIMD-group's missing lanes are poison in simd_sum's reference)
         want = x.double().numpy().reshape(groups, group).sum(axis=1)
-        np.testing.assert_allclose(results[0][0].numpy(), want, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(sums.numpy(), want, rtol=1e-5, atol=1e-4)
 
 
 EDGES = HEADER + r"""
@@ -455,13 +449,12 @@ def test_what_cannot_run_lanes_at_once_keeps_the_rounds_and_says_why_and_edges_t
     lanes, rounds, fibers = three_ways(EDGES, monkeypatch)
     for kernel in ("counter_set_per_thread", "local_after_scalar", "loop_declares_own", "condition_reads_own",
                    "barrier_apart"):
-        outs = []
-        for lib in (lanes, fibers):
+        def launch(lib):
             out = torch.full((64,), float("nan"))
             # (threadgroups of one SIMD-group where a barrier is reached only by SIMD-group 0)
             getattr(lib, kernel)(out, threads=64, group_size=32 if kernel == "barrier_apart" else 64)
-            outs.append(out)
-        assert bitwise_equal(outs[0], outs[1]), kernel
+            return out
+        same_bits_each_way((lanes, fibers), launch)
 
 
 def test_the_projects_kernels_with_simd_group_functions(tmp_path):
@@ -514,8 +507,7 @@ kernel void tickets(device atomic_uint* next [[buffer(0)]], device atomic_uint* 
 @pytest.mark.parametrize("threads, group", [(256, 64), (100, 50)])
 def test_atomics_take_a_legal_order(monkeypatch, tmp_path, threads, group):
     assert generated(ATOMICS, tmp_path).lanes == {"tickets"}
-    outs = []
-    for lib in three_ways(ATOMICS, monkeypatch):
+    def launch(lib):
         next_, total = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
         sum_, ticket, out = torch.zeros(1), torch.full((threads,), -1, dtype=torch.int32), torch.zeros(threads)
         lib.tickets(next_, total, sum_, ticket, out, threads=threads, group_size=group)
@@ -523,8 +515,8 @@ def test_atomics_take_a_legal_order(monkeypatch, tmp_path, threads, group):
         gid = np.arange(threads)
         assert total.item() == int(gid[(gid % group) // 32 % 2 == 0].sum())
         np.testing.assert_allclose(sum_.item(), gid.sum() * 0.5, rtol=1e-6)
-        outs.append(out)
-    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
+        return out
+    same_bits_each_way(three_ways(ATOMICS, monkeypatch), launch)
 
 
 # ---- random kernels --------------------------------------------------------------------------------

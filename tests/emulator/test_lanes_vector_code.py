@@ -23,7 +23,7 @@ import torch
 
 from torch_sparse_metal.metal import _compiler, compile_shader
 
-from _schedules import bitwise_equal, fault_of, three_ways
+from _schedules import fault_of, same_bits_each_way, three_ways
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -154,16 +154,15 @@ def test_runs_that_fault_alike_have_a_loop_without_each_threads_test(tmp_path):
 @pytest.mark.parametrize("steps, start", [(0, 0), (1, 3), (6, 5)])
 def test_element_major_arrays_and_runs_that_fault_alike_agree_with_rounds_and_fibers(monkeypatch, threads, group,
                                                                                      steps, start):
-    ways = three_ways(KERNELS, monkeypatch)
     x = torch.randn(threads, generator=torch.Generator().manual_seed(threads + steps)).float()
-    outs = []
-    for lib in ways:
+
+    def launch(lib):
         out = torch.full((threads,), float("nan"))
         lib.lane_sums(x, out, steps, start, threads=threads, group_size=group)
-        outs.append(out)
-    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
+        return out
+    out = same_bits_each_way(three_ways(KERNELS, monkeypatch), launch)
     if threads % 32 == 0:  # (a partial SIMD-group's missing lanes read poison)
-        assert torch.isfinite(outs[0]).all()
+        assert torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("first", [0, 5, 33])
@@ -173,12 +172,11 @@ def test_a_fault_every_thread_makes_names_the_first_running_thread_as_fibers_do(
     assert faults[0] is not None and faults[0][0] == "out_of_bounds"
     assert faults[0] == faults[1] == faults[2]
     assert f"index {first} in threadgroup" in faults[0][1] and "`acc`" in faults[0][1], faults[0][1]
-    outs = []
-    for lib in ways:  # in bounds: the same bits
+    def launch(lib):  # in bounds: the same bits
         out = torch.full((64,), float("nan"))
         lib.uniform_fault(out, 3, first, threads=64, group_size=64)
-        outs.append(out)
-    assert bitwise_equal(outs[0], outs[1]) and bitwise_equal(outs[0], outs[2])
+        return out
+    same_bits_each_way(ways, launch)
 
 
 # The packed multiply-adds of the host (the emulator compiles with -mfma on x86-64).
