@@ -36,11 +36,16 @@ def three_ways(source: str, monkeypatch):
     return lanes, rounds, fibers
 
 
-def grouped(source: str, tmp_path: Path) -> set:
-    """The kernels of ``source`` that run as barrier regions."""
+def translated(source: str, tmp_path: Path, sanitize: bool = False) -> _compiler.GeneratedCxx:
+    """``source`` as the emulator translates it (written to ``tmp_path``)."""
     path = tmp_path / "shader.metal"
     path.write_text(source)
-    return _compiler.generated_cxx(path).grouped
+    return _compiler.generated_cxx(path, sanitize=sanitize)
+
+
+def grouped(source: str, tmp_path: Path) -> set:
+    """The kernels of ``source`` that run as barrier regions."""
+    return translated(source, tmp_path).grouped
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -24,7 +24,7 @@ from torch_sparse_metal.metal import KernelFault, _compiler
 
 from _hang_guard import call_with_timeout
 from _random_kernels import random_simd_kernel
-from _schedules import bitwise_equal, fault_of, same_bits_each_way, three_ways
+from _schedules import bitwise_equal, fault_of, same_bits_each_way, three_ways, translated
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -116,12 +116,6 @@ def _strict_barriers(monkeypatch):
     monkeypatch.delenv("TSM_EMU_EXITED_THREADS_ARRIVE", raising=False)
 
 
-def generated(source: str, tmp_path, sanitize: bool = False) -> _compiler.GeneratedCxx:
-    path = tmp_path / "shader.metal"
-    path.write_text(source)
-    return _compiler.generated_cxx(path, sanitize=sanitize)
-
-
 def not_lanes(cxx: _compiler.GeneratedCxx) -> dict:
     """Why each kernel that runs as regions does not run lanes at once (the translation says)."""
     reasons = {}
@@ -131,10 +125,10 @@ def not_lanes(cxx: _compiler.GeneratedCxx) -> dict:
 
 
 def test_these_kernels_run_lanes_at_once(tmp_path):
-    cxx = generated(KERNELS, tmp_path)
+    cxx = translated(KERNELS, tmp_path)
     assert cxx.lanes == {"rotate", "early_return", "staged"}
     # Sanitized builds keep the rounds (the sanitizer follows one thread at a time).
-    assert generated(KERNELS, tmp_path, sanitize=True).lanes == set()
+    assert translated(KERNELS, tmp_path, sanitize=True).lanes == set()
 
 
 @pytest.mark.parametrize("n, threads, group", [(256, 256, 64), (100, 100, 50), (70, 96, 96), (33, 64, 64)])
@@ -220,7 +214,7 @@ kernel void return_before_barrier(device float* out [[buffer(0)]], uint lid [[th
 
 @pytest.mark.parametrize("first, second", [(9, 3), (3, 9), (40, 33), (5, 5)])
 def test_a_fault_names_the_thread_and_access_fibers_name(monkeypatch, tmp_path, first, second):
-    assert generated(FAULTS, tmp_path).lanes == {"two_faults", "return_before_barrier"}
+    assert translated(FAULTS, tmp_path).lanes == {"two_faults", "return_before_barrier"}
     ways = three_ways(FAULTS, monkeypatch)
     x = torch.zeros(64)
     faults = [fault_of(lib, "two_faults", x, torch.zeros(64), first, second, 0, threads=64, group_size=64)
@@ -330,7 +324,7 @@ kernel void branches(device const uint* trips [[buffer(0)]], device const float*
 @pytest.mark.parametrize("threads, group", [(256, 256), (256, 64), (96, 96), (70, 70), (40, 40)])
 def test_threads_parting_around_simd_group_functions_agree_with_rounds_and_fibers(monkeypatch, tmp_path,
                                                                                     threads, group):
-    assert generated(PARTED, tmp_path).lanes == {"two_level_sum", "own_trips", "branches"}
+    assert translated(PARTED, tmp_path).lanes == {"two_level_sum", "own_trips", "branches"}
     rng = np.random.default_rng(threads + group)
     x = torch.from_numpy(rng.standard_normal(threads).astype(np.float32) * 8.0)
     trips = torch.from_numpy(rng.integers(0, 9, threads).astype(np.int32))
@@ -433,7 +427,7 @@ kernel void barriers_only(device float* out [[buffer(0)]], uint lid [[thread_pos
 
 
 def test_what_cannot_run_lanes_at_once_keeps_the_rounds_and_says_why_and_edges_that_can(monkeypatch, tmp_path):
-    cxx = generated(EDGES, tmp_path)
+    cxx = translated(EDGES, tmp_path)
     # A variable every thread sets alike in code each thread runs on its own is each
     # thread's own, and a condition reading it is evaluated by each thread, as where their
     # ways may part.
@@ -506,7 +500,7 @@ kernel void tickets(device atomic_uint* next [[buffer(0)]], device atomic_uint* 
 
 @pytest.mark.parametrize("threads, group", [(256, 64), (100, 50)])
 def test_atomics_take_a_legal_order(monkeypatch, tmp_path, threads, group):
-    assert generated(ATOMICS, tmp_path).lanes == {"tickets"}
+    assert translated(ATOMICS, tmp_path).lanes == {"tickets"}
     def launch(lib):
         next_, total = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32)
         sum_, ticket, out = torch.zeros(1), torch.full((threads,), -1, dtype=torch.int32), torch.zeros(threads)
@@ -537,7 +531,7 @@ def test_random_kernels_with_parting_lanes_agree_with_fibers(tmp_path_factory, s
     rng = random.Random(seed)
     names = [f"random_{i}" for i in range(6)]
     source = HEADER + "\n".join(random_simd_kernel(name, rng) for name in names)
-    assert generated(source, tmp_path_factory.mktemp("random")).lanes == set(names), f"seed {seed}"
+    assert translated(source, tmp_path_factory.mktemp("random")).lanes == set(names), f"seed {seed}"
     with pytest.MonkeyPatch.context() as monkeypatch:
         ways = three_ways(source, monkeypatch)
     for name in names:

@@ -23,7 +23,7 @@ import torch
 
 from torch_sparse_metal.metal import _compiler, compile_shader
 
-from _schedules import fault_of, same_bits_each_way, three_ways
+from _schedules import fault_of, same_bits_each_way, three_ways, translated
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -116,9 +116,7 @@ kernel void own_faults(device const float* x [[buffer(0)]], device float* out [[
 
 
 def generated(tmp_path) -> str:
-    path = tmp_path / "shader.metal"
-    path.write_text(KERNELS)
-    cxx = _compiler.generated_cxx(path)
+    cxx = translated(KERNELS, tmp_path)
     assert cxx.lanes == {"lane_sums", "uniform_fault", "own_faults"}
     return cxx.text
 

@@ -78,6 +78,7 @@ import re
 from typing import Dict, List, Optional, Set, Tuple
 
 from . import _frontend, _rewrite
+from ._thread_arrays import _ARRAY_KINDS
 from ._uniformity import UNIFORM_BUILTINS, decisions, jump_target, node_key
 
 _ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
@@ -96,11 +97,10 @@ W_COLLECTIVE = 1  # regions.h's WaitKind of a SIMD-group function
 # leaves the thread's code, or what the analysis does not see into.
 _UNSEEN = frozenset(("LAMBDA_EXPR", "GOTO_STMT", "INDIRECT_GOTO_STMT", "RETURN_STMT", "CXX_TRY_STMT",
                      "CXX_THROW_EXPR", "GCC_ASM_STMT", "MS_ASM_STMT", "CXX_NEW_EXPR", "CXX_DELETE_EXPR"))
-_ARRAYS = ("ConstantArray", "DependentSizedArray")
 # (Not && and ||, which decide whether their right operand runs: as calls, the analysis does
 # not see them as conditions.)
 _ARITHMETIC = frozenset("+ - * / % & | ^ ~ ! << >> < > <= >= == != = += -= *= /= %= &= |= ^= <<= >>= ++ --".split())
-_OWN_ELEMENTS = _ARRAYS + ("ExtVector", "Vector")
+_OWN_ELEMENTS = _ARRAY_KINDS + ("ExtVector", "Vector")
 Key = Tuple[str, int, int]
 
 
@@ -778,7 +778,7 @@ def _rank(t) -> int:
     """How many arrays deep a type is (0: not an array)."""
     t = t.get_canonical()
     rank = 0
-    while _frontend._type_kind(t) in _ARRAYS:
+    while _frontend._type_kind(t) in _ARRAY_KINDS:
         t = t.get_array_element_type().get_canonical()
         rank += 1
     return rank
