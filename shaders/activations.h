@@ -40,22 +40,26 @@ inline T tsm_gelu_tanh_grad(T x) {
 template <typename T>
 inline T tsm_activate(T z, uint activation) {
   switch (activation) {
-    case TSM_ACT_RELU: return z > T(0) ? z : T(0);
+    // torch.relu is clamp_min(z, 0): a NaN stays NaN (it is also what the sparse kernels
+    // write for a corrupted pattern, which must not become 0) and -0.0 stays -0.0.
+    case TSM_ACT_RELU: return z < T(0) ? T(0) : z;
     case TSM_ACT_GELU_TANH: return tsm_gelu_tanh(z);
     case TSM_ACT_TANH: return tanh(z);
     default: return z;
   }
 }
 
-// d activation / d z from what the forward saved: the output y for relu (y > 0 iff z > 0)
+// d loss / d z from g = d loss / d y and what the forward saved: the output y for relu
 // and tanh (1 - y^2), which costs no extra memory; the pre-activation z for GELU, whose
-// output does not determine its input.
+// output does not determine its input. As torch's backward formulas: relu's selects
+// (threshold_backward: g where y is not <= 0, NaN included, else 0), so an infinite or NaN
+// g where y = 0 gives 0, not inf * 0 = NaN; the others multiply g by the derivative.
 template <typename T>
-inline T tsm_activation_grad(T saved, uint activation) {
+inline T tsm_activation_backward(T g, T saved, uint activation) {
   switch (activation) {
-    case TSM_ACT_RELU: return saved > T(0) ? T(1) : T(0);
-    case TSM_ACT_GELU_TANH: return tsm_gelu_tanh_grad(saved);
-    case TSM_ACT_TANH: return T(1) - saved * saved;
-    default: return T(1);
+    case TSM_ACT_RELU: return saved <= T(0) ? T(0) : g;
+    case TSM_ACT_GELU_TANH: return g * tsm_gelu_tanh_grad(saved);
+    case TSM_ACT_TANH: return g * (T(1) - saved * saved);
+    default: return g;
   }
 }

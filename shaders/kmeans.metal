@@ -10,7 +10,7 @@
 //   kmeans_sq_norms       ||x||^2 and the first ||c||^2, once per fit (then kmeans_drift)
 //   matmul_<rung>         D' = -2 x @ c.T + ||c||^2: the project's GEMM (shaders/matmul_*),
 //                         launched by the host through ops/matmul.py
-//   kmeans_assign         D = max(||x||^2 + D', 0) and argmin over each row of D + the
+//   kmeans_assign         D = clamp_min(||x||^2 + D', 0) and argmin over each row of D + the
 //                         minimum (inertia, re-seeding)
 //   kmeans_zero           clear the accumulators
 //   kmeans_accumulate_*   per-cluster sums and counts: threadgroup partials, then either
@@ -25,6 +25,31 @@
 #include <metal_stdlib>
 #include "tsm_common.h"
 using namespace metal;
+
+// ---------------------------------------------------------------------------------------
+// NaN as the reference has it: torch.argmin, torch.min, torch.max, torch.minimum and
+// clamp_min propagate NaN, where Metal's min and max (fmin, fmax) drop it. The estimator
+// rejects non-finite points, but the ops take any centroids, distances and norms.
+
+// Whether distance d of cluster j comes before `best` of cluster best_j in torch.argmin's
+// order: NaN below every number (the first NaN wins), then the smaller, then the lower j.
+template <typename T>
+inline bool kmeans_before(T d, uint j, T best, uint best_j) {
+  if (isnan(d) || isnan(best)) {
+    return isnan(d) && (!isnan(best) || j < best_j);
+  }
+  return d < best || (d == best && j < best_j);
+}
+
+// torch.minimum and torch.maximum: a NaN operand is the result.
+template <typename T>
+inline T kmeans_min(T a, T b) {
+  return isnan(a) || a < b ? a : b;
+}
+template <typename T>
+inline T kmeans_max(T a, T b) {
+  return isnan(a) || a > b ? a : b;
+}
 
 // ---------------------------------------------------------------------------------------
 // Distances
@@ -104,22 +129,21 @@ template <typename T>
 // its chooser picks): the host runs D' = -2 x @ c.T + ||c||^2 (alpha = -2, the centroid
 // norms a broadcast row bias, c.T read in place), which turns the n*k*d
 // subtract-square-add work into a matrix product. kmeans_assign then finishes each row,
-// D = max(||x||^2 + D', 0), while it scans it: no dispatch of its own.
+// D = clamp_min(||x||^2 + D', 0), while it scans it: no dispatch of its own.
 
 // Flags of kmeans_assign.
 constant constexpr uint KMEANS_ASSIGN_ADD_X_SQ = 1u;  // dist holds D': add x_sq, clamp at 0
 constant constexpr uint KMEANS_ASSIGN_STORE = 2u;     // write the finished row back to dist
 
-// labels[i] = argmin_j D[i, j] (the lowest j on ties, as torch.argmin and scikit-learn),
-// min_dist[i] = that minimum. With KMEANS_ASSIGN_ADD_X_SQ the row read is the GEMM's D'
-// and each entry becomes max(x_sq[i] + D'[i, j], 0) before the comparison: the clamp
-// because cancellation can make the exact 0 of a point sitting on its centroid come out
-// slightly negative. With KMEANS_ASSIGN_STORE the finished entries are written back in
-// place (the host's `distances`, which returns D). Without flags, dist is a finished D,
-// only read, and x_sq is not read. Starting from column 0 rather than +inf means a row of
-// NaNs (which the host never sends: it rejects non-finite input) still yields a label in
-// range. Rows are staged as described above kmeans_sq_norms; finished entries go back the
-// same way, the SIMD-group's 32 lanes writing consecutive elements of the block.
+// labels[i] = argmin_j D[i, j] (the lowest j on ties, as torch.argmin and scikit-learn;
+// a NaN is the minimum, as torch's: kmeans_before), min_dist[i] = that minimum. With
+// KMEANS_ASSIGN_ADD_X_SQ the row read is the GEMM's D' and each entry becomes
+// clamp_min(x_sq[i] + D'[i, j], 0) before the comparison: the clamp because cancellation
+// can make the exact 0 of a point sitting on its centroid come out slightly negative. With
+// KMEANS_ASSIGN_STORE the finished entries are written back in place (the host's
+// `distances`, which returns D). Without flags, dist is a finished D, only read, and x_sq
+// is not read. Rows are staged as described above kmeans_sq_norms; finished entries go
+// back the same way, the SIMD-group's 32 lanes writing consecutive elements of the block.
 template <typename T>
 [[kernel]] void kmeans_assign(
     device T* dist            [[buffer(0)]],  // (n, k)
@@ -152,12 +176,12 @@ template <typename T>
       for (uint c = 0; c < cols; ++c) {
         T v = tile[base + lane * pitch + c];
         if (add) {
-          v = max(xs + v, T(0));
+          v = kmeans_max(xs + v, T(0));
           if (store) {
             tile[base + lane * pitch + c] = v;
           }
         }
-        if ((j0 == 0 && c == 0) || v < best) {
+        if ((j0 == 0 && c == 0) || kmeans_before(v, j0 + c, best, best_j)) {
           best = v;
           best_j = j0 + c;
         }
@@ -487,7 +511,7 @@ template <typename T>
       norm = fma(value, value, norm);
     }
     new_sq[c] = norm;
-    local_max = max(local_max, shift);
+    local_max = kmeans_max(local_max, shift);
     local_sum += shift;
   }
   threadgroup T* maxima = scratch;
@@ -497,7 +521,7 @@ template <typename T>
   threadgroup_barrier(mem_flags::mem_threadgroup);
   for (uint stride = size / 2; stride > 0; stride /= 2) {
     if (lid < stride) {
-      maxima[lid] = max(maxima[lid], maxima[lid + stride]);
+      maxima[lid] = kmeans_max(maxima[lid], maxima[lid + stride]);
       totals[lid] += totals[lid + stride];
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -537,7 +561,7 @@ template <typename T>
       const T delta = point[f] - c[j * d + f];
       acc = fma(delta, delta, acc);
     }
-    if (mine_j == KMEANS_NO_CLUSTER || acc < mine) {  // j increases: ties keep the first
+    if (mine_j == KMEANS_NO_CLUSTER || kmeans_before(acc, j, mine, mine_j)) {
       mine = acc;
       mine_j = j;
     }
@@ -552,8 +576,7 @@ template <typename T>
       const uint cur_j = best_index[lid];
       const T cur = best_dist[lid];
       const bool take = other_j != KMEANS_NO_CLUSTER &&
-                        (cur_j == KMEANS_NO_CLUSTER || other < cur ||
-                         (other == cur && other_j < cur_j));
+                        (cur_j == KMEANS_NO_CLUSTER || kmeans_before(other, other_j, cur, cur_j));
       if (take) {
         best_dist[lid] = other;
         best_index[lid] = other_j;
@@ -590,7 +613,7 @@ template <typename T>
     const T delta = r[f] - chosen[f];
     acc = fma(delta, delta, acc);
   }
-  min_out[gid] = min(min_in[gid], acc);
+  min_out[gid] = kmeans_min(min_in[gid], acc);
 }
 
 // partial_fit (the seed's real-time tier 2): fold a batch's per-cluster sums and counts

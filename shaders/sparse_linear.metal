@@ -22,7 +22,8 @@ inline bool tsm_edge_range_ok(int begin, int end, uint nnz) {
 // the activation's derivative).
 template <typename T>
 inline T tsm_grad_preact(device const T* g, device const T* saved, int row, uint activation) {
-  return activation == TSM_ACT_NONE ? g[row] : g[row] * tsm_activation_grad(saved[row], activation);
+  return activation == TSM_ACT_NONE ? g[row]
+                                    : tsm_activation_backward(g[row], saved[row], activation);
 }
 
 // One thread per (target neuron, batch element), flattened as gid = b * out_features + row

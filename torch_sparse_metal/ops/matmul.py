@@ -34,7 +34,7 @@ from .. import _validation as V
 from .._backend import resolve_backend
 from .._kernel_names import kernel_name
 from .._activations import ACTIVATION_CODES, check_activation
-from ..reference.activations import activation_grad_reference
+from ..reference.activations import activation_backward_reference
 from ..reference.matmul import addmm_reference
 
 OP_MM, OP_ADDMM = "mm", "addmm"
@@ -278,8 +278,10 @@ def addmm(bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Tensor, *,
 
     ``bias`` broadcasts to the ``m x n`` output (``(n,)``, ``(1, n)``, ``(m, 1)``,
     ``(m, n)``, a scalar) and is read in place; None means no bias term. As in torch,
-    ``beta = 0`` ignores ``bias`` entirely (NaNs in it do not propagate; its gradient
-    is zeros, as torch's). Differentiable in ``bias``, ``a`` and ``b``.
+    ``beta = 0`` ignores ``bias`` entirely (NaNs in it do not propagate; its gradient is
+    ``0 * grad``, as torch's: zeros but where ``grad`` is not finite). ``alpha = 0`` scales
+    ``a @ b`` all the same (0 * inf is NaN; torch's float32 and float64 BLAS skip it).
+    Differentiable in ``bias``, ``a`` and ``b``.
     """
     return _matmul(OP_ADDMM, bias, a, b, alpha=alpha, beta=beta, activation=activation,
                    kernel=kernel)
@@ -297,7 +299,7 @@ def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Ten
     if bias is not None:
         broadcast_bias(op, bias, m, n)  # validates the broadcast (also for an empty output)
     # torch.addmm: beta = 0 ignores the input (NaNs in it do not propagate), but the bias
-    # stays an input of the graph, so its gradient is zeros, as torch's, not None.
+    # stays an input of the graph, so its gradient is 0 * grad, as torch's, not None.
 
     backend = resolve_backend(op, (a, b, bias))
     if backend == "reference" or m == 0 or n == 0 or k == 0:
@@ -371,7 +373,7 @@ def _mm_backward(ctx, grad_out):
 
 
 def _addmm_kernel(bias, a, b, alpha, beta, activation, kernel, save_preact, *, backend):
-    # beta = 0: the bias is an input (its gradient is zeros) but the kernel never reads it.
+    # beta = 0: the bias is an input (its gradient is 0 * grad) but the kernel never reads it.
     out, preact = launch_matmul(a, b, bias if beta != 0.0 else None, alpha=alpha, beta=beta,
                                 activation=activation, save_preact=save_preact, kernel=kernel,
                                 backend=backend, op=OP_ADDMM)
@@ -398,19 +400,17 @@ def _addmm_backward(ctx, grad_out, _grad_preact):
     need_bias, need_a, need_b = ctx.needs_input_grad[:3]
     g = grad_out
     if ctx.activation is not None:
-        g = g * activation_grad_reference(act_saved, ctx.activation)
+        g = activation_backward_reference(g, act_saved, ctx.activation)
     # d/da (alpha * a @ b) = alpha * g @ b^T, d/db = alpha * a^T @ g.
     grad_a = _ADDMM(None, g, b.t(), ctx.alpha, 0.0, None, ctx.kernel, False)[0] \
         if need_a else None
     grad_b = _ADDMM(None, a.t(), g, ctx.alpha, 0.0, None, ctx.kernel, False)[0] \
         if need_b else None
     grad_bias = None
-    if need_bias and ctx.beta == 0.0:
-        grad_bias = g.new_zeros(ctx.bias_shape)  # the bias was not read
-    elif need_bias:
-        grad_bias = g.sum_to_size(ctx.bias_shape)
-        if ctx.beta != 1.0:
-            grad_bias = grad_bias * ctx.beta
+    if need_bias:
+        # torch.addmm's: beta * g summed over the broadcast, so beta = 0 (the bias never
+        # read) gives zeros, and NaN where g holds a NaN or an infinity, as 0 * inf.
+        grad_bias = (g if ctx.beta == 1.0 else g * ctx.beta).sum_to_size(ctx.bias_shape)
     return grad_bias, grad_a, grad_b, None, None, None, None, None
 
 
