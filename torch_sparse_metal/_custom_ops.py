@@ -4,7 +4,8 @@ Each op module (``ops/``, ``nn/functional.py``, ``optim/adamw.py``) defines its 
 :func:`define`: a schema, the kernel (host code that allocates and launches), a fake
 implementation (shapes and dtypes only, for ``torch.compile``, ``torch.export`` and
 ``opcheck``) and, for differentiable ops, a backward formula and its ``setup_context``,
-registered as the op's ``Autograd`` kernel (:func:`autograd_kernel`). Under
+registered as the op's ``Autograd`` kernel (:func:`autograd_kernel`); the other ops'
+``Autograd`` kernel refuses a gradient (:func:`not_differentiable_kernel`). Under
 ``torch.compile`` the ops are opaque nodes of the graph; in eager mode they run through the
 dispatcher.
 
@@ -51,7 +52,8 @@ def define(schema: str, kernel: Callable[..., Any], fake: Callable[..., Any], *,
     ``kernel(*args, backend=...)`` runs the op's kernels on ``backend`` (``"emulator"`` for
     CPU tensors, ``"metal"`` for MPS tensors); ``fake(*args)`` returns outputs of the right
     shapes, dtypes and devices without touching data. ``backward`` / ``setup_context``: as
-    ``torch.library.register_autograd`` takes them (omitted: the op is not differentiable).
+    ``torch.library.register_autograd`` takes them; omitted, the op is not differentiable and
+    a gradient through it raises (:func:`not_differentiable_kernel`).
     """
     name = schema.split("(", 1)[0]
     _LIBRARY.define(schema)
@@ -60,9 +62,9 @@ def define(schema: str, kernel: Callable[..., Any], fake: Callable[..., Any], *,
         _LIBRARY.impl(name, functools.partial(kernel, backend=backend), key)
     torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_LIBRARY)
     op = getattr(getattr(torch.ops, NAMESPACE), name).default
-    if backward is not None:
-        _LIBRARY.impl(name, autograd_kernel(op, backward, setup_context), "Autograd",
-                      with_keyset=True)
+    autograd = (not_differentiable_kernel(op) if backward is None
+                else autograd_kernel(op, backward, setup_context))
+    _LIBRARY.impl(name, autograd, "Autograd", with_keyset=True)
     return op
 
 
@@ -100,6 +102,36 @@ def autograd_kernel(op: torch._ops.OpOverload, backward: Callable[..., Any],
         with torch._C._AutoDispatchBelowAutograd():
             return op.redispatch(keyset & below_autograd, *args)
     return kernel
+
+
+def not_differentiable_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    """The ``Autograd`` kernel of an op without a derivative. Without one, torch's fallback
+    only warns, and a backward through the op gives the inputs no gradient from it (a
+    silent zero, or a partial sum). With inputs that require grad (under grad mode), an op
+    that writes its arguments in place raises at once; any other runs, and a backward that
+    reaches it raises, naming the op."""
+    name = f"{NAMESPACE}::{op._opname}"
+    written = [arg.name for arg in op._schema.arguments
+               if arg.alias_info is not None and arg.alias_info.is_write]
+    if written:
+        below_autograd = torch._C._after_autograd_keyset
+
+        def kernel(keyset, *args):
+            if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+                raise RuntimeError(
+                    f"{name} writes {', '.join(written)} in place and has no derivative, but "
+                    "an argument requires grad: call it under torch.no_grad() (an optimizer "
+                    "step is not part of the graph)")
+            with torch._C._AutoDispatchBelowAutograd():
+                return op.redispatch(keyset & below_autograd, *args)
+        return kernel
+
+    def refuse(ctx, *grads):
+        raise RuntimeError(
+            f"{name} has no derivative: a gradient was asked through it. Detach its inputs "
+            "if none is wanted, or compute this step with torch's own differentiable ops "
+            "(tsm.use_backend('reference') runs the package's functions so)")
+    return autograd_kernel(op, refuse, lambda ctx, inputs, output: None)
 
 
 def empty_like_none(like: torch.Tensor) -> torch.Tensor:
