@@ -342,6 +342,71 @@ def test_none_at_a_gap_in_the_buffer_indices_reaches_the_extension_unbound(fake_
     assert packed[3] == np.int32(4).tobytes()
 
 
+UNUSED_SHADER = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void skip(device float* x [[buffer(0)]], constant long& ignored [[buffer(1)]],
+                 constant float& scale [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  x[i] *= scale;
+}
+"""
+
+
+def unused_reflection(*unused: int) -> dict:
+    """skip's reflection with the buffers ``unused`` reported as Metal may report a binding
+    the function never reads: used NO, no size, MTLDataTypeNone."""
+    info = reflection_of(UNUSED_SHADER, "skip")
+    info["buffers"] = [(i, name, 0, 0, False) if i in unused else (i, name, size, kind, True)
+                       for i, name, size, kind in info["buffers"]]
+    return info
+
+
+def test_an_unused_binding_takes_any_scalar_or_tensor(monkeypatch):
+    ext = FakeExtension({"skip": unused_reflection(1)})
+    _install(monkeypatch, ext)
+    x = torch.zeros(4).as_subclass(PretendMps)
+    other = torch.zeros(3, dtype=torch.int8).as_subclass(PretendMps)
+    mb.dispatch("s.metal", "skip", [x, np.int32(3), np.float32(2)], threads=4, group_size=4)
+    mb.dispatch("s.metal", "skip", [x, other, np.float32(2)], threads=4, group_size=4)
+    assert [call[2][1] for call in ext.calls] == [np.int32(3).tobytes(), other]
+    with pytest.raises(ValueError, match=r"^skip: expected 3 arguments"):  # its slot stays
+        mb.dispatch("s.metal", "skip", [x, np.float32(2)], threads=4, group_size=4)
+    from torch_sparse_metal.metal import LaunchError, compile_shader
+    with pytest.raises(LaunchError, match=r"argument 1 .*got a NumPy int32 \(4 bytes\), the "
+                                          r"kernel declares signed integer of 8 bytes$"):
+        compile_shader(UNUSED_SHADER).skip(torch.zeros(4), np.int32(3), np.float32(2),
+                                           threads=4, group_size=4)  # the emulator knows
+
+
+def test_a_used_binding_is_still_checked(monkeypatch):
+    from torch_sparse_metal.metal import LaunchError
+    for reflection in (unused_reflection(1), unused_reflection()):
+        _install(monkeypatch, FakeExtension({"skip": reflection}))
+        x = torch.zeros(4).as_subclass(PretendMps)
+        with pytest.raises(LaunchError, match=r"^skip: argument 2 .*got a NumPy int32 \(4 "
+                                              r"bytes\), the kernel declares float of 4 bytes$"):
+            mb.dispatch("s.metal", "skip", [x, np.int64(3), np.int32(2)], threads=4,
+                        group_size=4)
+    used_but_unreported = unused_reflection()
+    used_but_unreported["buffers"][1] = (1, "ignored", 0, 0, True)
+    _install(monkeypatch, FakeExtension({"skip": used_but_unreported}))
+    with pytest.raises(LaunchError, match=r"argument 1 .*of 0 bytes$"):
+        mb.dispatch("s.metal", "skip", [x, np.int32(3), np.float32(2)], threads=4, group_size=4)
+
+
+def test_reflections_without_the_used_field_count_every_buffer_used():
+    old = reflection_of(UNUSED_SHADER, "skip")
+    assert all(len(entry) == 4 for entry in old["buffers"])
+    info = mb.pipeline_info_from_reflection("skip", old)
+    assert [p.used for p in info.buffers.values()] == [True, True, True]
+    assert info.buffers[1].size == 8 and info.buffers[1].scalar == "i"
+    info = mb.pipeline_info_from_reflection("skip", unused_reflection(1))
+    assert [p.used for p in info.buffers.values()] == [True, False, True]
+    assert (info.buffers[1].size, info.buffers[1].scalar, info.buffers[1].name) == (0, "s",
+                                                                                    "ignored")
+
+
 def test_threadgroup_memory_is_limited_by_the_device_less_static_memory(monkeypatch):
     ext = FakeExtension({"scratch": reflection_of(FAKE_SHADER, "scratch",
                                                   static_threadgroup_memory=1024)})
@@ -662,6 +727,21 @@ def test_launcher_reflects_each_pipeline_and_checks_bindings_against_it(launcher
     assert re.search(r"tg\.size\(\)\s*<\s*k\.threadgroup_slots", check)
     dispatch = launcher_code[launcher_code.index("void py_dispatch("):]
     assert dispatch.index("check_bindings(") < dispatch.index("dispatch_sync(")
+
+
+def test_launcher_reads_whether_each_binding_is_used_and_checks_only_used_ones(launcher_code):
+    make = launcher_code[launcher_code.index("PipelineFailure make_kernel("):]
+    make = make[:_block_end(make, make.index("{"))]
+    loop = make[make.index("for (id<MTLBinding> binding in reflection.bindings)"):]
+    assert re.search(r"p\.used\s*=\s*(binding\.used|\[binding isUsed\])\s*;", loop)
+    assert loop.index("p.used") < loop.index("kernel->buffers.push_back(p)")
+    info = launcher_code[launcher_code.index("py::dict py_pipeline_info("):]
+    assert re.search(r"py::make_tuple\(p\.index,\s*p\.name,\s*p\.size,\s*p\.data_type,\s*"
+                     r"p\.used\)", info)
+    check = launcher_code[launcher_code.index("void check_bindings("):]
+    check = check[:_block_end(check, check.index("{"))]
+    skip = re.search(r"if\s*\(\s*p\s*==\s*nullptr\s*\|\|\s*!\s*p->used\s*\)\s*continue;", check)
+    assert skip and skip.start() < check.index("bytes.size() != p->size")
 
 
 def test_launcher_binds_nothing_at_a_gap_and_only_there(launcher_code):

@@ -197,17 +197,23 @@ class PipelineInfo:
     static_threadgroup_memory: int
 
 
+def _reflected_buffer(entry: Sequence[Any]) -> _binding.ParamInfo:
+    index, name, size, data_type, *rest = entry
+    return _binding.ParamInfo(P_BUFFER, int(index), 0, int(size),
+                              _METAL_SCALAR_TYPES.get(int(data_type), "s"), False, str(name),
+                              bool(rest[0]) if rest else True)
+
+
 def pipeline_info_from_reflection(kernel: str, reflection: Mapping[str, Any]) -> PipelineInfo:
     """Build :class:`PipelineInfo` from the extension's ``pipeline_info()`` dict: buffers as
-    ``(index, name, data size, MTLDataType)``, threadgroups as ``(index, name, data size)``.
+    ``(index, name, data size, MTLDataType, used)``, threadgroups as ``(index, name, data
+    size)``. An extension built before ``used`` was reported gives four fields: every
+    buffer then counts as used.
 
     Reflection says nothing of pointer versus reference, so every buffer counts as a
-    pointer (a tensor of any size may bind to it)."""
-    buffers = {
-        int(index): _binding.ParamInfo(P_BUFFER, int(index), 0, int(size),
-                                       _METAL_SCALAR_TYPES.get(int(data_type), "s"), False,
-                                       str(name))
-        for index, name, size, data_type in reflection["buffers"]}
+    pointer (a tensor of any size may bind to it). A buffer Metal reports unused keeps its
+    slot (an argument is still expected there) but its size and type are not checked."""
+    buffers = {int(entry[0]): _reflected_buffer(entry) for entry in reflection["buffers"]}
     threadgroups = {
         int(index): _binding.ParamInfo(P_THREADGROUP, int(index), 0, int(size), "s", False,
                                        str(name))

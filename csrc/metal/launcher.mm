@@ -17,7 +17,8 @@
 //     torch.mps.profiler traces and in PYTORCH_MPS_LOG_PROFILE_INFO logs.
 //
 // Bind-time checks: each pipeline is created with its reflection, cached with it. A dispatch
-// binds exactly the declared [[buffer(i)]] (bytes: one value of the declared size) and gives
+// binds exactly the declared [[buffer(i)]] (bytes: one value of the declared size, unless
+// Metal reports the binding unused: its size need not be reported then) and gives
 // every declared [[threadgroup(n)]] a length, which is always set, 0 included: the encoder is
 // shared, so a slot left alone would keep what the previous kernel on the stream set there.
 // The Python side runs the same checks first, with the emulator's messages (pipeline_info
@@ -247,6 +248,9 @@ struct Parameter {
   std::string name;
   uint64_t size = 0;      // bufferDataSize (the pointee's) / threadgroupMemoryDataSize
   int64_t data_type = 0;  // MTLDataType of a buffer's pointee; 0 for threadgroup memory
+  // MTLBinding.used: whether the function reads the binding. Size and type of an unused
+  // one need not be reported, so they are not checked.
+  bool used = true;
 };
 
 struct Kernel {
@@ -329,7 +333,7 @@ std::vector<std::string> function_names(id<MTLLibrary> library) {
   return out;
 }
 
-// Reflection with every binding's index, name, size and type. MTLPipelineOptionBindingInfo
+// Reflection with every binding's index, name, size, type and use. MTLPipelineOptionBindingInfo
 // replaces (and equals) MTLPipelineOptionArgumentInfo from the macOS 15 SDK on.
 MTLPipelineOption reflection_options() {
 #if TSM_SDK_HAS(150000)
@@ -376,6 +380,7 @@ PipelineFailure make_kernel(id<MTLDevice> device, id<MTLLibrary> library,
         Parameter p;
         p.index = static_cast<uint64_t>(binding.index);
         p.name = ns_to_std(binding.name);
+        p.used = binding.used;
         if (binding.type == MTLBindingTypeBuffer) {
           id<MTLBufferBinding> buffer = (id<MTLBufferBinding>)binding;
           p.size = static_cast<uint64_t>(buffer.bufferDataSize);
@@ -549,7 +554,7 @@ void check_bindings(const std::string& kernel, const Kernel& k,
                                                   : " is not None; the kernel declares no [[buffer(") +
                             std::to_string(i) + ")]]");
     }
-    if (p == nullptr) continue;
+    if (p == nullptr || !p->used) continue;  // unused: still bound, whatever its size
     if (!bindings[i].is_tensor && bindings[i].bytes.size() != p->size) {
       throw py::value_error(where(kernel, i) + " (`" + p->name + "`) is " +
                             std::to_string(bindings[i].bytes.size()) +
@@ -592,7 +597,7 @@ py::dict py_pipeline_info(const py::str& source, const std::string& kernel) {
   const Kernel& k = kernel_for(device, library_for(device, source), kernel);
   py::list buffers;
   for (const Parameter& p : k.buffers) {
-    buffers.append(py::make_tuple(p.index, p.name, p.size, p.data_type));
+    buffers.append(py::make_tuple(p.index, p.name, p.size, p.data_type, p.used));
   }
   py::list threadgroups;
   for (const Parameter& p : k.threadgroups) {
@@ -936,8 +941,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "if Metal rejects it) and list the kernels it defines.");
   m.def("pipeline_info", &py_pipeline_info, py::arg("source"), py::arg("kernel"),
         "pipeline_info(source, kernel): the pipeline's reflection, cached with it: buffers "
-        "[(index, name, data size, MTLDataType)], threadgroups [(index, name, data size)], "
-        "max_total_threads_per_threadgroup, thread_execution_width, "
+        "[(index, name, data size, MTLDataType, used)], threadgroups [(index, name, data "
+        "size)], max_total_threads_per_threadgroup, thread_execution_width, "
         "static_threadgroup_memory.");
   m.def("dispatch", &py_dispatch, py::arg("source"), py::arg("kernel"), py::arg("args"),
         py::arg("threads"), py::arg("group_size"),

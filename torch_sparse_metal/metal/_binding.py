@@ -42,7 +42,9 @@ class ParamInfo:
     ``size`` is the byte size of the pointee (or referenced type); ``scalar`` its kind:
     ``f`` float, ``h`` half, ``b`` bfloat, ``d`` double, ``i``/``u`` signed/unsigned
     integer, ``o`` bool, ``s`` anything else (vectors, structs). ``text`` is the parameter
-    as the source declares it (the emulator) or its name (Metal's reflection).
+    as the source declares it (the emulator) or its name (Metal's reflection). ``used`` is
+    False for a binding Metal's reflection reports the function never reads: its size and
+    type may then be unreported (0, ``s``), and nothing is checked against them.
     """
     kind: int      # _rewrite.P_BUFFER / P_THREADGROUP / P_BUILTIN
     index: int
@@ -51,6 +53,7 @@ class ParamInfo:
     scalar: str
     is_const: bool
     text: str
+    used: bool = True
 
     def describe(self) -> str:
         return f"`{self.text}`"
@@ -146,7 +149,14 @@ def _float_bytes(where: str, param: ParamInfo, declared: str, arg) -> bytes:
 
 def scalar_bytes(where: str, param: ParamInfo, arg) -> bytes:
     """The bytes of a NumPy or Python scalar for ``param``, checked against its declared
-    type: a NumPy scalar must match it exactly, a Python number must fit it."""
+    type: a NumPy scalar must match it exactly, a Python number must fit it. A NumPy scalar
+    for a binding the kernel does not use binds as its own bytes."""
+    if not param.used:
+        if isinstance(arg, np.generic):
+            return arg.tobytes()
+        raise LaunchError(f"{where}: the kernel does not use this binding and Metal reports no "
+                          f"type for it, so a Python {type(arg).__name__} has no bytes to "
+                          "bind; pass a NumPy scalar or a tensor")
     declared = _TYPE_NAMES.get(param.scalar, param.scalar)
     if isinstance(arg, np.generic):
         kind = {"f": "f", "i": "i", "u": "u", "b": "o"}.get(arg.dtype.kind, "?")
