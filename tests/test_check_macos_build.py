@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -130,13 +131,99 @@ def test_summary_is_one_line_with_the_counts(tool):
     unit = tool.Unit("a.cpp [t]", [], Path("a.o"), ok=True)
     failed = tool.Unit("b.cpp [t]", [], Path("b.o"))
     passed = tool.LinkReport({"libc++": 3}, [], [])
-    assert tool.summary_line([unit, failed], passed) == (
+    broken = tool.LinkReport({}, ["_x"], [])
+    assert tool.summary_line([unit, failed], [("2.13.0", passed)]) == (
         "check_macos_build: 1 units compiled, 1 failed (b.cpp [t]); link check passed "
         "(3 symbols)")
-    assert tool.summary_line([unit], None).endswith("link check not run (the arm64 launcher "
-                                                    "did not compile)")
+    assert tool.summary_line([unit], [("2.13.0", None)]).endswith(
+        "link check not run (the arm64 launcher did not compile)")
     assert "link check failed (1 unresolved symbols)" in tool.summary_line(
-        [unit], tool.LinkReport({}, ["_x"], []))
+        [unit], [("2.13.0", broken)])
+    assert tool.summary_line([unit], [("2.4.1", None), ("2.7.1", passed), ("2.13.0", passed),
+                                      ("2.14.1", broken)]) == (
+        "check_macos_build: 1 units compiled, 0 failed; link check passed for torch 2.7.1, "
+        "2.13.0; link check failed for torch 2.14.1; link check not run for torch 2.4.1")
+
+
+def _release(tool, version, std="-std=c++17"):
+    return tool.TorchRelease(version, Path(f"torch-{version}.whl"), Path("."),
+                             (std, "-DTORCH_API_INCLUDE_EXTENSION_H", tool.EXTENSION_NAME_FLAG))
+
+
+def test_each_release_is_one_line(tool):
+    release = _release(tool, "2.4.1")
+    arm64, intel = (tool.launcher_unit_name(release, t) for t in tool.LAUNCHER_TARGETS)
+    assert arm64 == "launcher.mm [torch 2.4.1, arm64-apple-macos14]"
+    units = [tool.Unit(arm64, [], Path("a.o"), ok=True), tool.Unit(intel, [], Path("i.o")),
+             tool.Unit(tool.launcher_unit_name(_release(tool, "2.5.1"), tool.LINK_TARGET), [],
+                       Path("other.o"))]
+    assert tool.release_line(release, units, tool.LinkReport({"libc++": 3}, [], [])) == (
+        "torch 2.4.1 (-std=c++17): launcher compiled for arm64-apple-macos14, FAILED for "
+        "x86_64-apple-macos11; link check passed (3 symbols)")
+    units[0].ok = False
+    assert tool.release_line(release, units, None) == (
+        "torch 2.4.1 (-std=c++17): launcher FAILED for arm64-apple-macos14, "
+        "x86_64-apple-macos11; link check not run (the arm64 launcher did not compile)")
+
+
+# The shape of BuildExtension's standard flag in torch/utils/cpp_extension.py (2.4 to 2.14).
+CPP_EXTENSION = """
+            self._add_compile_flag(extension, '-DTORCH_API_INCLUDE_EXTENSION_H')
+        def append_std17_if_no_std_present(cflags) -> None:
+            cpp_format_prefix = '/{}:' if self.compiler.compiler_type == 'msvc' else '-{}='
+            cpp_flag_prefix = cpp_format_prefix.format('std')
+            cpp_flag = cpp_flag_prefix + 'c++%s'
+    common_cflags += ['-std=c++14', '-fPIC']  # the JIT's flags: not what setup.py builds use
+"""
+
+
+@pytest.mark.parametrize("standard", ["17", "20"])
+def test_each_releases_standard_comes_from_its_build_extension(tool, standard):
+    assert tool.extension_flags(CPP_EXTENSION % standard) == (
+        f"-std=c++{standard}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+        "-DTORCH_EXTENSION_NAME=_metal_launcher")
+    without_define = (CPP_EXTENSION % standard).splitlines()[2:]
+    assert "-DTORCH_API_INCLUDE_EXTENSION_H" not in tool.extension_flags("\n".join(without_define))
+
+
+def test_a_build_extension_without_a_standard_is_refused(tool):
+    with pytest.raises(tool.MissingInput, match=r"^torch-9\.0\.0\.whl: .* names no -std= for "
+                                                r"BuildExtension's C\+\+ compiles"):
+        tool.extension_flags("cflags.append('-std=c++20')", "torch-9.0.0.whl: cpp_extension.py")
+
+
+def test_release_specs_pick_the_newest_cached_patch(tool, tmp_path):
+    for name in ("torch-2.4.0-cp311-none-macosx_11_0_arm64.whl",
+                 "torch-2.4.1-cp311-none-macosx_11_0_arm64.whl",
+                 "torch-2.1.9-cp311-none-macosx_11_0_arm64.whl",
+                 "torch-2.10.0-2-cp311-none-macosx_11_0_arm64.whl",
+                 "torch-2.10.1-cp311-none-manylinux_2_28_x86_64.whl"):
+        (tmp_path / name).touch()
+    assert tool.wheel_version(tmp_path / "torch-2.10.0-2-cp311-none-macosx_11_0_arm64.whl") \
+        == "2.10.0"
+    picked = {spec: tool.cached_wheel(spec, tmp_path) for spec in
+              ("2.4", "2.4.0", "2.1", "2.10", "2.10.1", "2.5")}
+    assert {spec: w and tool.wheel_version(w) for spec, w in picked.items()} == {
+        "2.4": "2.4.1", "2.4.0": "2.4.0", "2.1": "2.1.9", "2.10": "2.10.0", "2.10.1": None,
+        "2.5": None}
+    assert tool.pip_requirement("2.4") == "torch==2.4.*"
+    assert tool.pip_requirement("2.4.1") == "torch==2.4.1"
+    with pytest.raises(tool.MissingInput, match="give X.Y .* or X.Y.Z"):
+        tool.torch_wheel("latest", tmp_path)
+
+
+def _torch_lower_bound(text: str, pattern: str) -> str:
+    found = re.findall(pattern, text, re.M)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_requirements_and_setup_admit_the_same_torch_on_a_mac():
+    """The releases check_macos_build compiled the launcher against start at this bound."""
+    requirements = _torch_lower_bound((REPO / "requirements.txt").read_text(),
+                                      r'^torch>=([\d.]+);\s*sys_platform != "linux"$')
+    setup = _torch_lower_bound((REPO / "setup.py").read_text(), r'"torch>=([\d.]+)"')
+    assert requirements == setup
 
 
 def test_missing_tools_are_named(tool):
@@ -157,12 +244,24 @@ def test_not_an_sdk_is_refused(tool, tmp_path):
 @pytest.mark.skipif(not SDK, reason="set TSM_MACOS_SDK to a macOS SDK directory to run the "
                                     "macOS build check (needs clang and llvm-nm)")
 class TestAgainstTheSdk:
-    def test_everything_compiles_and_links(self):
-        proc = subprocess.run([sys.executable, str(TOOL), "--sdk", SDK], capture_output=True,
-                              text=True, cwd=REPO)
+    def _check(self, *args):
+        proc = subprocess.run([sys.executable, str(TOOL), "--sdk", SDK, *args],
+                              capture_output=True, text=True, cwd=REPO)
         last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert " 0 failed" in last and "link check passed" in last, last
+        return proc.stdout
+
+    def test_everything_compiles_and_links(self):
+        self._check()
+
+    def test_the_oldest_torch_admitted_on_a_mac_compiles_and_links(self):
+        oldest = _torch_lower_bound((REPO / "requirements.txt").read_text(),
+                                    r'^torch>=([\d.]+);\s*sys_platform != "linux"$')
+        out = self._check("--launcher-only", "--torch-versions", oldest)
+        assert re.search(rf"^torch {re.escape(oldest)}\.\d+ \(-std=c\+\+\d+\): launcher "
+                         r"compiled for arm64-apple-macos14, x86_64-apple-macos11; link check "
+                         r"passed", out, re.M), out
 
     def test_the_link_check_catches_a_symbol_nothing_exports(self, tool, tmp_path):
         # A framework setup.py does not link, and a function no library has.
@@ -176,8 +275,7 @@ class TestAgainstTheSdk:
         obj = tmp_path / "stray.o"
         subprocess.run([clang, "-target", tool.LINK_TARGET, "-isysroot", SDK, "-fobjc-arc",
                         "-c", str(source), "-o", str(obj)], check=True)
-        wheel = tool.torch_wheel(None, tool.installed_torch_version(),
-                                 tool.cache_root() / "wheels")
+        wheel = tool.torch_wheel(tool.installed_torch_version(), tool.cache_root() / "wheels")
         torch_root = tool.extract_torch(wheel, tool.cache_root() / "wheels")
         report = tool.link_check(obj, nm, Path(SDK), torch_root, ("Metal", "Foundation"))
         assert report.unresolved == ["_OBJC_CLASS_$_MPSMatrixDescriptor",

@@ -2,31 +2,40 @@
 """Check, without a Mac, that the project builds for macOS.
 
     python tools/check_macos_build.py --sdk /path/to/MacOSX13.3.sdk
+    python tools/check_macos_build.py --sdk /path/to/MacOSX13.3.sdk --launcher-only \
+        --torch-versions 2.4 2.5 2.6 2.7 2.8 2.9 2.10 2.11 2.12 2.13 2.14
 
 Compiles with clang against the given macOS SDK (``-isysroot``):
 
 * the emulator runtime (``csrc/emulator/src/*.cpp``) for ``arm64-apple-macos14``;
 * the C++ the emulator generates for every shader under ``shaders/``, plain and
   sanitized, for ``arm64-apple-macos14`` (the flags the emulator compiles it with);
+  ``--launcher-only`` leaves these out (they do not depend on torch);
 * the Metal launcher (``csrc/metal/launcher.mm``) for ``arm64-apple-macos14`` and
   ``x86_64-apple-macos11`` with ``-fobjc-arc -Wall -Wextra -Werror`` against torch's own
-  macOS headers (from torch's macOS wheel, of the installed torch's version; downloaded
-  with ``pip download`` into ``~/.cache/torch_sparse_metal/wheels`` unless
-  ``--torch-wheel`` names one); torch's and Python's headers are system headers there, so
-  only the launcher's own warnings count;
+  macOS headers, once per torch release checked: ``--torch-versions`` (``2.4``: the newest
+  2.4.x in the cache, else downloaded; ``2.4.1``: that one) and ``--torch-wheel`` (a wheel
+  file, repeatable), by default the installed torch's version. Wheels are torch's macOS
+  arm64 ones, downloaded with ``pip download`` into ``~/.cache/torch_sparse_metal/wheels``.
+  Each release is compiled with the ``-std`` its own BuildExtension adds (read from the
+  wheel's ``torch/utils/cpp_extension.py``: c++17 up to 2.11, c++20 from 2.12) and its
+  defines; torch's and Python's headers are system headers there, so only the launcher's
+  own warnings count;
 
-then checks that the extension would link: every undefined symbol of the arm64 launcher
-object must be exported by a library the extension links (the SDK's ``.tbd`` stubs of the
-frameworks ``setup.py`` names and of libSystem, libc++ and libobjc; torch's dylibs from the
-wheel; or Python, whose symbols an extension resolves at load time) or be one of clang's
-runtime helpers. An SDK snapshot may lack a framework's ``.tbd`` (public snapshots of the
-13.3 SDK lack Foundation's): that framework's symbols then count as resolved when its
-headers declare them, and the report says how many were.
+then checks, per release, that the extension would link: every undefined symbol of the
+arm64 launcher object must be exported by a library the extension links (the SDK's ``.tbd``
+stubs of the frameworks ``setup.py`` names and of libSystem, libc++ and libobjc; that
+release's dylibs from its wheel; or Python, whose symbols an extension resolves at load
+time) or be one of clang's runtime helpers. An SDK snapshot may lack a framework's
+``.tbd`` (public snapshots of the 13.3 SDK lack Foundation's): that framework's symbols
+then count as resolved when its headers declare them, and the report says how many were.
 
 Python's headers are the running interpreter's (the C API is the same on macOS; its
-``pyconfig.h`` is this platform's). Each unit is reported on its own line; the last line
-counts the units compiled and failed and gives the link check's result. Exit status 0 when
-everything compiled and linked, 1 otherwise, 2 when a tool or input is missing.
+``pyconfig.h`` is this platform's). Each unit is reported on its own line, then each torch
+release on one (compiled or failed per target, and its link check); the last line counts
+the units compiled and failed and names the releases whose link check passed or failed.
+Exit status 0 when everything compiled and linked, 1 otherwise, 2 when a tool or input is
+missing.
 
 Needs clang (``--clang``; default: the first of clang++-19, clang++-16, clang++ on PATH)
 and llvm-nm (``--nm``; default llvm-nm-19, llvm-nm-16, llvm-nm); on Debian:
@@ -59,9 +68,9 @@ LAUNCHER_TARGETS = ("arm64-apple-macos14", "x86_64-apple-macos11")
 # torch ships no Intel-Mac wheel since 2.3: the link check has only arm64 dylibs to link to.
 LINK_TARGET = "arm64-apple-macos14"
 WHEEL_PLATFORM = "macosx_14_0_arm64"
-# What torch 2.13's BuildExtension adds to every extension compile.
-TORCH_EXTENSION_FLAGS = ("-std=c++20", "-DTORCH_API_INCLUDE_EXTENSION_H",
-                         "-DTORCH_EXTENSION_NAME=_metal_launcher")
+# BuildExtension names the module after the extension's last dotted part (setup.py's
+# torch_sparse_metal._metal_launcher).
+EXTENSION_NAME_FLAG = "-DTORCH_EXTENSION_NAME=_metal_launcher"
 LAUNCHER_WARNINGS = ("-fobjc-arc", "-Wall", "-Wextra", "-Werror")
 # torch's CppExtension links these; setup.py adds the frameworks.
 TORCH_LIBRARIES = ("c10", "torch", "torch_cpu", "torch_python")
@@ -117,28 +126,95 @@ def cache_root() -> Path:
     return Path(base) / "torch_sparse_metal"
 
 
-def torch_wheel(explicit: Optional[Path], version: str, cache: Path) -> Path:
-    """The macOS arm64 wheel of torch ``version``: ``explicit``, a cached one, or one
-    fetched with ``pip download`` into ``cache``."""
-    if explicit is not None:
-        if not explicit.is_file():
-            raise MissingInput(f"--torch-wheel {explicit}: no such file")
-        return explicit
-    pattern = f"torch-{version}-*-macosx_*_arm64.whl"
-    cached = sorted(cache.glob(pattern))
-    if cached:
-        return cached[-1]
+def _release_key(version: str) -> Tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version))
+
+
+def wheel_version(wheel: Path) -> str:
+    """The torch version a wheel's file name gives (``torch-2.10.0-2-cp311-...``: 2.10.0)."""
+    parts = wheel.name.split("-")
+    if len(parts) < 3 or parts[0] != "torch" or not re.fullmatch(r"\d+(\.\d+)*", parts[1]):
+        raise MissingInput(f"{wheel.name} is not named as a torch wheel (torch-X.Y.Z-...)")
+    return parts[1]
+
+
+def _matches_release(version: str, spec: str) -> bool:
+    """``2.4`` admits every 2.4.x; ``2.4.1`` only itself."""
+    return version == spec or version.startswith(spec + ".") and spec.count(".") == 1
+
+
+def cached_wheel(spec: str, cache: Path) -> Optional[Path]:
+    """The newest cached macOS arm64 wheel of torch ``spec`` (``2.4`` or ``2.4.1``)."""
+    found = [w for w in cache.glob("torch-*-macosx_*_arm64.whl")
+             if _matches_release(wheel_version(w), spec)]
+    return max(found, key=lambda w: _release_key(wheel_version(w))) if found else None
+
+
+def pip_requirement(spec: str) -> str:
+    """What ``pip download`` is asked for: the newest patch of a minor release."""
+    return f"torch=={spec}.*" if spec.count(".") == 1 else f"torch=={spec}"
+
+
+def torch_wheel(spec: str, cache: Path) -> Path:
+    """The macOS arm64 wheel of torch ``spec``: a cached one, or one fetched with
+    ``pip download`` into ``cache``."""
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", spec):
+        raise MissingInput(f"torch version {spec!r}: give X.Y (its newest patch) or X.Y.Z")
+    cached = cached_wheel(spec, cache) if cache.is_dir() else None
+    if cached is not None:
+        return cached
     cache.mkdir(parents=True, exist_ok=True)
-    print(f"downloading torch {version}'s macOS wheel into {cache} ...", flush=True)
+    print(f"downloading torch {spec}'s macOS wheel into {cache} ...", flush=True)
     proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
                            "--only-binary=:all:", "--platform", WHEEL_PLATFORM,
-                           f"torch=={version}", "-d", str(cache)],
+                           pip_requirement(spec), "-d", str(cache)],
                           capture_output=True, text=True)
-    cached = sorted(cache.glob(pattern))
-    if proc.returncode != 0 or not cached:
-        raise MissingInput(f"could not download torch {version} for {WHEEL_PLATFORM} "
+    cached = cached_wheel(spec, cache)
+    if proc.returncode != 0 or cached is None:
+        raise MissingInput(f"could not download torch {spec} for {WHEEL_PLATFORM} "
                            f"(pass --torch-wheel):\n{proc.stderr.strip()}")
-    return cached[-1]
+    return cached
+
+
+def extension_flags(cpp_extension: str, source: str = "torch/utils/cpp_extension.py"
+                    ) -> Tuple[str, ...]:
+    """What a release's BuildExtension adds to an extension's C++ compile, from the text of
+    its ``torch/utils/cpp_extension.py``: the ``-std`` it appends when the extension gives
+    none (setup.py gives none), the define that marks an extension build, and the module's
+    name. (Its pybind11 ABI defines only name the module's internals and are left out.)"""
+    std = re.search(r"cpp_flag_prefix\s*\+\s*['\"](c\+\+\w+)['\"]", cpp_extension)
+    if std is None:
+        raise MissingInput(f"{source} names no -std= for BuildExtension's C++ compiles "
+                           "(append_std..._if_no_std_present); this check does not know "
+                           "what this release compiles extensions with")
+    flags = [f"-std={std.group(1)}"]
+    if re.search(r"_add_compile_flag\(\s*extension\s*,\s*['\"]-DTORCH_API_INCLUDE_EXTENSION_H",
+                 cpp_extension):
+        flags.append("-DTORCH_API_INCLUDE_EXTENSION_H")
+    return (*flags, EXTENSION_NAME_FLAG)
+
+
+@dataclass
+class TorchRelease:
+    """One torch release the launcher is checked against."""
+    version: str
+    wheel: Path
+    root: Path                  # holds torch/include and torch/lib of the wheel
+    flags: Tuple[str, ...]      # extension_flags() of the release
+
+    @property
+    def std(self) -> str:
+        return next(f for f in self.flags if f.startswith("-std="))
+
+
+def torch_release(wheel: Path, cache: Path) -> TorchRelease:
+    with zipfile.ZipFile(wheel) as zf:
+        try:
+            text = zf.read("torch/utils/cpp_extension.py").decode()
+        except KeyError:
+            raise MissingInput(f"{wheel.name} has no torch/utils/cpp_extension.py") from None
+    return TorchRelease(wheel_version(wheel), wheel, extract_torch(wheel, cache),
+                        extension_flags(text, f"{wheel.name}: torch/utils/cpp_extension.py"))
 
 
 def extract_torch(wheel: Path, cache: Path) -> Path:
@@ -495,16 +571,20 @@ def emulator_units(clang: str, sdk: Path, work: Path) -> List[Unit]:
     return units
 
 
-def launcher_units(clang: str, sdk: Path, torch_root: Path, work: Path) -> List[Unit]:
-    include = torch_root / "torch" / "include"
+def launcher_unit_name(release: TorchRelease, target: str) -> str:
+    return f"launcher.mm [torch {release.version}, {target}]"
+
+
+def launcher_units(clang: str, sdk: Path, release: TorchRelease, work: Path) -> List[Unit]:
+    include = release.root / "torch" / "include"
     python_include = sysconfig.get_paths()["include"]
     units = []
     for target in LAUNCHER_TARGETS:
-        out = work / f"launcher.{target}.o"
+        out = work / f"launcher.torch-{release.version}.{target}.o"
         units.append(Unit(
-            f"launcher.mm [{target}]",
+            launcher_unit_name(release, target),
             [clang, "-target", target, "-isysroot", str(sdk), "-x", "objective-c++",
-             *TORCH_EXTENSION_FLAGS, *LAUNCHER_WARNINGS,
+             *release.flags, *LAUNCHER_WARNINGS,
              "-isystem", str(include), "-isystem", str(include / "torch/csrc/api/include"),
              "-isystem", python_include, "-c", str(REPO / "csrc/metal/launcher.mm"),
              "-o", str(out)], out))
@@ -515,17 +595,45 @@ def launcher_units(clang: str, sdk: Path, torch_root: Path, work: Path) -> List[
 # Main
 
 
-def summary_line(units: Sequence[Unit], link: Optional[LinkReport]) -> str:
+def link_result(link: Optional[LinkReport]) -> str:
+    if link is None:
+        return "link check not run (the arm64 launcher did not compile)"
+    if link.ok:
+        return f"link check passed ({sum(link.resolved.values())} symbols)"
+    return f"link check failed ({len(link.unresolved)} unresolved symbols)"
+
+
+def release_line(release: TorchRelease, units: Sequence[Unit],
+                 link: Optional[LinkReport]) -> str:
+    """One torch release's result: the launcher per target, then its link check."""
+    mine = {u.name: u for u in units}
+    targets = [(t, mine[launcher_unit_name(release, t)]) for t in LAUNCHER_TARGETS]
+    compiled = [t for t, u in targets if u.ok]
+    failed = [t for t, u in targets if not u.ok]
+    parts = []
+    if compiled:
+        parts.append(f"compiled for {', '.join(compiled)}")
+    if failed:
+        parts.append(f"FAILED for {', '.join(failed)}")
+    return (f"torch {release.version} ({release.std}): launcher " + ", ".join(parts) + "; "
+            + link_result(link))
+
+
+def summary_line(units: Sequence[Unit],
+                 links: Sequence[Tuple[str, Optional[LinkReport]]]) -> str:
+    """``links``: (torch version, its link check or None when its arm64 launcher failed)."""
     failed = [u.name for u in units if not u.ok]
     line = f"check_macos_build: {len(units) - len(failed)} units compiled, {len(failed)} failed"
     if failed:
         line += f" ({', '.join(failed)})"
-    if link is None:
-        line += "; link check not run (the arm64 launcher did not compile)"
-    elif link.ok:
-        line += f"; link check passed ({sum(link.resolved.values())} symbols)"
-    else:
-        line += f"; link check failed ({len(link.unresolved)} unresolved symbols)"
+    if len(links) == 1:
+        return f"{line}; {link_result(links[0][1])}"
+    passed = [v for v, link in links if link is not None and link.ok]
+    broken = [v for v, link in links if link is not None and not link.ok]
+    not_run = [v for v, link in links if link is None]
+    for what, versions in (("passed", passed), ("failed", broken), ("not run", not_run)):
+        if versions:
+            line += f"; link check {what} for torch {', '.join(versions)}"
     return line
 
 
@@ -535,8 +643,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--sdk", required=True, type=Path, help="a macOS SDK directory")
     parser.add_argument("--clang", help=f"clang++ to use (default: first of {', '.join(CLANG_CANDIDATES)})")
     parser.add_argument("--nm", help=f"llvm-nm to use (default: first of {', '.join(NM_CANDIDATES)})")
-    parser.add_argument("--torch-wheel", type=Path,
-                        help=f"torch's {WHEEL_PLATFORM} wheel (default: downloaded once)")
+    parser.add_argument("--torch-versions", nargs="+", metavar="VERSION", default=[],
+                        help="torch releases to check the launcher against: X.Y (its newest "
+                             "patch) or X.Y.Z (default: the installed torch's version)")
+    parser.add_argument("--torch-wheel", type=Path, action="append", default=[],
+                        help=f"a torch {WHEEL_PLATFORM} wheel to check the launcher against "
+                             "(repeatable)")
+    parser.add_argument("--launcher-only", action="store_true",
+                        help="compile only the launcher (the emulator's units do not depend "
+                             "on torch)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="compiles run in parallel (default: the core count)")
     args = parser.parse_args(argv)
@@ -545,41 +660,55 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         nm = find_tool(args.nm, NM_CANDIDATES, "llvm-nm")
         sdk = args.sdk.resolve()
         sdk_version = check_sdk(sdk)
-        version = installed_torch_version()
-        wheel = torch_wheel(args.torch_wheel, version, cache_root() / "wheels")
-        torch_root = extract_torch(wheel, cache_root() / "wheels")
+        cache = cache_root() / "wheels"
+        wheels = []
+        for wheel in args.torch_wheel:
+            if not wheel.is_file():
+                raise MissingInput(f"--torch-wheel {wheel}: no such file")
+            wheels.append(wheel)
+        specs = args.torch_versions or ([] if wheels else [installed_torch_version()])
+        wheels.extend(torch_wheel(spec, cache) for spec in specs)
+        releases = [torch_release(wheel, cache) for wheel in dict.fromkeys(wheels)]
         frameworks = linked_frameworks(REPO / "setup.py")
     except MissingInput as exc:
         print(f"check_macos_build: {exc}", file=sys.stderr)
         return 2
-    print(f"SDK {sdk} (macOS {sdk_version}); {Path(clang).name}; torch {version} headers "
-          f"from {wheel.name}", flush=True)
+    print(f"SDK {sdk} (macOS {sdk_version}); {Path(clang).name}; torch headers from "
+          + ", ".join(r.wheel.name for r in releases), flush=True)
 
     with tempfile.TemporaryDirectory(prefix="tsm-macos-check-") as tmp:
         work = Path(tmp)
-        units = launcher_units(clang, sdk, torch_root, work) + emulator_units(clang, sdk, work)
+        units = [u for r in releases for u in launcher_units(clang, sdk, r, work)]
+        if not args.launcher_only:
+            units += emulator_units(clang, sdk, work)
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for unit in pool.map(run_unit, units):
                 status = "ok  " if unit.ok else "FAIL"
                 print(f"{status}  {unit.name}  ({unit.seconds:.1f} s)", flush=True)
                 if not unit.ok:
                     print(first_problems(unit.log), flush=True)
-        arm64 = next(u for u in units if u.name == f"launcher.mm [{LINK_TARGET}]")
-        link = None
-        if arm64.ok:
-            try:
-                link = link_check(arm64.output, nm, sdk, torch_root, frameworks)
-            except MissingInput as exc:
-                print(f"check_macos_build: {exc}", file=sys.stderr)
-                return 2
-            print(f"{'ok  ' if link.ok else 'FAIL'}  link check of _metal_launcher "
-                  f"[{LINK_TARGET}]: " + "; ".join(f"{n}: {c}" for n, c in link.resolved.items()))
-            for note in link.notes:
-                print(f"      {note}")
-            for symbol in link.unresolved:
-                print(f"      unresolved: {symbol}")
-    print(summary_line(units, link))
-    return 0 if all(u.ok for u in units) and link is not None and link.ok else 1
+        links: List[Tuple[str, Optional[LinkReport]]] = []
+        for release in releases:
+            arm64 = next(u for u in units if u.name == launcher_unit_name(release, LINK_TARGET))
+            link = None
+            if arm64.ok:
+                try:
+                    link = link_check(arm64.output, nm, sdk, release.root, frameworks)
+                except MissingInput as exc:
+                    print(f"check_macos_build: {exc}", file=sys.stderr)
+                    return 2
+                print(f"{'ok  ' if link.ok else 'FAIL'}  link check of _metal_launcher "
+                      f"[torch {release.version}, {LINK_TARGET}]: "
+                      + "; ".join(f"{n}: {c}" for n, c in link.resolved.items()))
+                for note in link.notes:
+                    print(f"      {note}")
+                for symbol in link.unresolved:
+                    print(f"      unresolved: {symbol}")
+            links.append((release.version, link))
+    for release, (_, link) in zip(releases, links):
+        print(release_line(release, units, link))
+    print(summary_line(units, links))
+    return 0 if all(u.ok for u in units) and all(l is not None and l.ok for _, l in links) else 1
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@
 //     storage_offset * element_size, so views work;
 //   * every dispatch is bracketed by torch's MPSProfiler beginProfileKernel/endProfileKernel,
 //     keyed by the pipeline, as torch's own Metal kernels are, so it shows in
-//     torch.mps.profiler traces and in PYTORCH_MPS_LOG_PROFILE_INFO logs.
+//     torch.mps.profiler traces and in PYTORCH_MPS_LOG_PROFILE_INFO logs (torch 2.7 and
+//     later: see TSM_TORCH_PROFILER).
 //
 // Bind-time checks: each pipeline is created with its reflection, cached with it. A dispatch
 // binds exactly the declared [[buffer(i)]] (bytes: one value of the declared size, unless
@@ -49,10 +50,21 @@
 #endif
 
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include <ATen/mps/MPSDevice.h>
-#include <ATen/mps/MPSProfiler.h>
 #include <ATen/mps/MPSStream.h>
+
+// torch 2.4 to 2.6 define MPSProfiler.h's BaseInfo::buildTensorString inline with code ARC
+// rejects (an id<MTLBuffer> passed as const void*, -retainCount); 2.7 moved it out of line.
+// Under those releases the dispatches are encoded as usual but not registered with the
+// profiler.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+#define TSM_TORCH_PROFILER 1
+#include <ATen/mps/MPSProfiler.h>
+#else
+#define TSM_TORCH_PROFILER 0
+#endif
 #include <pybind11/stl.h>
 
 #import <Foundation/Foundation.h>
@@ -670,6 +682,7 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
                           " static + the dynamic lengths) exceed the device limit of " +
                           std::to_string(dev.max_threadgroup_memory));
   }
+#if TSM_TORCH_PROFILER
   // The tensors, for the profiler's description of the dispatch (as torch's ops give it).
   std::vector<at::Tensor> tensors;
   for (const Binding& b : bindings) {
@@ -677,6 +690,7 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
       tensors.push_back(b.tensor);
     }
   }
+#endif
 
   // 4. Encode on torch's current stream, in its serial queue, on its shared encoder.
   id<MTLComputePipelineState> pipeline = k.pipeline;
@@ -686,8 +700,10 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
   const std::vector<Binding>* bound = &bindings;
   const std::vector<Parameter>* tg_params = &k.threadgroups;
   const std::vector<uint64_t>* tg = &tg_lengths;
+#if TSM_TORCH_PROFILER
   const std::vector<at::Tensor>* profiled = &tensors;
   const std::string* name = &kernel;
+#endif
   std::exception_ptr failure;
   std::exception_ptr* failure_out = &failure;
   at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
@@ -698,10 +714,12 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
       @autoreleasepool {
         try {
           id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
+#if TSM_TORCH_PROFILER
           // A no-op unless torch.mps.profiler (or PYTORCH_MPS_LOG_PROFILE_INFO) is on; keyed
           // by the pipeline, as torch's own Metal kernels are.
           at::mps::getMPSProfiler().beginProfileKernel((__bridge const void*)pipeline, *name,
                                                        *profiled);
+#endif
           [encoder setComputePipelineState:pipeline];
           for (size_t i = 0; i < bound->size(); ++i) {
             const Binding& b = (*bound)[i];
@@ -720,7 +738,9 @@ void py_dispatch(const py::str& source, const std::string& kernel, const py::lis
             [encoder setThreadgroupMemoryLength:(*tg)[p.index] atIndex:p.index];
           }
           [encoder dispatchThreads:grid_size threadsPerThreadgroup:group_dims];
+#if TSM_TORCH_PROFILER
           at::mps::getMPSProfiler().endProfileKernel((__bridge const void*)pipeline);
+#endif
         } catch (...) {  // an exception must not unwind through libdispatch
           *failure_out = std::current_exception();
         }
