@@ -7,11 +7,16 @@
   ``csrc/metal/launcher.mm``, built with torch's ``BuildExtension``. torch is imported on
   that branch only, so a Linux build needs no torch at build time. A failed build of the
   extension does not fail the install: it warns, and the package installs with the
-  emulator and reference backends (MPS tensors then run on the reference, with a warning
-  saying how to rebuild).
+  emulator and reference backends (MPS tensors then run on the reference). pip hides a
+  build's output unless ``-v`` is given, so the compiler's message is also written next to
+  where the extension would be (``_metal_launcher.build-error.txt``), where the first op on
+  an MPS tensor (its one warning) and ``python -m torch_sparse_metal.doctor`` read it.
 
-Develop with ``pip install --no-build-isolation -e .`` (the Mac build compiles against the
-torch already installed, which is the one that will load the extension).
+Install with ``pip install --no-build-isolation -e .``: the Mac build compiles against the
+torch already installed, which is the one that will load the extension. pip's default
+build isolation hides that torch, so on macOS the build stops and says so (an extension
+built against another torch would not load); ``TSM_BUILD_WITHOUT_METAL=1`` installs
+without the extension on purpose.
 """
 from __future__ import annotations
 
@@ -82,33 +87,58 @@ cmdclass = {"build_py": build_py_with_data, "sdist": sdist_with_sources}
 ext_modules = []
 
 
+BUILD_ERROR_SUFFIX = ".build-error.txt"  # _metal_backend.BUILD_ERROR_SUFFIX reads it
+
+
 def optional_build_ext(base):
     """``base`` (a build_ext command) made to warn instead of failing when an extension does
-    not build: the Metal launcher is optional, the rest of the package works without it."""
+    not build: the Metal launcher is optional, the rest of the package works without it.
+    The failure is also written to ``<extension>.build-error.txt`` beside where the
+    extension would be (removed by a later build that succeeds), since pip shows no build
+    output without ``-v``."""
 
     class OptionalBuildExt(base):
         def build_extension(self, ext) -> None:
+            record = Path(self.get_ext_fullpath(ext.name))
+            record = record.with_name(ext.name.rsplit(".", 1)[-1] + BUILD_ERROR_SUFFIX)
             try:
                 super().build_extension(ext)
             except Exception as exc:  # noqa: BLE001 -- compiler, SDK, headers, linker: any cause
-                self.warn(f"torch_sparse_metal: {ext.name} was not built ({type(exc).__name__}: "
-                          f"{exc}). The package installs without it: the emulator and reference "
-                          "backends work, and MPS tensors run on the plain-torch reference. "
-                          "Fix the error above and rerun `pip install --no-build-isolation "
-                          "--no-deps -e .` to build it.")
+                message = (f"torch_sparse_metal: {ext.name} was not built ({type(exc).__name__}: "
+                           f"{exc}). The package installs without it: the emulator and "
+                           "reference backends work, and MPS tensors run on the plain-torch "
+                           "reference. Fix the error and rerun `pip install -v "
+                           "--no-build-isolation --no-deps -e .` to build it.")
+                self.warn(message)
+                try:
+                    record.parent.mkdir(parents=True, exist_ok=True)
+                    record.write_text(message + "\n")
+                except OSError:
+                    pass  # the warning above still says it
+            else:
+                record.unlink(missing_ok=True)
 
     return OptionalBuildExt
 
 
 def _metal_extension():
     """The launcher extension and torch's BuildExtension; macOS only (imports torch)."""
+    if os.environ.get("TSM_BUILD_WITHOUT_METAL", "").strip().lower() in ("1", "true", "yes", "on"):
+        print("torch_sparse_metal: TSM_BUILD_WITHOUT_METAL is set: building without the Metal "
+              "launcher", file=sys.stderr)
+        return None, None
     try:
         import torch
         from torch.utils.cpp_extension import BuildExtension, CppExtension
     except ImportError as exc:
-        print(f"torch_sparse_metal: torch is not importable ({exc}); building without the "
-              "Metal launcher (install torch first, then rebuild)", file=sys.stderr)
-        return None, None
+        # pip's build isolation (the default) hides the installed torch: an extension built
+        # against the torch pip would fetch instead would not load into the user's.
+        raise SystemExit(
+            f"torch_sparse_metal: cannot build the Metal extension: torch is not importable "
+            f"in this build ({exc}). It compiles against the torch you have installed, which "
+            "pip's build isolation hides: install torch first, then run `pip install "
+            "--no-build-isolation -e .` (or set TSM_BUILD_WITHOUT_METAL=1 to install without "
+            "the GPU kernels).") from None
 
     if not torch.backends.mps.is_built():
         # BuildExtension only accepts .mm sources when torch was built with MPS.

@@ -157,7 +157,8 @@ def main(argv=None) -> float:
                 loss.backward()
                 opt.step()
                 step += 1
-                # Accumulated on the device: no sync per step.
+                # Accumulated on the device: nothing in a step reads the GPU back (the
+                # tests count it: tests/test_host_syncs.py), so steps queue up on MPS.
                 total_loss += loss.detach() * len(batch)
                 correct += (logits.detach().argmax(dim=1) == y_train[batch]).sum()
                 if step % args.regrow_every == 0 and step < total_steps:
@@ -167,6 +168,10 @@ def main(argv=None) -> float:
                             layer, fraction, "magnitude", optimizer=opt, generator=regrow_gen)
                     record_topology(step)
             model.eval()
+            # The epoch's one synchronisation: the numbers to print, and what the kernels
+            # flagged on the device meanwhile (a bad label, a pattern edited behind torch's
+            # back), raised here rather than read back every step.
+            tsm.check_errors()
             train_loss = total_loss.item() / len(x_train)
             train_acc = correct.item() / len(x_train)
             test_acc = accuracy(model, x_test, y_test)

@@ -1,4 +1,4 @@
-// AdamW for every parameter of a model in ONE dispatch, plus per-tensor gradient norms.
+// AdamW for up to ~100 parameters of a model in ONE dispatch, plus per-tensor gradient norms.
 //
 // Host code: torch_sparse_metal/optim/adamw.py, which explains the layout: parameters,
 // gradients and optimizer states are views of flat buffers (one per role), each tensor a
@@ -9,11 +9,16 @@
 //
 // The math is torch.optim.AdamW's single-tensor path, operation by operation, with the
 // per-tensor scalars (which change every step through the bias corrections) computed on
-// the host in double as torch does and passed in float32 (float64 on the emulator):
+// the host in double as torch does and passed in float32 (float64 on the emulator) BY
+// VALUE, as the bytes of the dispatch (setBytes, at most 4 KB), as torch passes its
+// optimizers' scalars to its kernels: a table in a device buffer would need a copy from the
+// host every step, which on MPS either waits for the GPU or must outlive it. A model with
+// more tensors than one table holds takes one dispatch per table's worth of tensors
+// (first_tensor, first_element say where this one starts):
 //   param  *= 1 - lr * weight_decay
 //   m       = lerp(m, g, 1 - beta1)
 //   v       = v * beta2 + (1 - beta2) * g * g
-//   v_max   = max(v_max, v)                         (amsgrad, per tensor from its group)
+//   v_max   = maximum(v_max, v)                     (amsgrad, per tensor; NaN wins, as torch's)
 //   denom   = sqrt(v or v_max) / sqrt(1 - beta2^t) + eps
 //   param  += -(lr / (1 - beta1^t)) * m / denom
 //
@@ -53,50 +58,58 @@ template <typename T>
     device T* max_exp_avg_sq        [[buffer(4)]],   // (total) if any group has amsgrad,
                                                      // else 1 element, never read
     device const int* chunk_tensor  [[buffer(5)]],   // (total / 32) tensor of each chunk
-    device const T* hyper           [[buffer(6)]],   // (n_tensors, TSM_ADAMW_COLUMNS)
+    constant T* hyper               [[buffer(6)]],   // (tensors, TSM_ADAMW_COLUMNS), by value
     device atomic<T>* grad_sq       [[buffer(7)]],   // (2, n_tensors) sum of g^2 per tensor
-    constant uint& total            [[buffer(8)]],   // a multiple of 32
-    constant uint& n_tensors        [[buffer(9)]],
+    constant uint& elements         [[buffer(8)]],   // of this dispatch: a multiple of 32
+    constant uint& n_tensors        [[buffer(9)]],   // of the model: grad_sq's row length
     constant uint& parity           [[buffer(10)]],  // 0 or 1: the grad_sq row of this step
+    constant uint& first_tensor     [[buffer(11)]],  // the tensor of hyper's first row
+    constant uint& tensors          [[buffer(12)]],  // hyper's rows: this dispatch's tensors
+    constant uint& first_element    [[buffer(13)]],  // where the first tensor's segment starts
     uint gid                        [[thread_position_in_grid]],
     uint lane                       [[thread_index_in_simdgroup]]) {
-  // The grid is exactly `total` threads, a multiple of 32, and the threadgroup size a
-  // multiple of 32: every SIMD-group is full and lies in one chunk, so no lane returns
-  // before simd_sum and the chunk's tensor is uniform over the SIMD-group.
-  const int t = chunk_tensor[gid / TSM_ADAMW_CHUNK];
-  device const T* h = hyper + uint(t) * TSM_ADAMW_COLUMNS;
+  // The grid is exactly `elements` threads, a multiple of 32, starting at a segment's start
+  // (a multiple of 32), and the threadgroup size a multiple of 32: every SIMD-group is full
+  // and lies in one chunk, so no lane returns before simd_sum and the chunk's tensor is
+  // uniform over the SIMD-group.
+  const uint e = first_element + gid;
+  const uint t = uint(chunk_tensor[e / TSM_ADAMW_CHUNK]);
+  constant T* h = hyper + (t - first_tensor) * TSM_ADAMW_COLUMNS;
   const bool active = h[TSM_ADAMW_ACTIVE] != T(0);
 
   T g = T(0);
   if (active) {
-    g = grads[gid] * h[TSM_ADAMW_SIGN];
-    T p = params[gid] * h[TSM_ADAMW_DECAY];
+    g = grads[e] * h[TSM_ADAMW_SIGN];
+    T p = params[e] * h[TSM_ADAMW_DECAY];
     // torch's lerp: the formula depends on which side of 0.5 the weight lies.
     const T w = h[TSM_ADAMW_ONE_MINUS_BETA1];
-    const T m0 = exp_avg[gid];
+    const T m0 = exp_avg[e];
     const T m = w < T(0.5) ? m0 + w * (g - m0) : g - (g - m0) * (T(1) - w);
-    exp_avg[gid] = m;
-    T v = exp_avg_sq[gid] * h[TSM_ADAMW_BETA2];
+    exp_avg[e] = m;
+    T v = exp_avg_sq[e] * h[TSM_ADAMW_BETA2];
     v = v + h[TSM_ADAMW_ONE_MINUS_BETA2] * g * g;
-    exp_avg_sq[gid] = v;
+    exp_avg_sq[e] = v;
     if (h[TSM_ADAMW_AMSGRAD] != T(0)) {  // per tensor: amsgrad is a param-group option
-      v = max(max_exp_avg_sq[gid], v);
-      max_exp_avg_sq[gid] = v;
+      // torch.maximum: a NaN in either wins (Metal's max returns the other operand).
+      const T v_max = max_exp_avg_sq[e];
+      v = isnan(v_max) || isnan(v) ? numeric_limits<T>::quiet_NaN() : max(v_max, v);
+      max_exp_avg_sq[e] = v;
     }
     const T denom = sqrt(v) / h[TSM_ADAMW_BC2_SQRT] + h[TSM_ADAMW_EPS];
     p = p + (-h[TSM_ADAMW_STEP_SIZE]) * m / denom;
-    params[gid] = p;
+    params[e] = p;
   }
 
   const T chunk_sq = simd_sum(g * g);
   if (lane == 0 && active) {
-    atomic_fetch_add_explicit(&grad_sq[parity * n_tensors + uint(t)], chunk_sq,
-                              memory_order_relaxed);
+    atomic_fetch_add_explicit(&grad_sq[parity * n_tensors + t], chunk_sq, memory_order_relaxed);
   }
-  if (gid < n_tensors) {
-    atomic_store_explicit(&grad_sq[(1 - parity) * n_tensors + gid], T(0), memory_order_relaxed);
+  // Every tensor has at least one chunk, so the dispatch has a thread for each of its rows.
+  if (gid < tensors) {
+    atomic_store_explicit(&grad_sq[(1 - parity) * n_tensors + first_tensor + gid], T(0),
+                          memory_order_relaxed);
   }
 }
 
-TSM_INSTANTIATE_KERNEL("adamw_step_float", adamw_step, float)
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("adamw_step_float", adamw_step, float))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("adamw_step_double", adamw_step, double))

@@ -21,6 +21,11 @@ using namespace metal;
 // 32 SIMD-groups of 32 = the 1024-thread maximum.
 #define TSM_CE_MAX_SIMDGROUPS 32
 
+// The labels are checked here, not on the host: a host check reads them back, which on MPS
+// waits for the GPU once per step. A label outside [0, classes) that is not ignore_index
+// makes the loss and its row's gradient NaN (no out-of-bounds read) and flags
+// TSM_ERROR_BAD_LABEL. The rows that count (label != ignore_index) are counted here too,
+// in a first pass, since the mean and every gradient divide by their number.
 template <typename T>
 [[kernel]] void cross_entropy_forward(
     device const T* logits        [[buffer(0)]],  // (batch, classes)
@@ -30,20 +35,52 @@ template <typename T>
     constant uint& batch          [[buffer(4)]],
     constant uint& classes        [[buffer(5)]],
     constant int& ignore_index    [[buffer(6)]],
-    constant T& inv_count         [[buffer(7)]],  // 1 / rows not ignored (host counts them)
-    constant uint& need_grad      [[buffer(8)]],
+    constant uint& need_grad      [[buffer(7)]],
+    device atomic_uint* errors    [[buffer(8)]],  // the device's error word (TsmError bits)
     uint tid                      [[thread_index_in_threadgroup]],
     uint threads                  [[threads_per_threadgroup]],
     uint lane                     [[thread_index_in_simdgroup]],
     uint simd_id                  [[simdgroup_index_in_threadgroup]],
     uint n_simd                   [[simdgroups_per_threadgroup]]) {
   threadgroup T partials[TSM_CE_MAX_SIMDGROUPS];
+  threadgroup uint counts[TSM_CE_MAX_SIMDGROUPS];
+  threadgroup uint counted_rows;
+
+  uint mine = 0;
+  bool bad = false;
+  for (uint r = tid; r < batch; r += threads) {
+    const int label = labels[r];
+    if (label != ignore_index) {
+      ++mine;
+      bad = bad || label < 0 || uint(label) >= classes;
+    }
+  }
+  if (bad) {
+    tsm_flag_error(errors, TSM_ERROR_BAD_LABEL);
+  }
+  const uint simd_count = simd_sum(mine);
+  if (lane == 0) {
+    counts[simd_id] = simd_count;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (tid == 0) {
+    uint total = 0;
+    for (uint s = 0; s < n_simd; ++s) {
+      total += counts[s];
+    }
+    counted_rows = total;
+  }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  // torch: the mean over no rows is NaN (0 / 0) and every gradient is 0.
+  const T inv_count = T(1) / T(counted_rows);
+  const T nan = numeric_limits<T>::quiet_NaN();
 
   T acc = T(0);
   for (uint r = tid; r < batch; r += threads) {
     device const T* x = logits + r * classes;
     const int label = labels[r];
     const bool counted = label != ignore_index;
+    const bool valid = !counted || (label >= 0 && uint(label) < classes);
     // Stable log-sum-exp: shift by the row maximum so exp never overflows.
     T m = x[0];
     for (uint c = 1; c < classes; ++c) {
@@ -55,11 +92,11 @@ template <typename T>
     }
     if (counted) {
       // -log softmax(x)[label] = log(sum) - (x[label] - m)
-      acc += (log(sum) - (x[label] - m)) * inv_count;
+      acc += valid ? (log(sum) - (x[label] - m)) * inv_count : nan;
     }
     if (need_grad != 0) {
       device T* g = grad_logits + r * classes;
-      const T scale = counted ? inv_count : T(0);
+      const T scale = !valid ? nan : counted ? inv_count : T(0);
       const T inv_sum = T(1) / sum;
       for (uint c = 0; c < classes; ++c) {
         const T p = exp(x[c] - m) * inv_sum;
@@ -79,9 +116,9 @@ template <typename T>
     for (uint s = 0; s < n_simd; ++s) {
       total += partials[s];
     }
-    loss[0] = total;
+    loss[0] = counted_rows == 0 ? nan : total;
   }
 }
 
-TSM_INSTANTIATE_KERNEL("cross_entropy_forward_float", cross_entropy_forward, float)
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("cross_entropy_forward_float", cross_entropy_forward, float))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("cross_entropy_forward_double", cross_entropy_forward, double))

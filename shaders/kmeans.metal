@@ -649,16 +649,16 @@ template <typename T>
 // ---------------------------------------------------------------------------------------
 // Instantiations: float everywhere; double on the emulator only (Metal has no double).
 
-TSM_INSTANTIATE_KERNEL("kmeans_sq_norms_float", kmeans_sq_norms, float)
-TSM_INSTANTIATE_KERNEL("kmeans_assign_float", kmeans_assign, float)
-TSM_INSTANTIATE_KERNEL("kmeans_zero_float", kmeans_zero, float)
-TSM_INSTANTIATE_KERNEL("kmeans_accumulate_blocks_float", kmeans_accumulate_blocks, float)
-TSM_INSTANTIATE_KERNEL("kmeans_reduce_blocks_float", kmeans_reduce_blocks, float)
-TSM_INSTANTIATE_KERNEL("kmeans_finalize_float", kmeans_finalize, float)
-TSM_INSTANTIATE_KERNEL("kmeans_drift_float", kmeans_drift, float)
-TSM_INSTANTIATE_KERNEL("kmeans_assign_one_float", kmeans_assign_one, float)
-TSM_INSTANTIATE_KERNEL("kmeans_pp_update_float", kmeans_pp_update, float)
-TSM_INSTANTIATE_KERNEL("kmeans_update_affected_float", kmeans_update_affected, float)
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_sq_norms_float", kmeans_sq_norms, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_assign_float", kmeans_assign, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_zero_float", kmeans_zero, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_accumulate_blocks_float", kmeans_accumulate_blocks, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_reduce_blocks_float", kmeans_reduce_blocks, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_finalize_float", kmeans_finalize, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_drift_float", kmeans_drift, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_assign_one_float", kmeans_assign_one, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_pp_update_float", kmeans_pp_update, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_update_affected_float", kmeans_update_affected, float))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_sq_norms_double", kmeans_sq_norms, double))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_assign_double", kmeans_assign, double))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_zero_double", kmeans_zero, double))
@@ -671,7 +671,7 @@ TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_pp_update_double", kmeans_pp_up
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_update_affected_double", kmeans_update_affected, double))
 
 #if __METAL_VERSION__ >= 300
-TSM_INSTANTIATE_KERNEL("kmeans_accumulate_atomic_float", kmeans_accumulate_atomic, float)
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("kmeans_accumulate_atomic_float", kmeans_accumulate_atomic, float))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("kmeans_accumulate_atomic_double",
                                          kmeans_accumulate_atomic, double))
 #endif

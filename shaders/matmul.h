@@ -112,17 +112,13 @@ inline void tsm_mm_copy_block(threadgroup T* dst, device const T* src, uint ld, 
   TSM_INSTANTIATE_KERNEL("matmul_" #rung "_tn_" dtype, matmul_##rung, T, true, false)        \
   TSM_INSTANTIATE_KERNEL("matmul_" #rung "_tt_" dtype, matmul_##rung, T, true, true)
 
-// float, half and bfloat everywhere (bfloat needs MSL 3.1, macOS 14), double in the
-// emulator only (Metal has no double).
-#if defined(__METAL_EMULATOR__) || __METAL_VERSION__ >= 310
-#define TSM_MM_INSTANTIATE_BFLOAT(rung) TSM_MM_INSTANTIATE(rung, bfloat, "bfloat")
-#else
-#define TSM_MM_INSTANTIATE_BFLOAT(rung)
-#endif
-#define TSM_MM_INSTANTIATE_GPU_DTYPES(rung) \
-  TSM_MM_INSTANTIATE(rung, float, "float")  \
-  TSM_MM_INSTANTIATE(rung, half, "half")    \
-  TSM_MM_INSTANTIATE_BFLOAT(rung)
+// float, half and bfloat everywhere (bfloat needs MSL 3.1, macOS 14), each in its own
+// library on Metal (TSM_FOR_* in tsm_common.h), double in the emulator only (Metal has no
+// double).
+#define TSM_MM_INSTANTIATE_GPU_DTYPES(rung)                \
+  TSM_FOR_FLOAT(TSM_MM_INSTANTIATE(rung, float, "float")) \
+  TSM_FOR_HALF(TSM_MM_INSTANTIATE(rung, half, "half"))    \
+  TSM_FOR_BFLOAT(TSM_MM_INSTANTIATE(rung, bfloat, "bfloat"))
 #define TSM_MM_INSTANTIATE_ALL(rung)   \
   TSM_MM_INSTANTIATE_GPU_DTYPES(rung) \
   TSM_EMULATOR_ONLY(TSM_MM_INSTANTIATE(rung, double, "double"))

@@ -8,12 +8,12 @@
 #include "tsm_common.h"
 using namespace metal;
 
-// The host validates every pattern before a kernel sees it (and checks before each use that
-// its index arrays did not change since). The kernels still check every index they follow
-// against the buffers' sizes, so that a pattern edited behind torch's back (through .data or
-// .numpy()) between the host's check and the dispatch can only make the affected outputs
-// NaN: never a read or write outside a buffer. The checks are compares on values already
-// loaded.
+// The host validates every pattern when it is built or replaced, and sees no write that
+// bypasses torch's version counter (through .data or .numpy()) without reading the arrays
+// back, which the hot path does not do (checks.py). So the kernels check every index they
+// follow against the buffers' sizes: such a write can only make the affected outputs NaN
+// and flag TSM_ERROR_BAD_PATTERN_INDEX, never read or write outside a buffer. The checks are
+// compares on values already loaded.
 inline bool tsm_edge_range_ok(int begin, int end, uint nnz) {
   return begin >= 0 && begin <= end && uint(end) <= nnz;
 }
@@ -49,6 +49,7 @@ template <typename T>
     constant uint& activation      [[buffer(11)]],  // TSM_ACT_*
     constant uint& save_preact     [[buffer(12)]],  // GELU under autograd: backward needs z
     constant uint& nnz             [[buffer(13)]],
+    device atomic_uint* errors     [[buffer(14)]],  // the device's error word (TsmError bits)
     uint gid                       [[thread_position_in_grid]]) {
   // The grid may be rounded up to whole threadgroups by the launcher.
   if (gid >= batch * out_features) {
@@ -72,6 +73,7 @@ template <typename T>
   }
   if (bad) {
     acc = numeric_limits<T>::quiet_NaN();
+    tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
   }
   if (save_preact != 0) {
     preact[gid] = acc;
@@ -138,6 +140,7 @@ template <typename T>
     device const T* act_saved        [[buffer(16)]],  // (batch, out_features): y or z, if activation
     constant uint& activation        [[buffer(17)]],  // TSM_ACT_*
     constant uint& nnz               [[buffer(18)]],
+    device atomic_uint* errors       [[buffer(19)]],  // the device's error word (TsmError bits)
     uint gid                         [[thread_position_in_grid]]) {
   if (gid >= batch * neurons) {
     return;
@@ -168,6 +171,9 @@ template <typename T>
     }
     if (need_grad_input != 0) {
       grad_input[b * in_features + i] = bad ? numeric_limits<T>::quiet_NaN() : acc;
+    }
+    if (bad) {
+      tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
     }
   }
 
@@ -210,6 +216,7 @@ template <typename T>
     constant uint& need_grad_bias    [[buffer(15)]],
     device const T* act_saved        [[buffer(16)]],  // (batch, out_features): y or z, if activation
     constant uint& activation        [[buffer(17)]],  // TSM_ACT_*
+    device atomic_uint* errors       [[buffer(18)]],  // the device's error word (TsmError bits)
     uint gid                         [[thread_position_in_grid]]) {
   const uint input_threads = need_grad_input != 0 ? batch * in_features : 0u;
   const uint value_threads = need_grad_values != 0 ? nnz : 0u;
@@ -234,6 +241,9 @@ template <typename T>
       acc = fma(tsm_grad_preact(g, saved, row, activation), values[edge], acc);
     }
     grad_input[t] = bad ? nan : acc;
+    if (bad) {
+      tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
+    }
     return;
   }
   t -= input_threads;
@@ -242,6 +252,7 @@ template <typename T>
     const int p = int(t);
     int row, edge;
     if (!tsm_source_edge(src_rows, src_perm, p, out_features, nnz, row, edge)) {
+      tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
       return;  // no edge to write to (see tsm_edge_range_ok)
     }
     // The source of position p: the last i with src_indptr[i] <= p.
@@ -256,6 +267,7 @@ template <typename T>
     }
     if (!(src_indptr[lo] <= p && p < src_indptr[lo + 1])) {
       grad_values[edge] = nan;
+      tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
       return;
     }
     T acc = T(0);
@@ -312,6 +324,7 @@ template <typename T>
     constant uint& activation      [[buffer(11)]],
     constant uint& save_preact     [[buffer(12)]],
     constant uint& nnz             [[buffer(13)]],
+    device atomic_uint* errors     [[buffer(14)]],  // the device's error word (TsmError bits)
     uint gid                       [[thread_position_in_grid]]) {
   const uint row = gid / 32, lane = gid % 32;
   if (row >= out_features) {
@@ -339,6 +352,9 @@ template <typename T>
           acc[k] = fma(v, x[b], acc[k]);
         }
       }
+    }
+    if (bad) {
+      tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
     }
     for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
       const uint b = b0 + 32 * k + lane;
@@ -383,6 +399,7 @@ template <typename T>
     device const T* act_saved_t      [[buffer(16)]],  // (out_features, batch), if activation
     constant uint& activation        [[buffer(17)]],
     constant uint& nnz               [[buffer(18)]],
+    device atomic_uint* errors       [[buffer(19)]],  // the device's error word (TsmError bits)
     uint gid                         [[thread_position_in_grid]]) {
   const uint i = gid / 32, lane = gid % 32;
   if (i >= neurons) {
@@ -433,6 +450,9 @@ template <typename T>
           }
         }
       }
+      if (bad) {
+        tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
+      }
     }
   }
 
@@ -448,15 +468,15 @@ template <typename T>
   }
 }
 
-TSM_INSTANTIATE_KERNEL("sparse_linear_forward_float", sparse_linear_forward, float)
-TSM_INSTANTIATE_KERNEL("sparse_linear_backward_float", sparse_linear_backward, float)
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_float", sparse_linear_forward, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_float", sparse_linear_backward, float))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_double", sparse_linear_forward, double))
-TSM_INSTANTIATE_KERNEL("sparse_linear_backward_deterministic_float", sparse_linear_backward_deterministic, float)
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_deterministic_float", sparse_linear_backward_deterministic, float))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_double", sparse_linear_backward, double))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_deterministic_double",
                                          sparse_linear_backward_deterministic, double))
-TSM_INSTANTIATE_KERNEL("sparse_linear_forward_batch_lanes_float", sparse_linear_forward_batch_lanes, float)
-TSM_INSTANTIATE_KERNEL("sparse_linear_backward_batch_lanes_float", sparse_linear_backward_batch_lanes, float)
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_batch_lanes_float", sparse_linear_forward_batch_lanes, float))
+TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_batch_lanes_float", sparse_linear_backward_batch_lanes, float))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_batch_lanes_double",
                                          sparse_linear_forward_batch_lanes, double))
 TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_batch_lanes_double",

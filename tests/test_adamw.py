@@ -237,7 +237,7 @@ def test_metal_backend_needs_metal3(monkeypatch, metal3):
     # before any shader compiles (atomic_float would fail to compile there).
     from torch_sparse_metal import _metal_backend
     from torch_sparse_metal.optim import adamw
-    monkeypatch.setattr(adamw, "resolve_backend", lambda op, tensors: "metal")
+    monkeypatch.setattr(adamw, "resolve_backend", lambda op, tensors, kernels=None: "metal")
     monkeypatch.setattr(_metal_backend, "device_capabilities",
                         lambda: {"name": "Fake GPU", "supports_metal3": metal3})
     launched = []

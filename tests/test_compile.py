@@ -161,12 +161,12 @@ def test_prune_and_regrow_between_compiled_steps():
 
 @pytest.mark.parametrize("buffer", ["indices", "src_perm"])
 def test_a_write_behind_torchs_back_is_refused_inside_the_graph(buffer):
-    """Eager code would validate and transpose the edited pattern again; a graph cannot,
-    so the op compares the buffers with their fingerprints and says so."""
+    """In strict mode eager code would validate and transpose the edited pattern again; a
+    graph cannot, so the op compares the buffers with their fingerprints and says so."""
     model = sparse_mlp((12, 16, 5))
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     x, _ = data()
-    with tsm.use_backend("emulator"):
+    with tsm.use_backend("emulator"), tsm.check_invariants():
         compiled(x)
         getattr(model[0], buffer).data[0] = 3
         with pytest.raises(ValueError, match=r"^sparse_linear: the pattern's index arrays were "
@@ -174,6 +174,21 @@ def test_a_write_behind_torchs_back_is_refused_inside_the_graph(buffer):
             compiled(x)
         model[0].pattern()  # eager: validates and transposes the edit
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_write_behind_torchs_back_in_a_graph_is_flagged_without_a_read_back():
+    """The default: the graph reads nothing back; the kernel meets the out-of-range index,
+    writes NaN and flags it, and check_errors() says so."""
+    model = sparse_mlp((12, 16, 5))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x, _ = data()
+    with tsm.use_backend("emulator"):
+        compiled(x)
+        tsm.check_errors()
+        model[0].indices.data[0] = 10**6
+        assert torch.isnan(compiled(x)).any()
+        with pytest.raises(tsm.InvalidInputError, match="outside its range"):
+            tsm.check_errors()
 
 
 def test_batch_sizes_share_a_graph():

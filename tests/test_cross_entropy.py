@@ -65,9 +65,7 @@ def test_ignore_index_and_int32_labels(emulator):
 def test_no_counted_rows_is_nan_like_torch(emulator, batch):
     logits = torch.randn(batch, 4, dtype=torch.float64)
     labels = torch.full((batch,), -100)
-    with tsm.metal.record() as launches:
-        loss, grad = loss_and_grad(tsmF.cross_entropy, logits, labels)
-    assert launches == []
+    loss, grad = loss_and_grad(tsmF.cross_entropy, logits, labels)
     assert torch.isnan(loss) and torch.isnan(F.cross_entropy(logits, labels))
     torch.testing.assert_close(grad, torch.zeros_like(logits))
 
@@ -99,10 +97,39 @@ def test_no_grad_skips_the_gradient(emulator):
     torch.testing.assert_close(tsmF.cross_entropy(logits, labels), F.cross_entropy(logits, labels))
 
 
+BAD_LABELS = [(torch.tensor([0, 3, 1]), r"labels must lie in \[0, classes\) = \[0, 3\) or "
+                                        r"equal ignore_index = -100; found 3"),
+              (torch.tensor([0, -1, 1]), "found -1")]
+
+
+@pytest.mark.parametrize("labels,match", BAD_LABELS, ids=["3", "-1"])
+def test_bad_labels_are_nan_and_flagged_without_a_read_back(emulator, labels, match):
+    """The kernel checks the labels: that row's gradient and the loss are NaN, no other
+    row's gradient changes, and check_errors() names the problem; the call itself reads
+    nothing back."""
+    logits = torch.randn(3, 3, dtype=torch.float64)
+    with tsm.syncs.watch() as syncs:
+        loss, grad = loss_and_grad(tsmF.cross_entropy, logits, labels)
+    assert not syncs.events, syncs.report()
+    assert torch.isnan(loss) and torch.isnan(grad[1]).all()
+    good = torch.tensor([0, 2])   # the mean still counts the bad row: 3 rows
+    x = logits[good].clone().requires_grad_()
+    F.cross_entropy(x, labels[good], reduction="sum").div(3).backward()
+    torch.testing.assert_close(grad[good], x.grad, **TOL[torch.float64])
+    with pytest.raises(tsm.InvalidInputError, match="cross_entropy met a label outside"):
+        tsm.check_errors()
+    tsm.check_errors()   # the flag is cleared
+
+
+@pytest.mark.parametrize("labels,match", BAD_LABELS, ids=["3", "-1"])
+def test_bad_labels_raise_before_the_kernel_in_strict_mode(emulator, labels, match):
+    with tsm.check_invariants(), tsm.metal.record() as launches, \
+            pytest.raises(ValueError, match="^cross_entropy: .*" + match):
+        tsmF.cross_entropy(torch.randn(3, 3), labels)
+    assert launches == []
+
+
 BAD = [
-    (dict(labels=torch.tensor([0, 3, 1])), r"labels must lie in \[0, classes\) = \[0, 3\) or "
-                                           r"equal ignore_index = -100; found 3"),
-    (dict(labels=torch.tensor([0, -1, 1])), "found -1"),
     (dict(labels=torch.tensor([0.0, 1.0, 1.0])), "labels must be an int64"),
     (dict(labels=torch.tensor([0, 1])), r"labels has 2 elements but batch = logits.shape\[0\] is 3"),
     (dict(logits=torch.randn(3)), "logits must be 2-D"),

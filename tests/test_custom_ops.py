@@ -40,14 +40,17 @@ def sparse_linear_cases():
         for deterministic in (False, True):
             for with_source in (False, True):
                 indptr, indices, src, fp = pattern(with_source)
+                # verify and strict (the backward's check) with the by-source CSR
                 yield (leaf(3, 5), indptr, indices, leaf(7, seed=1), leaf(4, seed=2), *src, fp,
-                       activation, deterministic, activation == "gelu", with_source, False)
+                       activation, deterministic, activation == "gelu", with_source,
+                       with_source, False)
                 if not deterministic:  # the batch-lanes kernels: output (out_features, batch)
                     yield (leaf(3, 5), indptr, indices, leaf(7, seed=1), leaf(4, seed=2), *src,
-                           fp, activation, False, activation == "gelu", with_source, True)
+                           fp, activation, False, activation == "gelu", with_source,
+                           with_source, True)
     indptr, indices, src, fp = pattern(True)  # no bias, only some inputs need a gradient
     yield (leaf(3, 5, grad=False), indptr, indices, leaf(7, seed=1), None, *src, fp, None,
-           True, False, False, False)
+           True, False, False, False, False)
 
 
 def sparse_linear_backward_cases():
@@ -57,11 +60,20 @@ def sparse_linear_backward_cases():
             act = leaf(3, 4, grad=False, seed=3).relu()
             yield (leaf(3, 4, grad=False), leaf(3, 5, grad=False), leaf(7, grad=False, seed=1),
                    act, indptr, indices, *src, fp, 5, "relu", deterministic, *map(bool, need),
-                   False)
+                   False, deterministic)
             if not deterministic:  # the batch-lanes kernel: (features, batch) activations
                 yield (leaf(4, 3, grad=False), leaf(3, 5, grad=False),
                        leaf(7, grad=False, seed=1), act.t().contiguous(), indptr, indices, *src,
-                       fp, 5, "relu", False, *map(bool, need), True)
+                       fp, 5, "relu", False, *map(bool, need), True, False)
+    # Its own autograd formula (double backward): every floating input requires grad.
+    indptr, indices, src, fp = pattern(True)
+    for activation, deterministic, features_major in (("gelu", False, False),
+                                                      ("tanh", True, False),
+                                                      ("relu", False, True)):
+        shape = (4, 3) if features_major else (3, 4)
+        yield (leaf(*shape, seed=4), leaf(3, 5), leaf(7, seed=1), leaf(*shape, seed=3), indptr,
+               indices, *src, fp, 5, activation, deterministic, True, True, True,
+               features_major, False)
 
 
 def matmul_cases():
@@ -78,9 +90,9 @@ def matmul_cases():
 
 def cross_entropy_cases():
     labels = torch.tensor([2, 0, -100, 1, 2])
-    yield leaf(5, 3), labels, -100, True
-    yield leaf(5, 3, dtype=torch.float32), labels.int(), -100, True
-    yield leaf(5, 3, grad=False), torch.tensor([2, 0, 0, 1, 2]), 0, False
+    yield leaf(5, 3), labels, -100, True, False
+    yield leaf(5, 3, dtype=torch.float32), labels.int(), -100, True, True
+    yield leaf(5, 3, grad=False), torch.tensor([2, 0, 0, 1, 2]), 0, False, False
 
 
 def adamw_cases():
@@ -91,11 +103,11 @@ def adamw_cases():
     exp_avg_sq = torch.rand(total, generator=g)
     chunks = torch.tensor([0, 1, 1], dtype=torch.int32)
     for amsgrad in (0.0, 1.0):
-        hyper = torch.tensor([[1.0, 0.999, 0.1, 0.999, 0.001, 0.01, 0.03, 1e-8, 1.0, amsgrad],
-                              [1.0, 0.999, 0.1, 0.999, 0.001, 0.01, 0.03, 1e-8, -1.0, amsgrad]])
+        hyper = [1.0, 0.999, 0.1, 0.999, 0.001, 0.01, 0.03, 1e-8, 1.0, amsgrad,
+                 1.0, 0.999, 0.1, 0.999, 0.001, 0.01, 0.03, 1e-8, -1.0, amsgrad]
         max_sq = exp_avg_sq.clone() if amsgrad else torch.zeros(1)
         yield (param.clone(), grad, exp_avg.clone(), exp_avg_sq.clone(), max_sq, chunks, hyper,
-               torch.zeros(2, 2), 1)
+               [0, 32, 96], torch.zeros(2, 2), 1)
 
 
 def kmeans_cases():
@@ -151,7 +163,7 @@ def test_the_dispatcher_picks_the_emulator_for_cpu_tensors():
 def test_errors_inside_an_op_keep_their_type_and_message():
     logits, labels = torch.randn(3, 4), torch.tensor([0, 4, 1])
     with pytest.raises(ValueError, match=r"^cross_entropy: labels must lie in \[0, classes\)"):
-        OPS.cross_entropy(logits, labels, -100, False)
+        OPS.cross_entropy(logits, labels, -100, False, True)   # strict: checked in the op
 
 
 def test_the_emulator_backend_refuses_tensors_off_the_cpu():

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import threading
 import warnings
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch
 
 import torch_sparse_metal._metal_backend as mb
 from torch_sparse_metal.metal._record import record
+from torch_sparse_metal.metal import LaunchError
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "csrc" / "metal" / "launcher.mm"
@@ -88,7 +88,7 @@ def test_auto_runs_mps_tensors_on_the_reference_without_the_launcher(monkeypatch
     once how to get the kernels."""
     from torch_sparse_metal import _backend
     x = torch.zeros(2).as_subclass(PretendMps)
-    monkeypatch.setattr(_backend, "_warned", threading.Event())
+    monkeypatch.setattr(_backend, "_warned_for", set())
     monkeypatch.setattr(mb, "unavailable_reason", lambda: "no launcher; rebuild it so")
     with pytest.warns(RuntimeWarning, match="MPS tensors run on the plain-torch reference, not "
                                             "the Metal kernels: no launcher; rebuild it so"):
@@ -240,6 +240,35 @@ def test_scalars_become_their_bytes_and_dims_are_normalised(fake_ext):
     assert threads == (10, 2, 1) and group == (32, 1, 1) and tg == [64, 0]
     assert [(l.kernel, l.threads, l.group_size, l.backend) for l in launches] == [
         ("kern", (10, 2, 1), (32, 1, 1), "metal")]
+
+
+TABLE_SHADER = r"""
+#include <metal_stdlib>
+using namespace metal;
+kernel void scale(constant float* table [[buffer(0)]], device float* x [[buffer(1)]],
+                  uint i [[thread_position_in_grid]]) {
+  x[i] *= table[i % 4];
+}
+"""
+
+
+def test_a_small_table_binds_by_value(monkeypatch):
+    """A C-contiguous NumPy array for a ``constant T*`` becomes its bytes (setBytes, under
+    4 KB): host values that change every call without a copy to the device."""
+    ext = FakeExtension({"scale": reflection_of(TABLE_SHADER, "scale")})
+    _install(monkeypatch, ext)
+    x = torch.ones(8).as_subclass(PretendMps)
+    table = np.arange(4, dtype=np.float32)
+    mb.dispatch("t.metal", "scale", [table, x], threads=8, group_size=8)
+    (_, _, packed, _, _, _), = ext.calls
+    assert packed[0] == table.tobytes()
+    for bad, match in [(np.arange(4, dtype=np.int32), "NumPy int32"),
+                       (np.zeros((4, 2), dtype=np.float32)[:, 0], "C-contiguous"),
+                       (np.zeros(1025, dtype=np.float32), "at most 4096 bytes")]:
+        with pytest.raises(LaunchError, match=match):
+            mb.dispatch("t.metal", "scale", [bad, x], threads=8, group_size=8)
+    with pytest.raises(TypeError, match="NumPy float64 array; Metal has no double"):
+        mb.dispatch("t.metal", "scale", [np.arange(4.0), x], threads=8, group_size=8)
 
 
 @pytest.mark.parametrize("bad, error, match", [
@@ -723,7 +752,7 @@ def test_launcher_reflects_each_pipeline_and_checks_bindings_against_it(launcher
     check = launcher_code[launcher_code.index("void check_bindings("):]
     check = check[:_block_end(check, check.index("{"))]
     assert re.search(r"bindings\.size\(\)\s*!=\s*k\.buffer_slots", check)
-    assert re.search(r"bytes\.size\(\)\s*!=\s*p->size", check)
+    assert re.search(r"length\s*%\s*p->size\s*!=\s*0", check)   # a value, or a table of them
     assert re.search(r"tg\.size\(\)\s*<\s*k\.threadgroup_slots", check)
     dispatch = launcher_code[launcher_code.index("void py_dispatch("):]
     assert dispatch.index("check_bindings(") < dispatch.index("dispatch_sync(")
@@ -741,7 +770,7 @@ def test_launcher_reads_whether_each_binding_is_used_and_checks_only_used_ones(l
     check = launcher_code[launcher_code.index("void check_bindings("):]
     check = check[:_block_end(check, check.index("{"))]
     skip = re.search(r"if\s*\(\s*p\s*==\s*nullptr\s*\|\|\s*!\s*p->used\s*\)\s*continue;", check)
-    assert skip and skip.start() < check.index("bytes.size() != p->size")
+    assert skip and skip.start() < check.index("length % p->size")
 
 
 def test_launcher_binds_nothing_at_a_gap_and_only_there(launcher_code):
@@ -751,7 +780,7 @@ def test_launcher_binds_nothing_at_a_gap_and_only_there(launcher_code):
     check = check[:_block_end(check, check.index("{"))]
     # None exactly where the reflection declares no [[buffer(i)]], before any size check.
     assert re.search(r"\(\s*p\s*==\s*nullptr\s*\)\s*!=\s*bindings\[i\]\.is_none", check)
-    assert check.index("is_none") < check.index("bytes.size() != p->size")
+    assert check.index("is_none") < check.index("length % p->size")
     block = _dispatch_block(launcher_code)
     skip = re.search(r"if\s*\(\s*b\.is_none\s*\)\s*\{\s*continue;", block)
     assert skip and skip.start() < block.index("setBuffer:") and skip.start() < block.index("setBytes:")
@@ -949,7 +978,7 @@ def test_matmul_refuses_bfloat16_on_metal_before_msl_3_1(monkeypatch):
     import torch_sparse_metal as tsm
     from torch_sparse_metal.ops import matmul as mmops
     monkeypatch.setattr(mb, "_device_info", lambda: dict(FAKE_INFO, metal_language_version="3.0"))
-    monkeypatch.setattr(mmops, "resolve_backend", lambda op, tensors: "metal")
+    monkeypatch.setattr(mmops, "resolve_backend", lambda op, tensors, kernels=None: "metal")
     mb.device_capabilities.cache_clear()
     a = torch.ones(4, 4, dtype=torch.bfloat16)
     try:

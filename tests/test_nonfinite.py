@@ -245,10 +245,6 @@ def test_corrupted_pattern_nan_survives_the_activation(activation):
     assert torch.isfinite(y[:, 1:]).all()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ops/sparse_linear.py _backward (nnz = 0) multiplies the gradient by "
-    "activation_grad_reference: inf * 0 = NaN where relu's output is 0, torch gives 0; "
-    "activation_backward_reference(grad_out, act_saved, activation) is torch's formula"))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sparse_linear_without_edges_relu_backward(dtype):
     """nnz = 0 takes a plain-torch path for grad_bias (ops/sparse_linear.py, _backward)."""
@@ -427,23 +423,13 @@ def test_cross_entropy(row, dtype):
         assert_reached(want)
 
 
-CE_FUSED_BACKWARD = pytest.mark.xfail(strict=True, reason=(
-    "nn/functional.py _backward returns grad_logits * grad_loss: with a non-finite grad_loss "
-    "that is -inf at the label (torch: NaN) and NaN in ignored rows (torch: 0). torch's, "
-    "signs of zeros included, needs the labels: with s = 1 / counted rows and go = "
-    "where(onehot, -s * grad_loss, 0), where(row counted, go + (grad_logits + onehot * s) * "
-    "grad_loss, grad_logits)"))
-
-
-@pytest.mark.parametrize("upstream", [2.5, -0.0, pytest.param(INF, marks=CE_FUSED_BACKWARD),
-                                      pytest.param(NAN, marks=CE_FUSED_BACKWARD)])
+@pytest.mark.parametrize("upstream", [2.5, -0.0, INF, NAN])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_cross_entropy_upstream_gradient(upstream, dtype):
-    """The fused kernel saves d loss / d logits and autograd scales it by the loss's
-    gradient; torch chains nll_loss's backward and log_softmax's. A finite upstream gradient
-    gives the same values (zeros' signs aside: a product's against torch's difference);
-    an infinite or NaN one does not: torch has NaN at the label (-inf + inf) where the
-    scaled gradient is -inf, and 0 in ignored rows where it is NaN (0 * inf)."""
+    """The fused kernel saves d loss / d logits; its backward chains torch's two steps
+    (nll_loss's, log_softmax's) rather than scaling it by the loss's gradient, which for an
+    infinite or NaN upstream gradient would give -inf at the label (torch: NaN, -inf + inf)
+    and NaN in ignored rows (torch: 0, not 0 * inf)."""
     logits, labels = cross_entropy_problem("-inf", dtype)
     labels[3] = -100
 

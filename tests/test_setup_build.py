@@ -15,6 +15,8 @@ from setuptools import Distribution, Extension
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError
 
+import torch_sparse_metal._metal_backend as mb
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -46,22 +48,54 @@ def _command(cls):
     return cmd
 
 
-def test_a_failed_extension_build_warns_and_the_install_goes_on(monkeypatch):
+def _in(tmp_path, cmd):
+    """Build in place under ``tmp_path`` (an editable install's layout)."""
+    cmd.inplace = True
+    cmd.get_ext_fullpath = lambda name: str(tmp_path / (name.replace(".", "/") + ".so"))
+    return cmd
+
+
+def test_a_failed_extension_build_warns_and_the_install_goes_on(monkeypatch, tmp_path):
     namespace, _ = run_setup(monkeypatch, "linux")
-    cmd = _command(namespace["optional_build_ext"](Failing))
+    cmd = _in(tmp_path, _command(namespace["optional_build_ext"](Failing)))
     cmd.build_extension(Extension("torch_sparse_metal._metal_launcher", ["launcher.mm"]))
     (warning,) = cmd.warnings
     assert "torch_sparse_metal._metal_launcher was not built (CompileError: clang: error: no " \
            "such SDK)" in warning
     assert "emulator and reference backends work" in warning
-    assert "pip install --no-build-isolation --no-deps -e ." in warning
+    assert "pip install -v --no-build-isolation --no-deps -e ." in warning
+    # pip shows no build output without -v: the reason waits where the package looks.
+    record = tmp_path / "torch_sparse_metal" / "_metal_launcher.build-error.txt"
+    assert record.read_text().strip() == warning
+    assert record.name == Path(mb.BUILD_ERROR).name
 
 
-def test_a_successful_build_is_untouched(monkeypatch):
+def test_a_successful_build_is_untouched_and_clears_an_old_failure(monkeypatch, tmp_path):
     namespace, _ = run_setup(monkeypatch, "linux")
-    cmd = _command(namespace["optional_build_ext"](Succeeding))
+    old = tmp_path / "x" / "_ext.build-error.txt"
+    old.parent.mkdir()
+    old.write_text("an earlier failure")
+    cmd = _in(tmp_path, _command(namespace["optional_build_ext"](Succeeding)))
     cmd.build_extension(Extension("x._ext", ["x.mm"]))
     assert Succeeding.built == ["x._ext"] and cmd.warnings == []
+    assert not old.exists()
+
+
+def test_build_isolation_on_macos_stops_with_a_clear_message(monkeypatch):
+    """pip's isolated build has no torch to compile against: say so, do not install a
+    package whose GPU path silently is not there."""
+    monkeypatch.setitem(sys.modules, "torch.utils.cpp_extension", None)  # import fails
+    with pytest.raises(SystemExit, match="torch is not importable in this build.*"
+                                         "--no-build-isolation"):
+        run_setup(monkeypatch, "darwin")
+
+
+def test_building_without_metal_on_purpose(monkeypatch, capsys):
+    monkeypatch.setenv("TSM_BUILD_WITHOUT_METAL", "1")
+    monkeypatch.setitem(sys.modules, "torch.utils.cpp_extension", None)
+    _, kw = run_setup(monkeypatch, "darwin")
+    assert kw["ext_modules"] == []
+    assert "TSM_BUILD_WITHOUT_METAL is set" in capsys.readouterr().err
 
 
 def test_linux_builds_no_extension(monkeypatch):

@@ -3,11 +3,15 @@ whatever the caller does to the tensors between forward and backward.
 
 * Every tensor backward reads (x, values, the saved activation, indptr, indices and the
   by-source CSR) is saved for backward: an in-place change raises torch's usual error.
-* A write torch's version counter does not see (``.data``, ``.numpy()``) is caught by the
-  pattern's fingerprint: a ``SparseLinear`` validates and transposes its pattern again
-  (the result follows the edit, or a ValueError names what is wrong), a backward after such
-  a write raises a ValueError, never garbage.
-* The kernels check every index they follow, so even a pattern edited past both checks
+* A write torch's version counter does not see (``.data``, ``.numpy()``) is not checked on
+  the hot path, which reads nothing back: the kernels make what depends on an index out of
+  range NaN and flag it, and ``tsm.check_errors()`` raises for the flags and for every live
+  pattern whose arrays no longer match their fingerprint. In strict mode
+  (``tsm.check_invariants()``) the fingerprint is checked before each use: a
+  ``SparseLinear`` validates and transposes its pattern again (the result follows the
+  edit, or a ValueError names what is wrong), a backward after such a write raises a
+  ValueError, never garbage.
+* The kernels check every index they follow, so even a pattern edited past every check
   (a crafted fingerprint collision) makes outputs NaN, never an access outside a buffer:
   the suite runs sanitized, where such an access is a KernelFault.
 """
@@ -32,6 +36,16 @@ INPLACE = "modified by an inplace operation"
 def emulator():
     with tsm.use_backend("emulator"):
         yield
+
+
+@pytest.fixture
+def strict():
+    with tsm.check_invariants():
+        yield
+
+
+STALE = "its index arrays were written since it was validated, bypassing torch's version counter"
+NAN_FLAGGED = "sparse_linear met an index-array entry outside its range"
 
 
 def problem(seed=0, dtype=torch.float64, activation=None):
@@ -97,10 +111,11 @@ def test_int64_indices_are_copied_so_later_changes_do_not_matter():
         torch.testing.assert_close(got, want)
 
 
-# ---- writes torch cannot see -------------------------------------------------------------
+# ---- writes torch cannot see: strict mode -------------------------------------------------
 @pytest.mark.parametrize("how", ["data", "numpy"])
 @pytest.mark.parametrize("target, value", [("indices", 99), ("indices", 2), ("indptr", 1)])
-def test_functional_write_bypassing_the_version_counter_before_backward(how, target, value):
+def test_functional_write_bypassing_the_version_counter_before_backward(strict, how, target,
+                                                                         value):
     indptr, indices, x, values, bias = problem()
     y = tsm.sparse_linear(x, indptr, indices, values, bias)
     tensor = dict(indptr=indptr, indices=indices)[target]
@@ -112,7 +127,7 @@ def test_functional_write_bypassing_the_version_counter_before_backward(how, tar
     assert x.grad is None and values.grad is None
 
 
-def test_module_out_of_range_write_through_data_is_a_clear_error():
+def test_module_out_of_range_write_through_data_is_a_clear_error(strict):
     layer = SparseLinear(6, 5, density=0.5, generator=torch.Generator().manual_seed(0))
     layer(torch.randn(2, 6))
     layer.indices.data[0] = 99
@@ -127,15 +142,15 @@ def test_module_out_of_range_write_through_data_is_a_clear_error():
         layer(torch.randn(2, 6))
 
 
-@pytest.mark.parametrize("how", ["data", "numpy"])
-def test_module_valid_write_bypassing_the_version_counter_is_followed(how):
-    layer = SparseLinear(6, 5, density=0.5, generator=torch.Generator().manual_seed(0),
-                         dtype=torch.float64)
-    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
-    layer(x)  # the pattern is validated and transposed
+def edit_in_range(layer, how):
     view = layer.indices.data if how == "data" else layer.indices.numpy()
     view[0] = (int(view[0]) + 1) % 6
     view[-1] = (int(view[-1]) + 2) % 6
+
+
+def assert_layer_matches_reference(layer, x):
+    x.grad = None
+    layer.zero_grad()
     y = layer(x)
     expected, (gx, gw, gb) = reference_grads(layer.indptr, layer.indices, x, layer.weight,
                                              layer.bias)
@@ -144,11 +159,21 @@ def test_module_valid_write_bypassing_the_version_counter_is_followed(how):
     torch.testing.assert_close(x.grad, gx)
     torch.testing.assert_close(layer.weight.grad, gw)
     torch.testing.assert_close(layer.bias.grad, gb)
+
+
+@pytest.mark.parametrize("how", ["data", "numpy"])
+def test_module_valid_write_bypassing_the_version_counter_is_followed(strict, how):
+    layer = SparseLinear(6, 5, density=0.5, generator=torch.Generator().manual_seed(0),
+                         dtype=torch.float64)
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    layer(x)  # the pattern is validated and transposed
+    edit_in_range(layer, how)
+    assert_layer_matches_reference(layer, x)
     assert torch.equal(layer.src_perm, layer.pattern().by_source().perm)
 
 
 @pytest.mark.parametrize("buffer", ["src_indptr", "src_rows", "src_perm"])
-def test_module_rebuilds_a_by_source_buffer_written_behind_its_back(buffer):
+def test_module_rebuilds_a_by_source_buffer_written_behind_its_back(strict, buffer):
     layer = SparseLinear(6, 5, density=0.5, generator=torch.Generator().manual_seed(0),
                          dtype=torch.float64)
     x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
@@ -163,39 +188,8 @@ def test_module_rebuilds_a_by_source_buffer_written_behind_its_back(buffer):
         assert torch.equal(now, before)
 
 
-@pytest.mark.parametrize("target, replacement, match", [
-    ("values", lambda t: torch.randn(2, dtype=t.dtype), r"the values saved .*now shape \(2,\)"),
-    ("values", lambda t: t.detach().float(), r"the values saved .*dtype torch\.float32"),
-    ("indices", lambda t: t[:3].clone(), "the pattern's index arrays were written"),
-    ("indptr", lambda t: t.long(), "the pattern's index arrays were written"),
-])
-def test_a_saved_tensor_swapped_through_data_before_backward_raises(target, replacement, match):
-    """``t.data = other`` bumps no version counter: backward must not read the new tensor
-    with the forward's sizes (it read past the end of a shorter one)."""
-    indptr, indices, x, values, bias = problem()
-    y = tsm.sparse_linear(x, indptr, indices, values, bias)
-    tensor = dict(values=values, indices=indices, indptr=indptr)[target]
-    tensor.data = replacement(tensor)
-    with pytest.raises(ValueError, match="^sparse_linear backward: " + match):
-        y.sum().backward()
-
-
-@pytest.mark.parametrize("replacement", [lambda t: torch.randn(1, 5, dtype=t.dtype),
-                                         lambda t: t.detach().float()])
-def test_an_input_swapped_through_data_leaves_the_saved_copy_intact(replacement):
-    """The kernels read a flattened view of the input, which keeps the forward's storage:
-    backward gives the forward's gradients."""
-    indptr, indices, x, values, bias = problem()
-    _, (_, gw, gb) = reference_grads(indptr, indices, x, values, bias)
-    y = tsm.sparse_linear(x, indptr, indices, values, bias)
-    x.data = replacement(x)
-    y.sum().backward()
-    torch.testing.assert_close(values.grad, gw)
-    torch.testing.assert_close(bias.grad, gb)
-
-
 @pytest.mark.parametrize("buffer", ["indices", "src_perm"])
-def test_module_write_through_data_between_forward_and_backward_raises(buffer):
+def test_module_write_through_data_between_forward_and_backward_raises(strict, buffer):
     layer = SparseLinear(6, 5, density=0.5, generator=torch.Generator().manual_seed(0))
     y = layer(torch.randn(3, 6))
     getattr(layer, buffer).data[0] = 10**6
@@ -204,7 +198,7 @@ def test_module_write_through_data_between_forward_and_backward_raises(buffer):
         y.sum().backward()
 
 
-def test_a_held_pattern_written_behind_its_back_is_refused():
+def test_a_held_pattern_written_behind_its_back_is_refused(strict):
     indptr, indices, x, values, bias = problem()
     pattern = CSRPattern(indptr, indices, 5)
     sparse_linear_pattern(x, pattern, values, bias)
@@ -217,6 +211,71 @@ def test_a_held_pattern_written_behind_its_back_is_refused():
     assert not fresh.changed()
     torch.testing.assert_close(sparse_linear_pattern(x, fresh, values, bias),
                                sparse_linear_reference(x, indptr, indices, values, bias))
+
+
+# ---- writes torch cannot see: the default, with no read-back -----------------------------
+@pytest.mark.parametrize("how", ["data", "numpy"])
+@pytest.mark.parametrize("target, value", [("indices", 99), ("indices", 2), ("indptr", 1)])
+def test_functional_backward_after_a_hidden_write_is_the_forwards_gradient(how, target, value):
+    """The backward reads the by-source CSR the forward built, never the edited arrays: its
+    gradients are those of the output the forward computed."""
+    indptr, indices, x, values, bias = problem()
+    _, expected = reference_grads(indptr, indices, x, values, bias)
+    y = tsm.sparse_linear(x, indptr, indices, values, bias)
+    tensor = dict(indptr=indptr, indices=indices)[target]
+    (tensor.data if how == "data" else tensor.numpy())[1] = value
+    y.sum().backward()
+    for got, want in zip((x.grad, values.grad, bias.grad), expected):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("target, value", [("indices", 99), ("indices", -1), ("indptr", 100)])
+def test_module_out_of_range_hidden_write_is_nan_and_flagged(target, value):
+    layer = SparseLinear(6, 5, density=0.5, generator=torch.Generator().manual_seed(0))
+    layer(torch.randn(2, 6))
+    tsm.check_errors()
+    getattr(layer, target).numpy()[2] = value
+    with tsm.syncs.watch() as syncs:
+        y = layer(torch.randn(2, 6))
+    assert not syncs.events, syncs.report()
+    assert torch.isnan(y).any()
+    with pytest.raises(tsm.InvalidInputError, match=NAN_FLAGGED + ".*" + STALE):
+        tsm.check_errors()
+    with pytest.raises(ValueError, match="^SparseLinear: (indices|indptr)"):
+        layer.pattern()   # validates again
+
+
+@pytest.mark.parametrize("how", ["data", "numpy"])
+def test_module_valid_hidden_write_is_found_by_check_errors(how):
+    """An edit that stays in range: the forward follows it, the backward's transpose is
+    stale until the next check_errors() says so; pattern() then brings the layer up to
+    date."""
+    layer = SparseLinear(6, 5, density=0.5, generator=torch.Generator().manual_seed(0),
+                         dtype=torch.float64)
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    layer(x)
+    tsm.check_errors()
+    edit_in_range(layer, how)
+    with pytest.raises(tsm.InvalidInputError, match=r"CSRPattern\(out_features=5, "
+                                                    r"in_features=6.*" + STALE):
+        tsm.check_errors()
+    layer.pattern()
+    tsm.check_errors()
+    assert_layer_matches_reference(layer, x)
+
+
+@pytest.mark.parametrize("buffer", ["src_indptr", "src_rows", "src_perm"])
+def test_module_by_source_buffer_written_behind_its_back_is_nan_and_flagged(buffer):
+    layer = SparseLinear(6, 5, density=0.5, generator=torch.Generator().manual_seed(0),
+                         dtype=torch.float64)
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    getattr(layer, buffer).numpy()[:] = 10**6
+    layer(x).sum().backward()
+    assert torch.isnan(x.grad).any()
+    with pytest.raises(tsm.InvalidInputError, match=NAN_FLAGGED):
+        tsm.check_errors()
+    layer.pattern()
+    assert_layer_matches_reference(layer, x)
 
 
 def test_fingerprint_sees_every_single_change_and_swap():

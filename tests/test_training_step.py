@@ -40,13 +40,10 @@ def test_training_step_takes_at_most_2L_plus_2_dispatches(emulator, widths):
     What it does not count: plain torch ops the step still runs, none of them ours to
     launch: allocations; the zero-fills of grad_values / grad_bias (the backward kernel
     accumulates into them with atomics); the multiply of the saved loss gradient by the
-    upstream gradient (1.0); the labels' int64 -> int32 conversion and the label range
-    check, which reads two numbers back (a sync); each layer's check of its index buffers
-    against their fingerprint in forward and again in backward (a weighted sum over them,
-    one read-back each); AdamW's one ``torch.cat`` gathering the
-    gradients into its flat buffer and its per-step upload of a small hyper-parameter
-    table; ``.item()`` calls of the host-side step counter. On MPS those are torch kernels
-    or blits on the same stream, so they are real GPU work this test does not bound.
+    upstream gradient (1.0); the labels' int64 -> int32 conversion; AdamW's one
+    ``torch.cat`` gathering the gradients into its flat buffer. On MPS those are torch
+    kernels or blits on the same stream, so they are real GPU work this test does not
+    bound; none reads the device back (tests/test_host_syncs.py).
     """
     L = len(widths) - 1
     model = sparse_mlp(widths)

@@ -4,7 +4,9 @@ Every kernel lives once, in ``shaders/*.metal``; it runs on the GPU for MPS tens
 through the package's Metal emulator for CPU tensors (see :mod:`torch_sparse_metal.metal`).
 """
 from . import metal
+from . import syncs
 from ._backend import get_backend, use_backend
+from .checks import InvalidInputError, check_errors, check_invariants
 from ._metal_backend import is_available as metal_available
 from .ops.sparse_linear import sparse_linear
 from .ops.spmm import spmm
@@ -16,5 +18,12 @@ from . import optim
 
 __all__ = ["metal", "use_backend", "get_backend", "metal_available", "sparse_linear", "nn",
            "optim", "KMeans"]
-__all__ += ["mm", "addmm", "spmm", "formats"]
+__all__ += ["mm", "addmm", "spmm", "formats", "syncs", "check_errors", "check_invariants",
+            "InvalidInputError", "show_config"]
 __version__ = "0.1.0"
+
+
+def show_config(build: bool = True) -> None:
+    """Print what this machine can run and why not: ``python -m torch_sparse_metal.doctor``."""
+    from .doctor import show_config as show   # not at import: `python -m ...doctor` runs it
+    show(build)

@@ -8,18 +8,24 @@ restores the previous one on exit::
         ...
 
 ``"auto"`` (the default) runs the Metal kernels on MPS tensors and the plain-torch
-reference everywhere else (also for MPS tensors when the Metal launcher is not built,
-with one warning saying how to build it). ``"emulator"`` runs the same ``.metal`` kernels
-on CPU tensors through the emulator; ``"metal"`` insists on the GPU and fails clearly off
-a Mac.
+reference everywhere else. It fails safe: MPS tensors run on the reference, with one
+warning saying why, when the Metal launcher is not built, when a kernel an op needs cannot
+be built on this GPU (Apple's compiler rejects its shader for that dtype, or its pipeline
+cannot be made: that op and dtype only), or when a dispatch fails (that op, from then on).
+``"emulator"`` runs the same ``.metal`` kernels on CPU tensors through the emulator;
+``"metal"`` insists on the GPU and raises each of those errors.
 """
 from __future__ import annotations
 
 import threading
 import warnings
-from typing import Iterable
+from typing import Callable, Dict, Iterable, Optional, Tuple, TypeVar
 
 import torch
+
+# (shader, kernel name) pairs: the kernels an op may launch for the call at hand.
+Kernels = Callable[[], Iterable[Tuple[str, str]]]
+T = TypeVar("T")
 
 BACKENDS = ("auto", "metal", "emulator", "reference")
 
@@ -57,16 +63,24 @@ def get_backend() -> str:
     return _current_name()
 
 
-def resolve_backend(op: str, tensors: Iterable[torch.Tensor]) -> str:
+def resolve_backend(op: str, tensors: Iterable[torch.Tensor], kernels: Optional[Kernels] = None
+                    ) -> str:
     """The concrete backend (``"metal"``, ``"emulator"`` or ``"reference"``) for ``op``.
 
-    All tensors must already be on one device (ops check that first).
+    All tensors must already be on one device (ops check that first). ``kernels`` lists what
+    the call may launch: under ``"auto"`` on MPS each must build on this GPU, or the call
+    runs on the reference (one warning per op and kernel).
     """
     tensors = [t for t in tensors if t is not None]
     on_mps = any(t.device.type == "mps" for t in tensors)
     name = _current_name()
     if name == "auto":
-        return _auto_for_mps() if on_mps else "reference"
+        if not on_mps:
+            return "reference"
+        backend = _auto_for_mps()
+        if backend == "metal" and (op in _failed_dispatch or _unbuildable(op, kernels)):
+            return "reference"
+        return backend
     if name == "metal" and not on_mps:
         raise ValueError(f"{op}: backend 'metal' needs tensors on the 'mps' device, got "
                          f"{tensors[0].device if tensors else 'no tensors'}")
@@ -78,7 +92,55 @@ def resolve_backend(op: str, tensors: Iterable[torch.Tensor]) -> str:
     return name
 
 
-_warned = threading.Event()
+# What was said once: "launcher", or (op, kernel) and (op, "dispatch") pairs.
+_warned_for: set = set()
+_warn_lock = threading.Lock()
+# op -> the dispatch error after which "auto" runs it on the reference.
+_failed_dispatch: Dict[str, str] = {}
+
+
+def _warn_once(key: object, message: str) -> None:
+    with _warn_lock:
+        if key in _warned_for:
+            return
+        _warned_for.add(key)
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def _unbuildable(op: str, kernels: Optional[Kernels]) -> bool:
+    """Whether a kernel of ``kernels`` cannot be built on this GPU; says so once per op and
+    kernel, with the compiler's or Metal's message."""
+    if kernels is None:
+        return False
+    from . import _metal_backend
+    for shader, kernel in kernels():
+        error = _metal_backend.kernel_failure(shader, kernel)
+        if error is not None:
+            _warn_once((op, kernel), f"torch_sparse_metal: {op} runs on the plain-torch "
+                                     f"reference: its kernel {kernel} (shaders/{shader}) "
+                                     f"cannot be built on this GPU: {error}")
+            return True
+    return False
+
+
+def kernels_or_reference(op: str, backend: str, on_kernels: Callable[[], T],
+                         on_reference: Callable[[], T]) -> T:
+    """``on_kernels()`` on a kernel backend, ``on_reference()`` on the reference, and under
+    ``"auto"`` the reference also when the Metal dispatch fails: one warning, and the op
+    runs on the reference from then on (``"metal"`` raises the error)."""
+    if backend == "reference":
+        return on_reference()
+    if backend != "metal" or _current_name() != "auto":
+        return on_kernels()
+    from ._metal_backend import MetalDispatchError, MetalPipelineError
+    from .metal import LaunchError, MetalCompileError
+    try:
+        return on_kernels()
+    except (MetalDispatchError, MetalPipelineError, MetalCompileError, LaunchError) as error:
+        _failed_dispatch[op] = str(error)
+        _warn_once((op, "dispatch"), f"torch_sparse_metal: {op} runs on the plain-torch "
+                                     f"reference from now on: a Metal dispatch failed: {error}")
+        return on_reference()
 
 
 def _auto_for_mps() -> str:
@@ -87,8 +149,6 @@ def _auto_for_mps() -> str:
     reason = _metal_backend.unavailable_reason()
     if reason is None:
         return "metal"
-    if not _warned.is_set():
-        _warned.set()
-        warnings.warn(f"torch_sparse_metal: MPS tensors run on the plain-torch reference, not "
-                      f"the Metal kernels: {reason}", RuntimeWarning, stacklevel=4)
+    _warn_once("launcher", f"torch_sparse_metal: MPS tensors run on the plain-torch "
+                           f"reference, not the Metal kernels: {reason}")
     return "reference"

@@ -31,3 +31,10 @@ def kernel_names_for(bases: Iterable[str], backend: str) -> Tuple[str, ...]:
     """Every ``<base>_<dtype>`` an op's host code can ask ``backend`` for: the ops' own
     ``kernel_names()``, which the tests check against the compiled libraries."""
     return tuple(kernel_name(base, dtype) for base in bases for dtype in KERNEL_DTYPES[backend])
+
+
+def library_kernels(shader: str, bases: Iterable[str], dtype: torch.dtype
+                    ) -> Tuple[Tuple[str, str], ...]:
+    """``(shader, <base>_<dtype>)`` for each base: what an op tells ``resolve_backend`` it
+    may launch for ``dtype``, so that ``"auto"`` checks they build before the first."""
+    return tuple((shader, kernel_name(base, dtype)) for base in bases)

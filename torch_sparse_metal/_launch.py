@@ -12,7 +12,11 @@ Arguments bind to ``[[buffer(i)]]`` in order. Tensors must be contiguous and on 
 backend's device. Scalars must be typed NumPy scalars (``np.int32(n)``, ``np.float32(a)``,
 ...): the Metal side receives their bytes as they are, so the host code, not a guess,
 decides their width. The emulator additionally checks that width against the kernel's
-declared parameter type, so a wrong scalar type fails in CI on Linux.
+declared parameter type, so a wrong scalar type fails in CI on Linux. A small table of
+host values (a C-contiguous NumPy array of at most 4 KB, for a ``constant T*``
+parameter) is passed by value too, as the bytes of the dispatch: on Metal with
+``setBytes``, which copies them when the dispatch is encoded, so nothing waits for the
+GPU and the array need not outlive the call.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import torch
 
 from . import metal as _metal
 
-Arg = Union[torch.Tensor, np.generic]
+Arg = Union[torch.Tensor, np.generic, np.ndarray]
 Dims = Union[int, Sequence[int]]
 
 
@@ -34,9 +38,10 @@ def launch(shader: str, kernel: str, args: Sequence[Arg], *, threads: Dims,
     ``threadgroup_memory[n]`` is the byte length of the ``[[threadgroup(n)]]`` parameter.
     """
     for a in args:
-        if not isinstance(a, (torch.Tensor, np.generic)):
+        if not isinstance(a, (torch.Tensor, np.generic, np.ndarray)):
             raise TypeError(f"launch({kernel}): scalar arguments must be typed NumPy scalars "
-                            f"(np.int32, np.float32, ...), got {type(a).__name__}")
+                            f"(np.int32, np.float32, ...) or small NumPy arrays, got "
+                            f"{type(a).__name__}")
     if backend == "emulator":
         library = _metal.load_shader_file(shader)
         getattr(library, kernel)(*args, threads=threads, group_size=group_size,

@@ -36,6 +36,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -48,8 +49,9 @@ from .metal._errors import MetalCompileError, UnknownKernelError
 from .metal._record import as_dim3, record_launch
 from .metal._rewrite import P_BUFFER, P_THREADGROUP
 
-__all__ = ["MetalUnavailableError", "dispatch", "is_available", "unavailable_reason",
-           "device_capabilities", "kernel_info", "PipelineInfo"]
+__all__ = ["MetalUnavailableError", "MetalPipelineError", "MetalDispatchError", "dispatch",
+           "is_available", "unavailable_reason", "device_capabilities", "kernel_info",
+           "kernel_failure", "library_source", "PipelineInfo"]
 
 EXTENSION = "torch_sparse_metal._metal_launcher"
 
@@ -78,6 +80,14 @@ class MetalUnavailableError(RuntimeError):
     """The Metal backend cannot run here (not macOS, no Apple GPU, or extension not built)."""
 
 
+class MetalPipelineError(RuntimeError):
+    """Metal compiled a kernel's library but could not make its compute pipeline."""
+
+
+class MetalDispatchError(RuntimeError):
+    """The extension failed to encode a dispatch that passed every check."""
+
+
 @functools.lru_cache(maxsize=None)
 def _import_extension(name: str):
     """``(module, None)`` or ``(None, ImportError)``: a failed import is not retried on
@@ -88,15 +98,29 @@ def _import_extension(name: str):
         return None, exc
 
 
+# setup.py writes why the extension did not build here (pip shows no build output without -v).
+BUILD_ERROR = Path(__file__).resolve().parent / "_metal_launcher.build-error.txt"
+
+
+def build_error() -> Optional[str]:
+    """What the last ``pip install`` said when the extension failed to build here, if it did."""
+    try:
+        return BUILD_ERROR.read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _extension():
     """The compiled launcher module, or :class:`MetalUnavailableError` with the reason."""
     if sys.platform != "darwin":
         raise MetalUnavailableError(f"{UNAVAILABLE_MESSAGE} (this is {sys.platform!r})")
     module, error = _import_extension(EXTENSION)
     if module is None:
+        built = build_error()
+        why = f"the install's build of it failed: {built}" if built else REBUILD_HINT
         raise MetalUnavailableError(
-            f"{UNAVAILABLE_MESSAGE}: {EXTENSION} could not be imported ({error}); "
-            f"{REBUILD_HINT}") from error
+            f"{UNAVAILABLE_MESSAGE}: {EXTENSION} could not be imported ({error}); {why}"
+        ) from error
     return module
 
 
@@ -249,13 +273,36 @@ def compile_error(shader: str, log: str, language_version: str) -> MetalCompileE
     return MetalCompileError(message, log, line, source_line)
 
 
+# Kernel-name suffix -> the dtype's code in shaders/tsm_common.h (TSM_DTYPE_*): each dtype's
+# kernels are compiled as a library of their own, so that a rejection costs one dtype.
+_LIBRARY_DTYPES = {"float": "TSM_DTYPE_FLOAT", "half": "TSM_DTYPE_HALF",
+                   "bfloat": "TSM_DTYPE_BFLOAT"}
+
+
+@functools.lru_cache(maxsize=None)
+def _with_dtype(source: str, dtype: str) -> str:
+    # Cached by the text (whose hash Python keeps), so the same str object reaches the
+    # extension, whose fast path knows a source by identity.
+    return f"#define TSM_LIBRARY_DTYPE {_LIBRARY_DTYPES[dtype]}\n{source}"
+
+
+def library_source(shader: str, kernel: str) -> str:
+    """The source Metal compiles for the library holding ``kernel`` of
+    ``shaders/<shader>``: its dtype's kernels only (the ``_<dtype>`` suffix
+    :func:`torch_sparse_metal._kernel_names.kernel_name` gives it), or the whole file for a
+    kernel without one."""
+    source = shader_source(shader)
+    suffix = kernel.rsplit("_", 1)[-1]
+    return _with_dtype(source, suffix) if suffix in _LIBRARY_DTYPES else source
+
+
 @functools.lru_cache(maxsize=None)
 def kernel_info(shader: str, kernel: str) -> PipelineInfo:
     """The pipeline of ``kernel`` in ``shaders/<shader>`` as Metal built it (compiled once,
-    cached): its parameters, ``maxTotalThreadsPerThreadgroup``, ``threadExecutionWidth``
-    (checked to be 32) and static threadgroup memory."""
+    per dtype, and cached): its parameters, ``maxTotalThreadsPerThreadgroup``,
+    ``threadExecutionWidth`` (checked to be 32) and static threadgroup memory."""
     ext = _extension()
-    source = shader_source(shader)
+    source = library_source(shader, kernel)
     try:
         names = ext.kernel_names(source)
     except ext.CompileError as exc:
@@ -263,7 +310,27 @@ def kernel_info(shader: str, kernel: str) -> PipelineInfo:
         raise compile_error(shader, str(exc), version) from None
     if kernel not in names:
         raise UnknownKernelError(kernel, shader, names)
-    return pipeline_info_from_reflection(kernel, ext.pipeline_info(source, kernel))
+    try:
+        reflection = ext.pipeline_info(source, kernel)
+    except RuntimeError as exc:
+        raise MetalPipelineError(f"{shader}: Metal could not make the compute pipeline of "
+                                 f"{kernel}: {exc}") from exc
+    return pipeline_info_from_reflection(kernel, reflection)
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_failure(shader: str, kernel: str) -> Optional[Exception]:
+    """None when ``kernel`` of ``shaders/<shader>`` builds on this GPU (its library compiles
+    and its pipeline can be made), else the error saying why. Tried once: a failure is
+    remembered too (``cache_clear()`` here and on :func:`kernel_info` to try again)."""
+    try:
+        kernel_info(shader, kernel)
+    except MetalUnavailableError:
+        raise
+    except (MetalCompileError, MetalPipelineError, UnknownKernelError, RuntimeError,
+            ValueError) as exc:
+        return exc
+    return None
 
 
 # ---------------------------------------------------------------------------------------
@@ -286,23 +353,28 @@ def _pack(info: PipelineInfo, index: int, arg: Arg) -> Union[torch.Tensor, bytes
                              f"(shape {tuple(arg.shape)}, strides {arg.stride()})")
         return arg
     param = info.buffers[index]
-    return _binding.scalar_bytes(_binding.where(kernel, index, param), param, arg)
+    where = _binding.where(kernel, index, param)
+    if isinstance(arg, np.ndarray):
+        return _binding.table_bytes(where, param, arg)
+    return _binding.scalar_bytes(where, param, arg)
 
 
 def _check_scalar_type(kernel: str, index: int, arg: Arg) -> None:
     """Scalars must be typed NumPy scalars Metal has a type for (no double)."""
     if arg is None or isinstance(arg, torch.Tensor):  # None: a gap, see _binding.check_arguments
         return
-    if not isinstance(arg, np.generic):
-        raise TypeError(f"dispatch({kernel}): argument {index} must be a torch.Tensor or a typed "
-                        f"NumPy scalar (np.int32, np.float32, ...), got {type(arg).__name__}")
+    if not isinstance(arg, (np.generic, np.ndarray)):
+        raise TypeError(f"dispatch({kernel}): argument {index} must be a torch.Tensor, a typed "
+                        f"NumPy scalar (np.int32, np.float32, ...) or a small NumPy array, got "
+                        f"{type(arg).__name__}")
     kind = arg.dtype.kind
+    what = "array" if isinstance(arg, np.ndarray) else "scalar"
     if kind not in _SCALAR_KINDS:
         raise TypeError(f"dispatch({kernel}): argument {index} is a NumPy {arg.dtype} "
-                        "scalar; Metal takes bool, integer or floating scalars")
+                        f"{what}; Metal takes bool, integer or floating values")
     if kind == "f" and arg.dtype.itemsize > 4:
         raise TypeError(f"dispatch({kernel}): argument {index} is a NumPy {arg.dtype} "
-                        "scalar; Metal has no double (pass np.float32 or np.float16)")
+                        f"{what}; Metal has no double (pass np.float32 or np.float16)")
 
 
 def dispatch(shader: str, kernel: str, args: Sequence[Arg], *, threads,
@@ -311,8 +383,9 @@ def dispatch(shader: str, kernel: str, args: Sequence[Arg], *, threads,
 
     ``threads`` is the grid in threads and ``group_size`` the threadgroup (ints or 1-3
     ints; dispatchThreads semantics). ``args[i]`` binds ``[[buffer(i)]]``: contiguous MPS
-    tensors at their storage offset, typed NumPy scalars as their bytes, checked against
-    the parameter's declared type; ``None`` where the kernel's indices have a gap (no
+    tensors at their storage offset, typed NumPy scalars and small NumPy arrays (tables of
+    at most 4 KB, for ``constant T*``) as their bytes (``setBytes``), checked against the
+    parameter's declared type; ``None`` where the kernel's indices have a gap (no
     ``[[buffer(i)]]`` there), which binds nothing. ``threadgroup_memory[n]`` is the byte
     length of ``[[threadgroup(n)]]`` (a multiple of 16); every declared one needs a length. The
     dispatch is encoded, not committed: torch commits when it synchronises. An empty grid
@@ -340,4 +413,7 @@ def dispatch(shader: str, kernel: str, args: Sequence[Arg], *, threads,
     _binding.check_threadgroup_memory(kernel, info.threadgroups, tg_memory, limit)
     packed = [_pack(info, i, a) for i, a in enumerate(args)]
     record_launch(kernel, threads3, group3, "metal")
-    ext.dispatch(shader_source(shader), kernel, packed, threads3, group3, tg_memory)
+    try:
+        ext.dispatch(library_source(shader, kernel), kernel, packed, threads3, group3, tg_memory)
+    except RuntimeError as exc:
+        raise MetalDispatchError(f"dispatch({kernel}): {exc}") from exc

@@ -567,10 +567,14 @@ void check_bindings(const std::string& kernel, const Kernel& k,
                             std::to_string(i) + ")]]");
     }
     if (p == nullptr || !p->used) continue;  // unused: still bound, whatever its size
-    if (!bindings[i].is_tensor && bindings[i].bytes.size() != p->size) {
+    // One value of the declared type, or a table of them for a `constant T*` (reflection
+    // gives the pointee's size and cannot tell a pointer from a reference; the Python side
+    // passes tables only to pointers, and a reference reads its first value).
+    const size_t length = bindings[i].bytes.size();
+    if (!bindings[i].is_tensor && (p->size == 0 || length % p->size != 0)) {
       throw py::value_error(where(kernel, i) + " (`" + p->name + "`) is " +
-                            std::to_string(bindings[i].bytes.size()) +
-                            " bytes; the kernel declares " + std::to_string(p->size));
+                            std::to_string(length) + " bytes; the kernel declares " +
+                            std::to_string(p->size) + " (or a table of values of that size)");
     }
   }
   if (tg.size() < k.threadgroup_slots) {
@@ -970,8 +974,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "dispatch(source, kernel, args, threads, group_size, threadgroup_memory=[]): compile "
         "`source` once, then encode dispatchThreads(threads, group_size) of `kernel` on the "
         "current MPS stream. args[i] binds [[buffer(i)]], one per declared index: an mps "
-        "tensor (at its storage offset) or the bytes of one value of the declared type "
-        "(setBytes). threadgroup_memory[n] is the byte length (a multiple of 16) of "
+        "tensor (at its storage offset), or the bytes of one value of the declared type or of "
+        "a table of them, under 4 KB (setBytes). threadgroup_memory[n] is the byte length (a multiple of 16) of "
         "[[threadgroup(n)]], one per declared index. Does not commit.");
   m.def("mps_matmul", &py_mps_matmul, py::arg("left"), py::arg("right"), py::arg("result"),
         py::arg("transpose_left") = false, py::arg("transpose_right") = false,

@@ -344,7 +344,8 @@ class KMeans(nn.Module):
         return self.cluster_centers_
 
     def _backend(self, method: str, x: torch.Tensor) -> str:
-        backend = resolve_backend(f"{_NAME}.{method}", (x,))
+        backend = resolve_backend(f"{_NAME}.{method}", (x,),
+                                  kernels=lambda: K.kernels_for(x.dtype))
         if backend != "reference":
             V.check_kernel_dtype(f"{_NAME}.{method}", x.dtype, backend)
         return backend

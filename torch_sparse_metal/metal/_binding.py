@@ -147,6 +147,23 @@ def _float_bytes(where: str, param: ParamInfo, declared: str, arg) -> bytes:
     return data
 
 
+# Metal's setBytes:length:atIndex: is documented for data smaller than 4 KB.
+MAX_SET_BYTES = 4096
+
+
+def table_bytes(where: str, param: ParamInfo, table: np.ndarray) -> bytes:
+    """The bytes of a small NumPy array passed by value to a ``constant T*`` parameter:
+    C-contiguous, at most :data:`MAX_SET_BYTES`, elements of the declared type."""
+    if not table.flags.c_contiguous or table.size == 0:
+        raise LaunchError(f"{where}: a table passed by value must be a non-empty C-contiguous "
+                          "NumPy array")
+    if table.nbytes > MAX_SET_BYTES:
+        raise LaunchError(f"{where}: a table passed by value holds at most {MAX_SET_BYTES} "
+                          f"bytes (Metal's setBytes), got {table.nbytes}; bind a tensor")
+    scalar_bytes(where, param, table.reshape(-1)[0])  # the element type, as for a scalar
+    return table.tobytes()
+
+
 def scalar_bytes(where: str, param: ParamInfo, arg) -> bytes:
     """The bytes of a NumPy or Python scalar for ``param``, checked against its declared
     type: a NumPy scalar must match it exactly, a Python number must fit it. A NumPy scalar

@@ -16,8 +16,9 @@ import torch
 from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
-from .._backend import resolve_backend
-from .._kernel_names import kernel_name, kernel_names_for
+from .._backend import kernels_or_reference, resolve_backend
+from .._kernel_names import kernel_name, kernel_names_for, library_kernels
+from ..checks import check_invariants, error_word
 from ..metal._binding import SIMD_WIDTH
 
 OP = "cross_entropy"
@@ -51,8 +52,12 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
         A 0-D tensor: the mean over counted rows of ``logsumexp(x) - x[label]`` (NaN when
         no row counts, as in torch). Differentiable in ``logits``.
 
-    Labels outside ``[0, classes)`` raise ``ValueError`` before any kernel runs; checking
-    them reads two numbers back from the device (one sync), as torch's own CPU op does.
+    Labels outside ``[0, classes)`` (other than ``ignore_index``) are checked by the kernel,
+    without a read-back: the loss and that row's gradient come out NaN and
+    :func:`torch_sparse_metal.check_errors` raises :class:`~torch_sparse_metal.checks.InvalidInputError`.
+    In strict mode (:class:`torch_sparse_metal.check_invariants`) they raise ``ValueError``
+    before the kernel runs, reading two numbers back (one GPU sync on MPS); the reference
+    backend always checks so, as torch's own CPU op does.
     """
     _check_torch_options(weight, size_average, reduce, reduction, label_smoothing)
     V.check_tensor(OP, "logits", logits)
@@ -72,18 +77,25 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
                          "kernel's labels")
     ignore_index = int(ignore_index)
 
-    backend = resolve_backend(OP, (logits,))
-    if backend == "reference":
+    backend = resolve_backend(OP, (logits,),
+                              kernels=lambda: library_kernels(SHADER, KERNELS, logits.dtype))
+
+    def on_reference() -> torch.Tensor:
         # Inside a compiled graph the check cannot read the labels back: torch's own
         # cross_entropy checks them there.
         if not torch.compiler.is_compiling():
             _check_labels(labels, classes, ignore_index)
         return torch.nn.functional.cross_entropy(logits, labels.long(), ignore_index=ignore_index)
-    V.check_kernel_dtype(OP, logits.dtype, backend)
-    V.check_fits_uint32(OP, "batch * classes", batch * classes)
-    need_grad = torch.is_grad_enabled() and logits.requires_grad
-    loss, _ = _CROSS_ENTROPY(logits, labels, ignore_index, need_grad)
-    return loss
+
+    def on_kernels() -> torch.Tensor:
+        V.check_kernel_dtype(OP, logits.dtype, backend)
+        V.check_fits_uint32(OP, "batch * classes", batch * classes)
+        need_grad = torch.is_grad_enabled() and logits.requires_grad
+        loss, _ = _CROSS_ENTROPY(logits, labels, ignore_index, need_grad,
+                                 check_invariants.is_enabled())
+        return loss
+
+    return kernels_or_reference(OP, backend, on_kernels, on_reference)
 
 
 def _check_torch_options(weight, size_average, reduce, reduction, label_smoothing) -> None:
@@ -121,52 +133,80 @@ def _check_labels(labels: torch.Tensor, classes: int, ignore_index: int) -> int:
 
 
 # The op ``torch_sparse_metal::cross_entropy``: ``(mean loss, d loss / d logits)`` from one
-# dispatch; the label check (one read-back) runs inside it, so it holds under torch.compile.
+# dispatch. The kernel checks the labels; strict mode's check (one read-back) runs inside
+# the op, so it holds under torch.compile too.
 
 
-def _kernel(logits, labels, ignore_index, need_grad, *, backend):
-    count = _check_labels(labels, logits.shape[1], ignore_index)
-    loss, grad_logits = _forward(logits.contiguous(), labels, ignore_index, count, backend,
+def _kernel(logits, labels, ignore_index, need_grad, strict, *, backend):
+    if strict:
+        _check_labels(labels, logits.shape[1], ignore_index)
+    loss, grad_logits = _forward(logits.contiguous(), labels, ignore_index, backend,
                                  need_grad=need_grad)
     return loss, grad_logits if need_grad else _custom_ops.empty_like_none(loss)
 
 
-def _fake(logits, labels, ignore_index, need_grad):
+def _fake(logits, labels, ignore_index, need_grad, strict):
     return logits.new_empty(()), logits.new_empty(logits.shape if need_grad else (0,))
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    ctx.save_for_backward(output[1])
+    _, labels, ctx.ignore_index, ctx.need_grad, _ = inputs
+    ctx.save_for_backward(output[1], labels)
+    # A gradient into grad_logits arrives only in a double backward (grad_logits is saved
+    # as that output): None, not zeros, tells the two apart.
+    ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_loss, _grad_of_grad_logits):
-    (grad_logits,) = ctx.saved_tensors
-    # The kernel already wrote d mean_loss / d logits; chain rule with the scalar
-    # upstream gradient is one plain torch multiply, not a kernel.
-    return grad_logits * grad_loss, None, None, None
+def _backward(ctx, grad_loss, grad_of_grad_logits):
+    grad_logits, labels = ctx.saved_tensors
+    # grad_logits = (softmax(logits) - onehot(label)) * weight, weight = 1 / count on the
+    # rows that count and 0 on the others (the logits are not saved, as torch's
+    # cross_entropy does not save them).
+    counted = labels != ctx.ignore_index
+    count = counted.sum()
+    weight = (counted.to(grad_logits.dtype) / count.clamp(min=1))[:, None]
+    # A comparison, not one_hot, which reads the labels back to check them (the kernel
+    # flagged a bad one, its row NaN).
+    classes = torch.arange(grad_logits.shape[1], device=labels.device)
+    onehot = (classes == labels[:, None]) & counted[:, None]
+    grad = None
+    if grad_loss is not None:
+        # torch's chain, nll_loss's backward (-weight * grad_loss at the label) then
+        # log_softmax's (+ softmax * weight * grad_loss): grad_logits * grad_loss for a
+        # finite grad_loss, but an infinite or NaN one gives torch's NaN at the label and 0
+        # in the rows that do not count. Plain torch ops, not a kernel.
+        at_label = torch.where(onehot, -weight * grad_loss, 0)
+        grad = torch.where(counted[:, None],
+                           at_label + (grad_logits + onehot * weight) * grad_loss, grad_logits)
+    if grad_of_grad_logits is not None and ctx.need_grad:
+        # The second-order term: softmax's derivative, by torch's formula, with the softmax
+        # recovered from what the kernel wrote.
+        softmax = grad_logits * count + onehot
+        term = torch.ops.aten._softmax_backward_data(grad_of_grad_logits * weight, softmax, 1,
+                                                     grad_logits.dtype)
+        grad = term if grad is None else grad + term
+    return grad, None, None, None, None
 
 
 _CROSS_ENTROPY = _custom_ops.define(
-    "cross_entropy(Tensor logits, Tensor labels, int ignore_index, bool need_grad) "
-    "-> (Tensor, Tensor)", _kernel, _fake, backward=_backward, setup_context=_setup_context)
+    "cross_entropy(Tensor logits, Tensor labels, int ignore_index, bool need_grad, "
+    "bool strict) -> (Tensor, Tensor)", _kernel, _fake, backward=_backward,
+    setup_context=_setup_context)
 
 
-def _forward(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, count: int,
-             backend: str, *, need_grad: bool):
+def _forward(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, backend: str, *,
+             need_grad: bool):
     batch, classes = logits.shape
     grad_logits = logits.new_empty(batch, classes) if need_grad else None
-    if count == 0:
-        # torch: the mean over no rows is NaN and every row's gradient is zero.
-        if grad_logits is not None:
-            grad_logits.zero_()
+    if batch == 0:
+        # torch: the mean over no rows is NaN (and there is no gradient to write).
         return logits.new_full((), float("nan")), grad_logits
     loss = logits.new_empty(1)
     labels32 = labels if labels.dtype == torch.int32 else labels.to(torch.int32)
-    scalar = np.float64 if logits.dtype == torch.float64 else np.float32
     args = (logits, labels32.contiguous(), loss,
             grad_logits if need_grad else logits.new_empty(1),
             np.uint32(batch), np.uint32(classes), np.int32(ignore_index),
-            scalar(1.0 / count), np.uint32(need_grad))
+            np.uint32(need_grad), error_word(logits.device))
     # The whole batch runs in one threadgroup (see the shader): as many threads as rows, in
     # whole SIMD-groups, up to what the pipeline allows (1024 at most).
     name = kernel_name("cross_entropy_forward", logits.dtype)

@@ -10,6 +10,7 @@ from torch import nn
 from .. import _validation as V
 from .._activations import check_activation
 from ..formats import sparse_weight_parts
+from ..checks import check_invariants
 from ..ops.sparse_linear import BySource, CSRPattern, IndexArrays, apply_pattern
 
 _MODULE = "SparseLinear"
@@ -83,11 +84,15 @@ class SparseLinear(nn.Module):
         src_indptr, src_rows, src_perm: the same pattern indexed by source neuron, which
             the backward kernel walks (derived, not saved; rebuilt when the pattern changes).
 
-    Every forward checks the five index buffers against a fingerprint of their contents
-    (one pass over them, one small read-back): after an edit torch's version counter does
-    not see (``layer.indices.data[0] = 3``, a write through ``.numpy()``) the pattern is
-    validated and transposed again, so the result follows the edit, or a ValueError says
-    what is wrong with it.
+    A training step reads nothing back from the device (no GPU sync on MPS). The pattern
+    is validated and transposed again when its buffers change in a way torch sees (a new
+    tensor, ``load_state_dict``, an in-place write). An edit torch's version counter does not
+    see (``layer.indices.data[0] = 3``, a write through ``.numpy()``) is found by
+    :func:`~torch_sparse_metal.check_errors` (which compares the buffers with a fingerprint
+    taken when they were validated) and, when it puts an index out of range, by the kernels
+    (NaN outputs); :meth:`pattern` validates and transposes it again. In strict mode
+    (:class:`~torch_sparse_metal.check_invariants`) every forward compares the buffers with
+    that fingerprint first (one read-back), as :meth:`pattern` does.
 
     Initialisation follows ``nn.Linear`` (uniform in ``+-1/sqrt(fan_in)``) with each row's
     real fan-in, its number of edges; rows without edges get a zero bias.
@@ -101,10 +106,10 @@ class SparseLinear(nn.Module):
     :meth:`to_sparse_csr` / :meth:`to_dense` give ``W`` back.
 
     Under ``torch.compile`` the forward cannot validate and transpose a changed pattern
-    again inside the graph: the op compares the buffers with their fingerprints instead
-    and raises ``ValueError`` if they were written behind torch's back. Edits made in
-    eager code between compiled calls (``load_state_dict``, ``prune_and_regrow``) are
-    validated by :meth:`pattern`, which those call.
+    again inside the graph: in strict mode the op compares the buffers with their
+    fingerprints instead and raises ``ValueError`` if they were written behind torch's
+    back. Edits made in eager code between compiled calls (``load_state_dict``,
+    ``prune_and_regrow``) bring the pattern up to date themselves.
     """
 
     def __init__(self, in_features: int, out_features: int, *, density: Optional[float] = None,
@@ -131,7 +136,12 @@ class SparseLinear(nn.Module):
         if density is not None:
             indptr, indices = random_csr_pattern(in_features, out_features, density,
                                                  generator=generator)
-        pattern = CSRPattern(indptr, indices, in_features, out_features=out_features, op=_MODULE)
+            # Valid and free of duplicates by construction.
+            pattern = CSRPattern.trusted(indptr, indices, in_features,
+                                         distinct_cells=indices.shape[0])
+        else:
+            pattern = CSRPattern(indptr, indices, in_features, out_features=out_features,
+                                 op=_MODULE)
 
         self.weight = nn.Parameter(torch.empty(pattern.nnz, device=device, dtype=dtype))
         if bias:
@@ -161,17 +171,28 @@ class SparseLinear(nn.Module):
                      for t in (self.indptr, self.indices))
 
     def pattern(self) -> CSRPattern:
-        """The current pattern; validated and transposed again only after it changed."""
-        if self._buffers_key() != self._pattern_key or self._pattern.changed():
-            pattern = CSRPattern(self.indptr, self.indices, self.in_features,
-                                 out_features=self.out_features, op=_MODULE)
-            src: BySource = pattern.by_source()
-            self.indptr, self.indices = pattern.indptr, pattern.indices  # int32 if they weren't
-            self.src_indptr, self.src_rows, self.src_perm = src
-            self.pattern_fingerprints = pattern.fingerprints(True)
-            self._pattern = pattern
-            self._pattern_key = self._buffers_key()
+        """The current pattern; validated and transposed again only after it changed,
+        including through a write torch's version counter does not see (one read-back)."""
+        return self._current_pattern(read_back=True)
+
+    def _current_pattern(self, read_back: bool) -> CSRPattern:
+        """The pattern, rebuilt when its buffers changed as torch sees them (another tensor,
+        a version bump), or, with ``read_back``, as their fingerprint does."""
+        if self._buffers_key() != self._pattern_key or (read_back and self._pattern.changed()):
+            self._adopt_pattern(CSRPattern(self.indptr, self.indices, self.in_features,
+                                           out_features=self.out_features, op=_MODULE))
         return self._pattern
+
+    def _adopt_pattern(self, pattern: CSRPattern) -> None:
+        """Make ``pattern`` (valid, ``out_features x in_features``, nnz the weight's) the
+        layer's: its arrays become the index buffers, its by-source CSR the derived ones
+        (built on the device if the pattern has none yet: no read-back)."""
+        src: BySource = pattern.by_source()
+        self.indptr, self.indices = pattern.indptr, pattern.indices  # int32 if they weren't
+        self.src_indptr, self.src_rows, self.src_perm = src
+        self.pattern_fingerprints = pattern.fingerprints(True)
+        self._pattern = pattern
+        self._pattern_key = self._buffers_key()
 
     @property
     def grad_norm(self) -> Optional[torch.Tensor]:
@@ -213,16 +234,18 @@ class SparseLinear(nn.Module):
                 self.bias.copy_((2 * u - 1) * bound)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        strict = check_invariants.is_enabled()
         if torch.compiler.is_compiling():
-            # No read-back inside a graph: the op checks the buffers against their
-            # fingerprints (eager code validates and transposes them in pattern()).
+            # No validation inside a graph: in strict mode the op checks the buffers against
+            # their fingerprints (eager code validates and transposes them in pattern()).
             arrays = IndexArrays(self.indptr, self.indices, self.in_features,
                                  BySource(self.src_indptr, self.src_rows, self.src_perm),
                                  self.pattern_fingerprints)
-            return apply_pattern(input, arrays, self.weight, self.bias, verify=True,
+            return apply_pattern(input, arrays, self.weight, self.bias, verify=strict,
                                  activation=self.activation, deterministic=self.deterministic)
-        return apply_pattern(input, self.pattern(), self.weight, self.bias,
-                             activation=self.activation, deterministic=self.deterministic)
+        return apply_pattern(input, self._current_pattern(read_back=strict), self.weight,
+                             self.bias, activation=self.activation,
+                             deterministic=self.deterministic)
 
     def to_dense(self) -> torch.Tensor:
         """``W`` as a dense ``(out_features, in_features)`` tensor (differentiable)."""

@@ -1,9 +1,10 @@
 """Evolving sparse topology: ``prune_and_regrow`` (SET / RigL style) for ``SparseLinear``.
 
-Every step is a torch op on the layer's device (no read-back of the pattern), and the
-layer's tensors are rewritten in place with the same nnz, so an optimizer that holds the
-weight (including :class:`torch_sparse_metal.optim.AdamW`, whose parameters are views of
-its flat buffer) keeps working: its per-edge state is permuted along with the edges.
+Every step is a torch op on the layer's device whose output size the host knows, so
+nothing is read back (no GPU sync on MPS), and the layer's tensors are rewritten in place
+with the same nnz, so an optimizer that holds the weight (including
+:class:`torch_sparse_metal.optim.AdamW`, whose parameters are views of its flat buffer)
+keeps working: its per-edge state is permuted along with the edges.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Optional
 import torch
 
 from .. import _validation as V
+from ..checks import check_invariants
+from ..ops.sparse_linear import CSRPattern
 from .sparse_linear import SparseLinear
 
 OP = "prune_and_regrow"
@@ -41,7 +44,12 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
     permuted with the edges, new edges getting zeros; scalar state (``step``) is kept.
     ``layer.weight.grad``, if any, is permuted the same way.
 
-    Returns the number of edges replaced.
+    Returns the number of edges replaced. No read-back: the count of empty cells comes from
+    the host's knowledge of the pattern (nnz, for a pattern without duplicate entries, which
+    ``SparseLinear(density=...)`` and every regrown pattern are), except the first time for
+    a pattern given with explicit indices, or always for one with duplicate entries (one
+    read-back then). A generator on another device than the layer's costs one copy of the
+    random scores to the device.
     """
     if not isinstance(layer, SparseLinear):
         raise TypeError(f"{OP}: layer must be a SparseLinear, got {type(layer).__name__}")
@@ -57,28 +65,27 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
             raise ValueError(f"{OP}: dense_grad has shape {tuple(dense_grad.shape)}, expected "
                              f"(out_features, in_features) = ({out_f}, {in_f})")
 
-    pattern = layer.pattern()
+    pattern = layer._current_pattern(read_back=check_invariants.is_enabled())
     weight = layer.weight
     device = weight.device
     nnz = pattern.nnz
     cells_total = out_f * in_f
     cells = pattern.row_ids().to(device) * in_f + pattern.indices.to(device).long()
-    occupied = torch.zeros(cells_total, dtype=torch.bool, device=device)
-    occupied[cells] = True
-    n_empty = cells_total - int(occupied.sum())  # one read-back: how many cells are free
-    k = min(round(fraction * nnz), n_empty)
+    occupied = torch.zeros(cells_total, dtype=torch.bool, device=device).index_fill_(0, cells, True)
+    distinct = pattern.distinct_cells()
+    k = min(round(fraction * nnz), cells_total - distinct)
     if k == 0:
         return 0
 
-    # Drop: the k weakest edges, or k random ones.
+    # Drop: the k weakest edges, or k random ones. The kept ones in edge order come first
+    # in a stable sort on the drop flag (nonzero() would size its output from the data).
     if mode == "random":
         drop_score = _uniform(nnz, generator, device)
     else:
         drop_score = weight.detach().abs().float()
     drop = torch.topk(drop_score, k, largest=False).indices
-    keep = torch.ones(nnz, dtype=torch.bool, device=device)
-    keep[drop] = False
-    kept = keep.nonzero().squeeze(1)
+    dropped = torch.zeros(nnz, dtype=torch.int32, device=device).index_fill_(0, drop, 1)
+    kept = torch.sort(dropped, stable=True).indices[:nnz - k]
 
     # Grow: among cells empty before the drop. Scores are float32 (MPS has no float64).
     if mode == "gradient":
@@ -86,17 +93,16 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
     else:
         grow_score = _uniform(cells_total, generator, device)
     # Every score is >= 0 (|grad|, or uniform in [0, 1)) and an occupied cell gets -1, so
-    # no occupied cell is picked while empty ones remain; k <= n_empty, so none is.
+    # no occupied cell is picked while empty ones remain; k <= the empty cells, so none is.
     grow_score = grow_score.masked_fill(occupied, -1.0)
     grown = torch.topk(grow_score, k).indices
 
     # New pattern: kept edges then grown ones, sorted row-major (stable: duplicate cells
-    # of the old pattern keep their order).
+    # of the old pattern keep their order). indptr[r] counts the edges of rows before r.
     new_cells = torch.cat([cells[kept], grown])
     new_cells, order = torch.sort(new_cells, stable=True)
     rows = torch.div(new_cells, in_f, rounding_mode="floor")
-    counts = torch.bincount(rows, minlength=out_f)
-    indptr = torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    indptr = torch.searchsorted(rows, torch.arange(out_f + 1, device=device))
 
     def moved(t: torch.Tensor) -> torch.Tensor:
         return torch.cat([t[kept], t.new_zeros(k)])[order]
@@ -108,12 +114,13 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
         for value in optimizer.state.get(weight, {}).values():
             if isinstance(value, torch.Tensor) and value.shape == weight.shape:
                 value.copy_(moved(value))
-    # In place: same nnz. The version bump would make layer.pattern() rebuild (validate
-    # and transpose) on next use; rebuilding now also serves a compiled model, whose
-    # graph cannot.
+    # In place (same nnz, same tensors), so a compiled model's graph keeps reading them.
+    # The new pattern is valid by construction: no validation, no read-back; grown cells
+    # were empty, so duplicates are only those the kept edges had.
     layer.indices.copy_((new_cells - rows * in_f).to(layer.indices.dtype))
     layer.indptr.copy_(indptr.to(layer.indptr.dtype))
-    layer.pattern()
+    layer._adopt_pattern(CSRPattern.trusted(
+        layer.indptr, layer.indices, in_f, distinct_cells=nnz if distinct == nnz else None))
     return k
 
 

@@ -36,7 +36,7 @@ from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
 from .._backend import resolve_backend
-from .._kernel_names import kernel_name, kernel_names_for
+from .._kernel_names import kernel_name, kernel_names_for, library_kernels
 from ..reference import kmeans as R
 from . import matmul as MM
 
@@ -63,8 +63,16 @@ def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
     return kernel_names_for(KERNELS, backend) + (kernel_name(CAS_KERNEL, torch.float32),)
 
 
+def kernels_for(dtype: torch.dtype) -> Tuple[Tuple[str, str], ...]:
+    """``(shader, kernel name)`` of what k-means may launch for ``dtype``: its own kernels
+    and the distance GEMM's."""
+    return library_kernels(SHADER, KERNELS, dtype) + MM.kernels_for(None, dtype, "metal")
+
+
 def _backend(backend: Optional[str], *tensors: torch.Tensor) -> str:
-    return resolve_backend(OP, tensors) if backend is None else backend
+    if backend is not None:
+        return backend
+    return resolve_backend(OP, tensors, kernels=lambda: kernels_for(tensors[0].dtype))
 
 
 def _check_kernel_inputs(backend: str, **tensors: torch.Tensor) -> None:

@@ -31,7 +31,7 @@ import torch
 from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
-from .._backend import resolve_backend
+from .._backend import kernels_or_reference, resolve_backend
 from .._kernel_names import kernel_name
 from .._activations import ACTIVATION_CODES, check_activation
 from ..reference.activations import activation_backward_reference
@@ -301,12 +301,27 @@ def _matmul(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Ten
     # torch.addmm: beta = 0 ignores the input (NaNs in it do not propagate), but the bias
     # stays an input of the graph, so its gradient is 0 * grad, as torch's, not None.
 
-    backend = resolve_backend(op, (a, b, bias))
-    if backend == "reference" or m == 0 or n == 0 or k == 0:
-        # Empty products have nothing to launch; torch ops give the right (differentiable)
-        # answer: zeros, or the scaled bias through the activation.
+    backend = resolve_backend(op, (a, b, bias),
+                              kernels=lambda: kernels_for(kernel, a.dtype, "metal"))
+
+    def on_reference() -> torch.Tensor:
         return addmm_reference(bias.expand(m, n) if bias is not None else None, a, b,
                                alpha=alpha, beta=beta, activation=activation)
+
+    if m == 0 or n == 0 or k == 0:
+        # Empty products have nothing to launch; torch ops give the right (differentiable)
+        # answer: zeros, or the scaled bias through the activation.
+        return on_reference()
+    return kernels_or_reference(op, backend, lambda: _launch_product(
+        op, bias, a, b, alpha=alpha, beta=beta, activation=activation, kernel=kernel,
+        backend=backend), on_reference)
+
+
+def _launch_product(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: torch.Tensor,
+                    *, alpha: float, beta: float, activation: Optional[str],
+                    kernel: Optional[str], backend: str) -> torch.Tensor:
+    m, k = a.shape
+    n = b.shape[1]
     V.check_kernel_dtype(op, a.dtype, backend, table=MATMUL_DTYPES)
     if backend == "metal" and a.dtype == torch.bfloat16:
         from .._metal_backend import require_bfloat
@@ -330,6 +345,20 @@ def check_simdgroup(op: str, dtype: torch.dtype, backend: str) -> None:
     if not capabilities(backend)["supports_simdgroup_matrix"]:
         raise ValueError(f"{op}: kernel 'simdgroup' needs simdgroup_matrix (an Apple7+ GPU: "
                          "M1 or later); this device has none (or it was forced off)")
+
+
+def kernels_for(kernel: Optional[str], dtype: torch.dtype, backend: str
+                ) -> Tuple[Tuple[str, str], ...]:
+    """``(shader, kernel name)`` of what a product may launch: the named rung, or those
+    :func:`choose_kernel` may pick on this device (``naive`` and the large-product rung),
+    each in its four transposes (the backward flips them)."""
+    if kernel is not None:
+        rungs: Tuple[str, ...] = (kernel,)
+    else:
+        big = int(SMALL_PRODUCT_FMAS)  # a product past every threshold
+        rungs = ("naive", choose_kernel(big, big, big, dtype, **capabilities(backend)))
+    return tuple((RUNGS[r].shader, matmul_kernel_name(r, ta, tb, dtype))
+                 for r in rungs for ta in (False, True) for tb in (False, True))
 
 
 def resolve_kernel(kernel: Optional[str], m: int, n: int, k: int, dtype: torch.dtype,
@@ -386,21 +415,28 @@ def _addmm_fake(bias, a, b, alpha, beta, activation, kernel, save_preact):
 
 
 def _addmm_setup_context(ctx, inputs, output) -> None:
-    bias, a, b, ctx.alpha, ctx.beta, ctx.activation, ctx.kernel, _ = inputs
+    bias, a, b, ctx.alpha, ctx.beta, ctx.activation, ctx.kernel, ctx.save_preact = inputs
     need_bias, need_a, need_b = ctx.needs_input_grad[:3]
     ctx.bias_shape = None if bias is None else bias.shape
     act_saved = None
     if ctx.activation is not None:
         act_saved = output[1] if ctx.activation == "gelu" else output[0]
     ctx.save_for_backward(a if need_b else None, b if need_a else None, act_saved)
+    # A gradient into the pre-activation arrives in a double backward through gelu's
+    # derivative (act_saved is that output): None, not zeros, tells when it did not.
+    ctx.set_materialize_grads(False)
 
 
-def _addmm_backward(ctx, grad_out, _grad_preact):
+def _addmm_backward(ctx, grad_out, grad_preact):
     a, b, act_saved = ctx.saved_tensors
     need_bias, need_a, need_b = ctx.needs_input_grad[:3]
     g = grad_out
-    if ctx.activation is not None:
+    if g is not None and ctx.activation is not None:
         g = activation_backward_reference(g, act_saved, ctx.activation)
+    if grad_preact is not None and ctx.save_preact:
+        g = grad_preact if g is None else g + grad_preact
+    if g is None:
+        return (None,) * 8
     # d/da (alpha * a @ b) = alpha * g @ b^T, d/db = alpha * a^T @ g.
     grad_a = _ADDMM(None, g, b.t(), ctx.alpha, 0.0, None, ctx.kernel, False)[0] \
         if need_a else None

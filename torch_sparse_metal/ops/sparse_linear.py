@@ -11,17 +11,18 @@ Ops (``torch.ops.torch_sparse_metal``, registered by :mod:`torch_sparse_metal._c
 * ``sparse_linear`` (differentiable) runs the forward kernel. Besides the data it takes the
   pattern's index arrays, its by-source CSR (three empty tensors when no gradient will be
   needed; a backward would then build it) and their fingerprints, so that all of them are
-  saved for backward, where torch's version counter guards them and the backward op
-  checks their contents against the fingerprints (a write through ``.data`` or
-  ``.numpy()``).
+  saved for backward, where torch's version counter guards them.
 * ``sparse_linear_backward`` runs the one fused backward kernel.
 
-Validation that reads the device back (the pattern's values, the fingerprint check) runs
-in Python before the op in eager mode. Under ``torch.compile`` a ``SparseLinear`` cannot
-validate its pattern again inside the graph, so it passes ``verify=True`` and the op
-itself compares the arrays with their fingerprints (the same one pass and read-back) and
-raises ``ValueError`` if they changed; the functional forms, which validate their index
-arrays on every call, are a graph break there.
+What reads the device back stays off the hot path (:mod:`torch_sparse_metal.checks`): a
+pattern is validated when it is built or replaced (a new tensor, or a write torch's version
+counter sees), and a write that bypasses the counter (``.data``, ``.numpy()``) is found by
+the kernels when it leaves an index out of range (NaN and an error flag) and by
+``check_errors()`` otherwise. In strict mode (``check_invariants``) every call compares the
+arrays with their fingerprints first (one read-back): in Python before the op in eager
+mode, and inside the ops (``verify``, ``strict``) under ``torch.compile``, where a
+``SparseLinear`` cannot validate its pattern again. The functional forms validate their
+index arrays on every call, a graph break there.
 """
 from __future__ import annotations
 
@@ -34,11 +35,12 @@ import torch
 from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
-from .._backend import resolve_backend
+from .._backend import kernels_or_reference, resolve_backend
+from ..checks import check_invariants, error_word, watch_pattern
 from .._activations import ACTIVATION_CODES, check_activation
-from .._kernel_names import kernel_name, kernel_names_for
+from .._kernel_names import kernel_name, kernel_names_for, library_kernels
 from ..formats import is_sparse_weight, sparse_weight_parts
-from ..reference.activations import activation_grad_reference, apply_activation
+from ..reference.activations import activation_backward_reference, apply_activation
 from ..reference.sparse_linear import csr_row_ids, sparse_linear_reference
 
 OP = "sparse_linear"
@@ -92,7 +94,8 @@ class CSRPattern:
 
     A write to its index arrays that torch's version counter does not see (through
     ``.data`` or ``.numpy()``) is caught by :meth:`changed`, a fingerprint of their contents
-    taken when they were validated (and when the by-source CSR was built).
+    taken when they were validated (and when the by-source CSR was built), which
+    :func:`~torch_sparse_metal.checks.check_errors` also runs on every live pattern.
 
     Duplicate (row, column) entries are allowed and add up, as in scipy.
     """
@@ -100,14 +103,41 @@ class CSRPattern:
     def __init__(self, indptr: torch.Tensor, indices: torch.Tensor, in_features: int, *,
                  out_features: Optional[int] = None, op: str = OP) -> None:
         in_features = V.check_int(op, "in_features", in_features, minimum=0)
-        self.indptr, self.indices = V.validate_csr(op, indptr, indices, n_cols=in_features,
-                                                   n_rows=out_features)
+        indptr, indices = V.validate_csr(op, indptr, indices, n_cols=in_features,
+                                         n_rows=out_features)
+        self._adopt(indptr, indices, in_features, None)
+
+    @classmethod
+    def trusted(cls, indptr: torch.Tensor, indices: torch.Tensor, in_features: int, *,
+                distinct_cells: Optional[int] = None) -> "CSRPattern":
+        """A pattern valid by construction (``prune_and_regrow``'s, say), taken without the
+        validation and its read-back: contiguous int32 arrays on one device.
+        ``distinct_cells``: how many distinct (row, column) cells it holds, if known."""
+        pattern = cls.__new__(cls)
+        pattern._adopt(indptr, indices, in_features, distinct_cells)
+        return pattern
+
+    def _adopt(self, indptr: torch.Tensor, indices: torch.Tensor, in_features: int,
+               distinct_cells: Optional[int]) -> None:
+        self.indptr, self.indices = indptr, indices
         self.in_features = in_features
         self.out_features = self.indptr.shape[0] - 1
         # (indptr, indices)'s fingerprint, then the by-source CSR's once it is built.
         self._fingerprints = fingerprints(self.indptr, self.indices)
         self._by_source: Optional[BySource] = None
         self._layout = _layout((self.indptr, self.indices))
+        self._distinct_cells = distinct_cells
+        watch_pattern(self)
+
+    def distinct_cells(self) -> int:
+        """How many distinct (row, column) cells the pattern holds: ``nnz`` unless it has
+        duplicate entries. Counted on the device with one read-back the first time, unless
+        known from how the pattern was made."""
+        if self._distinct_cells is None:
+            cells, _ = torch.sort(self.row_ids() * max(self.in_features, 1) + self.indices.long())
+            repeats = (cells[1:] == cells[:-1]).sum() if self.nnz > 1 else torch.zeros(())
+            self._distinct_cells = self.nnz - int(repeats)
+        return self._distinct_cells
 
     @property
     def nnz(self) -> int:
@@ -146,11 +176,17 @@ class CSRPattern:
         """Whether any index array (``indptr``, ``indices``, the by-source CSR if built) was
         written, or swapped for another through ``.data``, since it was validated or built.
         One pass over them and one device read-back."""
+        stale = self.contents_changed_on_device()
+        return True if stale is None else bool(stale)
+
+    def contents_changed_on_device(self) -> Optional[torch.Tensor]:
+        """:meth:`changed` without the read-back: a 0-d bool tensor on the pattern's device,
+        or None when an array's shape, dtype or device changed (seen on the host)."""
         arrays = (self.indptr, self.indices, *(self._by_source or ()))
         if _layout(arrays) != self._layout:
-            return True
+            return None
         now = fingerprints(self.indptr, self.indices, self._by_source)
-        return bool((now != self._fingerprints).any())
+        return (now != self._fingerprints).any()
 
     def to(self, device: torch.device) -> "CSRPattern":
         device = torch.device(device)
@@ -164,6 +200,7 @@ class CSRPattern:
         if self._by_source is not None:
             moved._by_source = BySource(*(t.to(device) for t in self._by_source))
         moved._layout = _layout((moved.indptr, moved.indices, *(moved._by_source or ())))
+        watch_pattern(moved)
         return moved
 
     def __repr__(self) -> str:
@@ -197,10 +234,17 @@ class IndexArrays(NamedTuple):
         return self.known if with_source else self.known[:1]
 
     def changed(self, out_features: Optional[int] = None) -> bool:
-        """Whether the arrays are not what the kernels were promised: another dtype,
-        layout or device, lengths that disagree with each other (or with
-        ``out_features``), or contents that no longer match the fingerprints (one pass and
-        one read-back)."""
+        """Whether the arrays are not what the kernels were promised: :meth:`layout_changed`,
+        or contents that no longer match the fingerprints (one pass and one read-back)."""
+        if self.layout_changed(out_features):
+            return True
+        now = fingerprints(self.indptr, self.indices, self.source)
+        return bool((now != self.known).any())
+
+    def layout_changed(self, out_features: Optional[int] = None) -> bool:
+        """Whether the arrays have another dtype, layout or device than the kernels were
+        promised, or lengths that disagree with each other (or with ``out_features``):
+        what the host sees without reading them."""
         src = () if self.source is None else tuple(self.source)
         arrays = (self.indptr, self.indices, *src)
         device = self.indptr.device
@@ -210,11 +254,8 @@ class IndexArrays(NamedTuple):
                 or self.indptr.shape[0] == 0 \
                 or (out_features is not None and self.indptr.shape[0] != out_features + 1):
             return True
-        if src and (src[0].shape[0] != self.in_features + 1
-                    or src[1].shape[0] != self.nnz or src[2].shape[0] != self.nnz):
-            return True
-        now = fingerprints(self.indptr, self.indices, self.source)
-        return bool((now != self.known).any())
+        return bool(src) and (src[0].shape[0] != self.in_features + 1
+                              or src[1].shape[0] != self.nnz or src[2].shape[0] != self.nnz)
 
 
 def _layout(arrays: Sequence[torch.Tensor]) -> Tuple:
@@ -329,13 +370,16 @@ def sparse_linear_pattern(input: torch.Tensor, pattern: CSRPattern, values: torc
                           bias: Optional[torch.Tensor] = None, *,
                           activation: Optional[str] = None,
                           deterministic: Optional[bool] = None) -> torch.Tensor:
-    """:func:`sparse_linear` with a prepared :class:`CSRPattern`: instead of validating the
-    index arrays again, checks that they did not change since (one pass over them and one
-    read-back); a pattern whose arrays changed is a ValueError, as :meth:`CSRPattern.changed`
-    cannot tell whether the change is valid."""
+    """:func:`sparse_linear` with a prepared :class:`CSRPattern`, validated when it was built:
+    no read-back. A pattern is immutable; a write to its arrays that bypasses torch's
+    version counter is found by :func:`~torch_sparse_metal.check_errors` (or, when it puts
+    an index out of range, by the kernels: NaN outputs). In strict mode
+    (:class:`~torch_sparse_metal.check_invariants`) each call first checks that the arrays
+    did not change (one pass over them and one read-back) and raises ValueError if they
+    did, as :meth:`CSRPattern.changed` cannot tell whether the change is valid."""
     if not isinstance(pattern, CSRPattern):
         raise TypeError(f"{OP}: pattern must be a CSRPattern, got {type(pattern).__name__}")
-    if pattern.changed():
+    if check_invariants.is_enabled() and pattern.changed():
         raise ValueError(f"{OP}: {_CHANGED}; build a new CSRPattern from them")
     return apply_pattern(input, pattern, values, bias, activation=activation,
                          deterministic=deterministic)
@@ -349,11 +393,11 @@ def apply_pattern(input: torch.Tensor, pattern: "CSRPattern | IndexArrays", valu
                   bias: Optional[torch.Tensor] = None, *, activation: Optional[str] = None,
                   deterministic: Optional[bool] = None, verify: bool = False,
                   op: str = OP) -> torch.Tensor:
-    """:func:`sparse_linear_pattern` for a pattern the caller knows unchanged since it was
-    validated or checked (``SparseLinear`` checks its own before each call), or, with
-    ``verify`` (a ``SparseLinear`` under ``torch.compile``, ``pattern`` an
-    :class:`IndexArrays` of its buffers), one the op checks against its fingerprints.
-    ``op`` starts the error messages (the public function that was called)."""
+    """:func:`sparse_linear_pattern` for a pattern the caller vouches for (validated, and in
+    strict mode checked unchanged since), or, with ``verify`` (a ``SparseLinear`` under
+    ``torch.compile`` in strict mode, ``pattern`` an :class:`IndexArrays` of its buffers),
+    one the op checks against its fingerprints. The backward op checks them too in strict
+    mode. ``op`` starts the error messages (the public function that was called)."""
     check_activation(op, activation)
     for name, t in (("input", input), ("values", values)):
         V.check_tensor(op, name, t)
@@ -373,11 +417,14 @@ def apply_pattern(input: torch.Tensor, pattern: "CSRPattern | IndexArrays", valu
         V.check_length(op, "bias", bias, pattern.out_features, "out_features = len(indptr) - 1")
     x, lead = V.flat_batch(op, "input", input, pattern.in_features, contiguous=False)
 
-    backend = resolve_backend(op, (input, values, bias))
-    if backend == "reference":
-        out = sparse_linear_reference(x, pattern.indptr, pattern.indices, values, bias,
-                                      activation=activation)
-    else:
+    backend = resolve_backend(op, (input, values, bias),
+                              kernels=lambda: library_kernels(SHADER, KERNELS, input.dtype))
+
+    def on_reference() -> torch.Tensor:
+        return sparse_linear_reference(x, pattern.indptr, pattern.indices, values, bias,
+                                       activation=activation)
+
+    def on_kernels() -> torch.Tensor:
         V.check_kernel_dtype(op, input.dtype, backend)
         batch = x.shape[0]
         V.check_fits_uint32(op, "batch * in_features", batch * pattern.in_features)
@@ -393,9 +440,11 @@ def apply_pattern(input: torch.Tensor, pattern: "CSRPattern | IndexArrays", valu
         features_major = lanes_along_batch(batch, deterministic)
         out, _ = _SPARSE_LINEAR(x, pattern.indptr, pattern.indices, values, bias, *src,
                                 pattern.fingerprints(need_grad), activation, deterministic,
-                                need_grad and activation == "gelu", verify, features_major)
-        if features_major:
-            out = out.t()
+                                need_grad and activation == "gelu", verify,
+                                check_invariants.is_enabled(), features_major)
+        return out.t() if features_major else out
+
+    out = kernels_or_reference(op, backend, on_kernels, on_reference)
     return out.reshape(*lead, pattern.out_features)
 
 
@@ -408,11 +457,11 @@ def _no_array(like: torch.Tensor) -> torch.Tensor:
 
 
 def _forward_kernel(input, indptr, indices, values, bias, src_indptr, src_rows, src_perm,
-                    fingerprints, activation, deterministic, save_preact, verify, features_major,
-                    *, backend):
+                    fingerprints, activation, deterministic, save_preact, verify, strict,
+                    features_major, *, backend):
     arrays = _index_arrays(input.shape[1], indptr, indices, src_indptr, src_rows, src_perm,
                            fingerprints)
-    if verify and arrays.changed():
+    if arrays.layout_changed() or (verify and arrays.changed()):
         raise ValueError(f"{OP}: {_CHANGED}; under torch.compile they cannot be validated "
                          "again inside the graph: call the SparseLinear's pattern() (or run "
                          "it once) outside the compiled code to validate them")
@@ -424,7 +473,8 @@ def _forward_kernel(input, indptr, indices, values, bias, src_indptr, src_rows, 
 
 
 def _forward_fake(input, indptr, indices, values, bias, src_indptr, src_rows, src_perm,
-                  fingerprints, activation, deterministic, save_preact, verify, features_major):
+                  fingerprints, activation, deterministic, save_preact, verify, strict,
+                  features_major):
     out_features = indptr.shape[0] - 1
     out = input.new_empty((out_features, input.shape[0]) if features_major
                           else (input.shape[0], out_features))
@@ -433,7 +483,7 @@ def _forward_fake(input, indptr, indices, values, bias, src_indptr, src_rows, sr
 
 def _setup_context(ctx, inputs, output) -> None:
     (input, indptr, indices, values, bias, src_indptr, src_rows, src_perm, fingerprints,
-     activation, deterministic, _, _, features_major) = inputs
+     activation, deterministic, save_preact, _, strict, features_major) = inputs
     need_input, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
     ctx.in_features = input.shape[1]
     ctx.features_major = features_major
@@ -441,7 +491,9 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.input_features_major = features_major and input.t().is_contiguous()
     ctx.activation = activation
     ctx.deterministic = deterministic
+    ctx.strict = strict
     ctx.has_bias = bias is not None
+    ctx.save_preact = save_preact
     # Save what backward reads: x for grad_values, values for grad_input, for the
     # activation's derivative the output (relu, tanh) or pre-activation (gelu), and the
     # index arrays with their fingerprints, so that torch's version counter guards them
@@ -452,29 +504,42 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(input if need_values else None, values if need_input else None,
                           act_saved, indptr, indices, src_indptr, src_rows, src_perm,
                           fingerprints)
+    # A gradient into the pre-activation arrives in a double backward through gelu's
+    # derivative (act_saved is that output): None, not zeros, tells when it did not.
+    ctx.set_materialize_grads(False)
 
 
-def _backward_formula(ctx, grad_output, _grad_preact):
+def _backward_formula(ctx, grad_output, grad_preact):
     x, values, act_saved, *arrays = ctx.saved_tensors  # raises if one was modified in place
     need_input, need_values = ctx.needs_input_grad[0], ctx.needs_input_grad[3]
     need_bias = ctx.needs_input_grad[4] and ctx.has_bias
+    activation = ctx.activation
+    if grad_preact is not None and ctx.save_preact:
+        # d loss / d z is then the activation's backward of grad_output plus grad_preact,
+        # a sum the fused kernel cannot form: the activation's part runs in torch.
+        if grad_output is not None:
+            grad_preact = grad_preact + activation_backward_reference(grad_output, act_saved,
+                                                                      activation)
+        grad_output, act_saved, activation = grad_preact, None, None
+    elif grad_output is None:
+        return (None,) * 15
     grad_input, grad_values, grad_bias = _SPARSE_LINEAR_BACKWARD(
-        grad_output, x, values, act_saved, *arrays, ctx.in_features, ctx.activation,
-        ctx.deterministic, need_input, need_values, need_bias, ctx.features_major)
+        grad_output, x, values, act_saved, *arrays, ctx.in_features, activation,
+        ctx.deterministic, need_input, need_values, need_bias, ctx.features_major, ctx.strict)
     if need_input and ctx.features_major:  # (in_features, batch) from the kernel
         grad_input = grad_input.t() if ctx.input_features_major else grad_input.t().contiguous()
     return ((grad_input if need_input else None), None, None,
             (grad_values if need_values else None), (grad_bias if need_bias else None),
-            None, None, None, None, None, None, None, None, None)
+            None, None, None, None, None, None, None, None, None, None)
 
 
 def _backward_kernel(grad_output, input, values, act_saved, indptr, indices, src_indptr,
                      src_rows, src_perm, fingerprints, in_features, activation, deterministic,
-                     need_input, need_values, need_bias, features_major, *, backend):
+                     need_input, need_values, need_bias, features_major, strict, *, backend):
     batch, out_features = grad_output.shape[::-1] if features_major else grad_output.shape
     arrays = _index_arrays(in_features, indptr, indices, src_indptr, src_rows, src_perm,
                            fingerprints)
-    if arrays.changed(out_features):
+    if arrays.layout_changed(out_features) or (strict and arrays.changed(out_features)):
         raise ValueError(f"{OP} backward: {_CHANGED} after the forward pass; run the "
                          "forward pass again")
     # `t.data = other` swaps a saved tensor for another without a version bump: the
@@ -502,13 +567,95 @@ def _backward_kernel(grad_output, input, values, act_saved, indptr, indices, src
 
 def _backward_fake(grad_output, input, values, act_saved, indptr, indices, src_indptr,
                    src_rows, src_perm, fingerprints, in_features, activation, deterministic,
-                   need_input, need_values, need_bias, features_major):
+                   need_input, need_values, need_bias, features_major, strict):
     batch, out_features = grad_output.shape[::-1] if features_major else grad_output.shape
     grad_input = (in_features, batch) if features_major else (batch, in_features)
     sizes = (grad_input if need_input else (0,),
              (indices.shape[0],) if need_values else (0,),
              (out_features,) if need_bias else (0,))
     return tuple(grad_output.new_empty(size) for size in sizes)
+
+
+def _backward_setup_context(ctx, inputs, output) -> None:
+    (grad_output, input, values, act_saved, *arrays, in_features, activation, deterministic,
+     need_input, need_values, need_bias, features_major, strict) = inputs
+    ctx.in_features = in_features
+    ctx.activation = activation
+    ctx.deterministic = deterministic
+    ctx.features_major = features_major
+    ctx.strict = strict
+    ctx.computed = (need_input, need_values, need_bias)
+    ctx.save_for_backward(grad_output, input, values, act_saved, *arrays)
+    ctx.set_materialize_grads(False)  # a gradient not asked for is not a kernel launch
+
+
+def _backward_backward(ctx, gg_input, gg_values, gg_bias):
+    """The VJP of ``sparse_linear_backward``, in the package's ops (themselves differentiable,
+    so any order works). With ``gz`` the gradient at the pre-activation the kernel forms
+    (``activation_backward(grad_output, act_saved)``), ``W`` the pattern holding ``values``
+    and ``G`` the one holding ``gg_values``, the kernel computes ``grad_input = gz @ W``,
+    ``grad_values[e] = sum_b gz[b, row e] * input[b, col e]`` and ``grad_bias = sum_b gz``;
+    so ``d/d gz = gg_input @ W.T + input @ G.T + gg_bias`` (two forward products),
+    ``d/d input = gz @ G`` and ``d/d values`` the edges' ``gz * gg_input`` sums (one backward
+    launch with ``G`` as its weights and ``gg_input`` as its input), and the activation's
+    terms follow from ``d/d gz`` by torch's own derivatives of its backward formulas."""
+    grad_output, x, values, act_saved, *arrays = ctx.saved_tensors
+    # A placeholder output (not computed) has no gradient to pass on.
+    gg_input, gg_values, gg_bias = (g if computed else None for g, computed
+                                    in zip((gg_input, gg_values, gg_bias), ctx.computed))
+    need_grad_output, need_input, need_values, need_act_saved = ctx.needs_input_grad[:4]
+    features_major, activation = ctx.features_major, ctx.activation
+    # grad_input came out (in_features, batch) features-major; the ops take (batch, in_features).
+    gg_x = gg_input.t() if gg_input is not None and features_major else gg_input
+
+    gg_z, bias = None, gg_bias
+    if need_grad_output or need_act_saved:
+        for inp, vals in ((gg_x, values), (x, gg_values)):
+            if inp is not None and vals is not None:
+                term, _ = _SPARSE_LINEAR(inp, *arrays[:2], vals, bias, *arrays[2:], None,
+                                         ctx.deterministic, False, ctx.strict, ctx.strict,
+                                         features_major)
+                gg_z, bias = (term if gg_z is None else gg_z + term), None
+        if bias is not None:  # only grad_bias reached the loss
+            gg_z = (bias[:, None] if features_major else bias).expand_as(grad_output)
+
+    want_x = need_input and gg_values is not None
+    want_values = need_values and gg_x is not None
+    grad_x = grad_values = None
+    if want_x or want_values:
+        gz = activation_backward_reference(grad_output, act_saved, activation)
+        grad_x, grad_values, _ = _SPARSE_LINEAR_BACKWARD(
+            gz, gg_x if want_values else None, gg_values if want_x else None, None, *arrays,
+            ctx.in_features, None, ctx.deterministic, want_x, want_values, False,
+            features_major, ctx.strict)
+        grad_x = (grad_x.t() if features_major else grad_x) if want_x else None
+        grad_values = grad_values if want_values else None
+
+    grad_grad_output = grad_act_saved = None
+    if gg_z is not None:
+        if need_grad_output:
+            grad_grad_output = activation_backward_reference(gg_z, act_saved, activation)
+        if need_act_saved and activation is not None:
+            grad_act_saved = _activation_backward_vjp(gg_z, grad_output, act_saved, activation)
+    return (grad_grad_output, grad_x, grad_values, grad_act_saved) + (None,) * 14
+
+
+def _activation_backward_vjp(cotangent: torch.Tensor, grad: torch.Tensor, saved: torch.Tensor,
+                             activation: str) -> torch.Tensor:
+    """``d/d saved`` of ``<cotangent, activation_backward_reference(grad, saved)>`` by torch's
+    own derivatives of its backward ops (gelu's second derivative), through autograd; with
+    the graph kept under ``create_graph`` (grad mode is on in that backward)."""
+    create_graph = torch.is_grad_enabled()
+    with torch.enable_grad():
+        if create_graph and saved.requires_grad:
+            # A new node, so that the derivative is in this argument alone: grad may depend
+            # on saved too (tanh's saved output feeds the loss), a path not to be counted.
+            saved = saved.view_as(saved)
+        else:
+            saved = saved.detach().requires_grad_()
+            grad = grad if create_graph else grad.detach()
+        grad_z = activation_backward_reference(grad, saved, activation)
+        return torch.autograd.grad(grad_z, saved, cotangent, create_graph=create_graph)[0]
 
 
 def _index_arrays(in_features, indptr, indices, src_indptr, src_rows, src_perm,
@@ -524,16 +671,17 @@ def _contiguous(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 _SPARSE_LINEAR = _custom_ops.define(
     "sparse_linear(Tensor input, Tensor indptr, Tensor indices, Tensor values, Tensor? bias, "
     "Tensor src_indptr, Tensor src_rows, Tensor src_perm, Tensor fingerprints, "
-    "str? activation, bool deterministic, bool save_preact, bool verify, bool features_major) "
-    "-> (Tensor, Tensor)",
+    "str? activation, bool deterministic, bool save_preact, bool verify, bool strict, "
+    "bool features_major) -> (Tensor, Tensor)",
     _forward_kernel, _forward_fake, backward=_backward_formula, setup_context=_setup_context)
 _SPARSE_LINEAR_BACKWARD = _custom_ops.define(
     "sparse_linear_backward(Tensor grad_output, Tensor? input, Tensor? values, "
     "Tensor? act_saved, Tensor indptr, Tensor indices, Tensor src_indptr, Tensor src_rows, "
     "Tensor src_perm, Tensor fingerprints, SymInt in_features, str? activation, "
     "bool deterministic, bool need_input, bool need_values, bool need_bias, "
-    "bool features_major) -> (Tensor, Tensor, Tensor)",
-    _backward_kernel, _backward_fake)
+    "bool features_major, bool strict) -> (Tensor, Tensor, Tensor)",
+    _backward_kernel, _backward_fake, backward=_backward_backward,
+    setup_context=_backward_setup_context)
 
 
 # ---------------------------------------------------------------------------------------
@@ -579,7 +727,7 @@ def _forward(x: torch.Tensor, pattern: "CSRPattern | IndexArrays", values: torch
             np.uint32(bias is not None),
             preact if save_preact else placeholder,
             np.uint32(ACTIVATION_CODES[activation]), np.uint32(save_preact),
-            np.uint32(pattern.nnz))
+            np.uint32(pattern.nnz), error_word(x.device))
     _launch.launch(SHADER, kernel_name(kernel, x.dtype), args,
                    threads=threads, group_size=GROUP_SIZE, backend=backend)
     return out, preact
@@ -609,7 +757,7 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
             grad_input.zero_()
         if grad_bias is not None:
             if activation is not None:
-                grad_out = grad_out * activation_grad_reference(act_saved, activation)
+                grad_out = activation_backward_reference(grad_out, act_saved, activation)
             torch.sum(grad_out, dim=1 if features_major else 0, out=grad_bias)
         return grad_input, grad_values, grad_bias
 
@@ -651,6 +799,7 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
             np.uint32(ACTIVATION_CODES[activation]))
     if not deterministic:
         args += (np.uint32(pattern.nnz),)
+    args += (error_word(grad_out.device),)
     _launch.launch(SHADER, kernel_name(kernel, grad_out.dtype), args,
                    threads=threads, group_size=GROUP_SIZE, backend=backend)
     return grad_input, grad_values, grad_bias

@@ -33,14 +33,18 @@ and the kernel binds those five plus two small tables, whatever the number of pa
   with ``simd_sum`` before one atomic add per SIMD-group. Padding costs < 32 elements per
   tensor and stays zero (zero gradient and moments: the update adds 0).
 * per-tensor scalars that change every step (the bias corrections) are computed on the
-  host in double exactly as torch does, and uploaded as one small table per step (a host
-  to device copy on MPS; on the emulator the table is the NumPy array's memory). Options
-  that differ between param groups (``maximize``, ``amsgrad``) are columns of that table
-  too, so one dispatch serves groups with different options.
+  host in double exactly as torch does, from step counts the host keeps (``state["step"]``
+  is a CPU tensor, as in torch's own optimizers, mirrored so it is not read every step),
+  and passed to the kernel by value, as the bytes of the dispatch (``setBytes``, at most
+  4 KB: 102 tensors in float32). A table in a device buffer would need a host-to-device
+  copy every step, which on MPS waits for the GPU (or must outlive the copy). Options that
+  differ between param groups (``maximize``, ``amsgrad``) are columns of that table too,
+  so one dispatch serves groups with different options; a model with more tensors than
+  one table holds takes one dispatch per table.
 
-Per step: one ``torch.cat``, one small table upload, one kernel dispatch: the op
-``torch.ops.torch_sparse_metal.adamw_step``, which updates the flat buffers in place (see
-:mod:`torch_sparse_metal._custom_ops`).
+Per step: one ``torch.cat``, one kernel dispatch (per 102 tensors), and nothing read back
+from the device: the op ``torch.ops.torch_sparse_metal.adamw_step``, which updates the
+flat buffers in place (see :mod:`torch_sparse_metal._custom_ops`).
 """
 from __future__ import annotations
 
@@ -55,8 +59,8 @@ from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
 from .._metal_backend import require_native_float_atomics
-from .._backend import resolve_backend
-from .._kernel_names import kernel_name, kernel_names_for
+from .._backend import kernels_or_reference, resolve_backend
+from .._kernel_names import kernel_name, kernel_names_for, library_kernels
 
 OP = "AdamW"
 SHADER = "adamw.metal"
@@ -66,6 +70,8 @@ CHUNK = 32  # elements per chunk = SIMD-group width (TSM_ADAMW_CHUNK in the shad
 # Columns of the hyper-parameter table (TsmAdamwColumn in the shader).
 HYPER_COLUMNS = ("active", "decay", "one_minus_beta1", "beta2", "one_minus_beta2",
                  "step_size", "bc2_sqrt", "eps", "sign", "amsgrad")
+# Metal's setBytes takes at most 4 KB: the table's rows one dispatch can take by value.
+SET_BYTES_LIMIT = 4096
 
 # Each parameter an AdamW owns carries (weak ref to the optimizer, index of its slot in
 # the optimizer's grad_sq buffer) under this attribute, for SparseLinear.grad_norm. (A
@@ -200,6 +206,9 @@ class AdamW(torch.optim.Optimizer):
         self._offsets = offsets
         self._numels = numels
         self._param_ptrs = [p.data_ptr() for p in params]
+        # Parameter index -> (its state["step"] tensor, that tensor's version, its value)
+        # as this optimizer last wrote it: the host's copy of the count (see _advance_step).
+        self._steps: Dict[int, Tuple[torch.Tensor, int, float]] = {}
         self._chunk_tensor = torch.from_numpy(chunk_tensor).to(device)
         self._grad_sq = torch.zeros(2, len(params), dtype=dtype, device=device)
         self._parity = 0
@@ -291,7 +300,7 @@ class AdamW(torch.optim.Optimizer):
                         pieces.append(self._zeros[:seg - n])
                     state = self.state[p]
                     if len(state) == 0:
-                        state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                        state["step"] = self._new_step_count(i)
                         state["exp_avg"] = self._views["exp_avg"][i]
                         state["exp_avg_sq"] = self._views["exp_avg_sq"][i]
                         if group["amsgrad"]:
@@ -299,8 +308,7 @@ class AdamW(torch.optim.Optimizer):
                     elif group["amsgrad"] and "max_exp_avg_sq" not in state:
                         # amsgrad switched on after this parameter's first step.
                         state["max_exp_avg_sq"] = self._max_view(i)
-                    state["step"] += 1
-                    step = state["step"].item()
+                    step = self._advance_step(i, state)
                     # As torch computes them: Python floats (double).
                     bias_correction1 = 1 - beta1 ** step
                     bias_correction2 = 1 - beta2 ** step
@@ -315,23 +323,45 @@ class AdamW(torch.optim.Optimizer):
         flat = self._flat
         if not already_flat:
             torch.cat(pieces, out=flat["grad"])
-        backend = resolve_backend(OP, (flat["param"],))
-        if backend == "reference":
-            self._step_reference(hyper)
-        else:
+        backend = resolve_backend(OP, (flat["param"],), kernels=lambda: library_kernels(
+            SHADER, KERNELS, flat["param"].dtype))
+
+        def on_kernels() -> None:
             V.check_kernel_dtype(OP, flat["param"].dtype, backend)
             if backend == "metal":
                 # atomic_float adds the per-tensor gradient squares
                 require_native_float_atomics(OP, "Use torch.optim.AdamW, or "
                                                  "tsm.use_backend('reference') for the step")
-            np_dtype = np.float64 if flat["param"].dtype == torch.float64 else np.float32
-            table = torch.from_numpy(hyper.astype(np_dtype)).to(flat["param"].device)
             _ADAMW_STEP(flat["param"], flat["grad"], flat["exp_avg"], flat["exp_avg_sq"],
-                        flat["max_exp_avg_sq"], self._chunk_tensor, table, self._grad_sq,
-                        self._parity)
+                        flat["max_exp_avg_sq"], self._chunk_tensor, hyper.reshape(-1).tolist(),
+                        [int(o) for o in self._offsets], self._grad_sq, self._parity)
+
+        kernels_or_reference(OP, backend, on_kernels, lambda: self._step_reference(hyper))
         self._last_parity = self._parity
         self._parity = 1 - self._parity
         return loss
+
+    def _new_step_count(self, i: int) -> torch.Tensor:
+        """Parameter ``i``'s ``state["step"]``, at 0: a CPU tensor whatever the parameters'
+        device, as torch's optimizers keep it (capturable=False)."""
+        step = torch.tensor(0.0, dtype=torch.float32)
+        self._steps[i] = (step, step._version, 0.0)
+        return step
+
+    def _advance_step(self, i: int, state: dict) -> float:
+        """``state["step"] += 1`` for parameter ``i``, and its new value. The value comes
+        from the host's copy while the tensor is the one this optimizer last wrote, at the
+        version it left it; a count set from outside (``load_state_dict``, a user) is read
+        once. No tensor is read in a steady state, so ``tsm.syncs.watch()`` sees none."""
+        step = state["step"]
+        mirror = self._steps.get(i)
+        if mirror is not None and mirror[0] is step and mirror[1] == step._version:
+            value = mirror[2]
+        else:
+            value = float(step)
+        step += 1
+        self._steps[i] = (step, step._version, value + 1)
+        return value + 1
 
     def _step_reference(self, hyper: np.ndarray) -> None:
         """The kernel's math with torch ops per tensor (the "reference" backend)."""
@@ -371,16 +401,29 @@ class AdamW(torch.optim.Optimizer):
 
 
 def _step_kernel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, chunk_tensor, hyper,
-                 grad_sq, parity, *, backend) -> None:
+                 offsets, grad_sq, parity, *, backend) -> None:
+    """One dispatch per table of at most ``SET_BYTES_LIMIT`` bytes: ``hyper`` is the
+    flattened (tensors, columns) table, ``offsets`` the tensors' segment starts (and the
+    total)."""
     if backend == "metal":
         require_native_float_atomics(OP)
-    args = (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, chunk_tensor, hyper, grad_sq,
-            np.uint32(param.numel()), np.uint32(hyper.shape[0]), np.uint32(parity))
-    _launch.launch(SHADER, kernel_name("adamw_step", param.dtype), args,
-                   threads=param.numel(), group_size=GROUP_SIZE, backend=backend)
+    dtype = np.float64 if param.dtype == torch.float64 else np.float32
+    table = np.asarray(hyper, dtype=dtype).reshape(-1, len(HYPER_COLUMNS))
+    n_tensors = table.shape[0]
+    rows = SET_BYTES_LIMIT // table[0].nbytes
+    name = kernel_name("adamw_step", param.dtype)
+    for first in range(0, n_tensors, rows):
+        last = min(first + rows, n_tensors)
+        begin, end = offsets[first], offsets[last]
+        args = (param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, chunk_tensor,
+                np.ascontiguousarray(table[first:last]), grad_sq, np.uint32(end - begin),
+                np.uint32(n_tensors), np.uint32(parity), np.uint32(first),
+                np.uint32(last - first), np.uint32(begin))
+        _launch.launch(SHADER, name, args, threads=end - begin, group_size=GROUP_SIZE,
+                       backend=backend)
 
 
 _ADAMW_STEP = _custom_ops.define(
     "adamw_step(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, "
-    "Tensor(d!) max_exp_avg_sq, Tensor chunk_tensor, Tensor hyper, Tensor(e!) grad_sq, "
-    "int parity) -> ()", _step_kernel, lambda *args: None)
+    "Tensor(d!) max_exp_avg_sq, Tensor chunk_tensor, float[] hyper, int[] offsets, "
+    "Tensor(e!) grad_sq, int parity) -> ()", _step_kernel, lambda *args: None)
