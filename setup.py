@@ -1,4 +1,4 @@
-"""Build of torch_sparse_metal.
+"""Build of torch_sparse_metal: what ``pyproject.toml`` (the project's metadata) cannot say.
 
 * Everywhere: the pure-Python package, plus copies of ``shaders/`` and ``csrc/emulator/``
   under ``torch_sparse_metal/_data/`` in built wheels and regular installs (an editable
@@ -21,7 +21,6 @@ without the extension on purpose.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -37,12 +36,6 @@ PACKAGE = "torch_sparse_metal"
 # carries them under torch_sparse_metal/_data/<same path>.
 DATA_TREES = ("shaders", os.path.join("csrc", "emulator"))
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.o", "*.so", "*.dylib", ".*")
-
-
-def _version() -> str:
-    init = ROOT / PACKAGE / "__init__.py"
-    match = re.search(r'^__version__\s*=\s*"([^"]+)"', init.read_text(), re.M) if init.is_file() else None
-    return match.group(1) if match else "0.1.0"
 
 
 class build_py_with_data(build_py):
@@ -165,19 +158,9 @@ if sys.platform == "darwin":  # torch is imported on this branch only
         cmdclass["build_ext"] = optional_build_ext(_build_ext)
 
 setup(
-    name="torch_sparse_metal",
-    version=_version(),
-    description="Hand-written Apple Metal kernels for sparse ops on PyTorch MPS tensors, "
-                "with a Metal emulator for Linux",
     packages=find_namespace_packages(
         include=[PACKAGE, f"{PACKAGE}.*"],
         exclude=[f"{PACKAGE}._data", f"{PACKAGE}._data.*", "*.__pycache__"]),
-    python_requires=">=3.10",
-    install_requires=["torch>=2.4", "numpy", "libclang>=17"],
-    extras_require={
-        "test": ["pytest", "hypothesis", "scipy", "scikit-learn"],
-        "demo": ["scikit-learn", "matplotlib"],
-    },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
     zip_safe=False,

@@ -32,7 +32,7 @@
 //   collective multiplies (the host launches whole threadgroups) and only the epilogue
 //   skips elements outside C.
 //
-// Not done yet (see README): double-buffered copies, and specialised kernels for
+// Not done yet (docs/matmul.md): double-buffered copies, and specialised kernels for
 // aligned shapes (no edge checks), which are what MLX adds on top of this structure.
 #include "matmul.h"
 

@@ -21,7 +21,7 @@ NOT_APPLICABLE = {
         "KMeans is an nn.Module, whose constructor sets the public attribute `training`; "
         "the check allows only constructor arguments and private names",
     "check_do_not_raise_errors_in_init_or_set_params":
-        "the project's rule (README, 'Errors'): a bad argument raises at once, before any "
+        "the project's rule (docs/errors-and-determinism.md): a bad argument raises at once, before any "
         "work; set_params checks like the constructor and changes nothing when it raises",
     "check_sample_weight_equivalence_on_dense_data":
         "k-means++ seeding depends on the order of the samples, which the check shuffles "

@@ -3,7 +3,7 @@
 
     python tools/check_macos_build.py --sdk /path/to/MacOSX13.3.sdk
     python tools/check_macos_build.py --sdk /path/to/MacOSX13.3.sdk --launcher-only \
-        --torch-versions 2.4 2.5 2.6 2.7 2.8 2.9 2.10 2.11 2.12 2.13 2.14
+        --torch-versions 2.4 2.5 2.6 2.7 2.8 2.9 2.10 2.11 2.12 2.13 2.14 2.15
 
 Compiles with clang against the given macOS SDK (``-isysroot``):
 

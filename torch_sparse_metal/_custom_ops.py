@@ -20,7 +20,7 @@ made at call time by the public functions (:func:`torch_sparse_metal._backend.re
   runs on the device its forward ran on, so it uses the backend the forward resolved.
 
 Registration style, chosen by the per-call cost ``python -m torch_sparse_metal.bench ops``
-measures (numbers in the README): the low-level ``Library.define`` / ``Library.impl`` with
+measures (numbers in docs/pytorch-integration.md): the low-level ``Library.define`` / ``Library.impl`` with
 ``register_fake``, and the autograd formula registered by ``Library.impl`` at the
 ``Autograd`` key. That is the cheapest style ``torch.compile`` can trace and ``opcheck`` can
 check: ``torch.library.custom_op`` costs more per call, and so does

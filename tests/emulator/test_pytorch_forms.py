@@ -1,6 +1,5 @@
 """Forms of PyTorch's MPS kernels (aten/src/ATen/native/mps/kernels, c10/metal) that Apple's
 compiler builds, in kernels of our own, each run against a reference; and what stays wrong."""
-import math
 
 import numpy as np
 import pytest
