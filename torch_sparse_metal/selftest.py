@@ -28,7 +28,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -47,6 +47,7 @@ class Check:
     bound: float = 0.0
     seconds: float = 0.0
     detail: str = ""
+    kernels: Tuple[str, ...] = ()   # what it launched, failed or not
 
 
 @dataclass
@@ -282,23 +283,42 @@ def checks(m: Machine, quick: bool) -> Iterator[Tuple[str, Callable[[], Tuple[fl
         yield "gradcheck float64 (sparse_linear, mm, cross_entropy)", lambda: _gradcheck(m)
 
 
-def run_checks(m: Machine, quick: bool) -> Tuple[List[Check], Set[str]]:
-    """Every check, and the kernels they launched."""
-    results, launched = [], set()
+def run_checks(m: Machine, quick: bool) -> List[Check]:
+    """Every check, each with the kernels it launched."""
+    results = []
     for name, fn in checks(m, quick):
         start = time.perf_counter()
-        try:
-            with record() as launches:
+        with record() as launches:
+            try:
                 error, limit = fn()
-            launched.update(l.kernel for l in launches)
-            ok = error <= limit
-            results.append(Check(name, ok, error, limit, time.perf_counter() - start))
-        except Exception as exc:  # noqa: BLE001 -- a failing kernel is a finding to report
-            results.append(Check(name, False, math.nan, math.nan, time.perf_counter() - start,
-                                 f"{type(exc).__name__}: {exc}".splitlines()[0]))
-            if "--traceback" in sys.argv:
-                traceback.print_exc()
-    return results, launched
+                check = Check(name, error <= limit, error, limit)
+            except Exception as exc:  # noqa: BLE001 -- a failing kernel is a finding to report
+                check = Check(name, False, math.nan, math.nan,
+                              detail=f"{type(exc).__name__}: {exc}".splitlines()[0])
+                if "--traceback" in sys.argv:
+                    traceback.print_exc()
+        check.seconds = time.perf_counter() - start
+        check.kernels = tuple(dict.fromkeys(l.kernel for l in launches))
+        results.append(check)
+    return results
+
+
+def per_kernel(results: Sequence[Check], expected: Dict[str, Tuple[str, ...]]
+               ) -> Dict[str, Dict[str, List[str]]]:
+    """shader -> {"pass": kernels, "FAIL": kernels, "not run": kernels}: a kernel passes
+    when every check that launched it passed."""
+    verdicts: Dict[str, bool] = {}
+    for check in results:
+        for kernel in check.kernels:
+            verdicts[kernel] = verdicts.get(kernel, True) and check.ok
+    table = {}
+    for shader, names in expected.items():
+        rows: Dict[str, List[str]] = {"pass": [], "FAIL": [], "not run": []}
+        for name in names:
+            rows["not run" if name not in verdicts else "pass" if verdicts[name] else "FAIL"
+                 ].append(name)
+        table[shader] = rows
+    return table
 
 
 # ---- training, synchronisations, benchmark -------------------------------------------------
@@ -396,7 +416,8 @@ def environment(m: Machine) -> Dict[str, str]:
     return env
 
 
-def format_report(env, results: List[Check], missing: Sequence[str], train, bench) -> str:
+def format_report(env, results: List[Check], kernels: Dict[str, Dict[str, List[str]]], train,
+                  bench) -> str:
     passed = sum(c.ok for c in results)
     lines = ["# torch_sparse_metal selftest", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
@@ -405,6 +426,12 @@ def format_report(env, results: List[Check], missing: Sequence[str], train, benc
     for c in results:
         lines.append(f"| {c.name} | {'pass' if c.ok else 'FAIL'} | {c.error:.2e} | {c.bound:.2e} "
                      f"| {c.seconds:.2f} s |" + (f" {c.detail}" if c.detail else ""))
+    lines += ["", "## Per kernel (a kernel passes when every check that launched it passed)", "",
+              "| shader | kernels | pass | FAIL | not run |", "| --- | --- | --- | --- | --- |"]
+    for shader, rows in kernels.items():
+        lines.append(f"| {shader} | {sum(map(len, rows.values()))} | {len(rows['pass'])} | "
+                     f"{', '.join(rows['FAIL']) or 0} | {', '.join(rows['not run']) or 0} |")
+    missing = [k for rows in kernels.values() for k in rows["not run"]]
     lines += ["", "Every kernel ran." if not missing else
               f"Kernels no check ran ({len(missing)}): {', '.join(missing)}"]
     lines += ["", "## Training (the demo's sparse MLP)", ""]
@@ -429,19 +456,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"torch_sparse_metal selftest on {m.backend} ({m.device}); the first run compiles "
           "every shader library", flush=True)
     with _backend_for(m):
-        results, launched = run_checks(m, args.quick)
-        expected = [k for names in kernels_by_shader(m.backend).values() for k in names]
-        missing = [k for k in expected if k not in launched]
+        results = run_checks(m, args.quick)
+        kernels = per_kernel(results, kernels_by_shader(m.backend))
         try:
             train = training(m, args.quick)
         except Exception as exc:  # noqa: BLE001
             train = {"failed": f"{type(exc).__name__}: {exc}"}
         bench = benchmark(m, args.quick)
-    text = format_report(environment(m), results, missing, train, bench)
+    text = format_report(environment(m), results, kernels, train, bench)
     print(text)
     args.output.write_text(text)
     print(f"report written to {args.output.resolve()}")
-    ok = all(c.ok for c in results) and not missing and "failed" not in train \
+    ok = all(c.ok for c in results) and "failed" not in train \
+        and not any(rows["not run"] or rows["FAIL"] for rows in kernels.values()) \
         and train.get("syncs per step") == 0
     return 0 if ok else 1
 
