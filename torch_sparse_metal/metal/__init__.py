@@ -14,6 +14,29 @@ edge threadgroups are smaller); ``threadgroup_memory`` gives the byte length of 
 races and divergent barriers raise :class:`KernelFault` with ``kind`` naming the fault.
 ``TSM_SANITIZE=1`` in the environment sanitizes every kernel the package itself launches
 (the test suite sets it).
+
+The translator, from MSL to the C++ the emulator builds, is passes in one direction. Each
+module's docstring names its layer; a module imports only modules of its own layer or of
+layers before it, and no module imports itself through others (tests/test_import_layers.py
+checks both, imports inside functions included). The layers, bottom first:
+
+* base: the exceptions every layer raises (_errors).
+* parse: the source read, as text (_msl_text) and as clang's AST (_clang; _clang_view makes
+  the source one clang parses).
+* analyse: what the source is, changing nothing: Metal's rules checked (_frontend), which
+  conditions and values all threads share (_uniformity), whether rounds may be probed
+  (_bounds_probe), where simdgroup matrix products and tensor ops are (_matrix_products,
+  _tensor_ops).
+* lower: edits that give the emulator's C++ Metal's meaning where C++ reads a form
+  differently (_cxx_forms, _designators, _program_constants, _thread_arrays).
+* plan: how each kernel's threadgroup runs, chosen once per kernel (_schedule), and the
+  group function that runs it as barrier regions (_regions) or lanes at once (_lanes).
+* emit: the edited source rewritten into C++, with its binding table (_rewrite,
+  _access_rewrite).
+* drive: a shader through the passes (_translation), preprocessed, checked, compiled and
+  cached (_compiler, _includes, _function_constants, _cache).
+* run: the libraries loaded and their kernels launched (_library, _binding, _record, this
+  module). A module whose docstring names no layer is of this one.
 """
 from __future__ import annotations
 
@@ -27,7 +50,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 from . import _cache, _compiler, _library, _record
 from ._compiler import compile_file, compile_source
 from ._errors import KernelFault, LaunchError, MetalCompileError, UnknownKernelError
-from ._frontend import DEFAULT_LANGUAGE_VERSION, LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS
+from ._clang import DEFAULT_LANGUAGE_VERSION, LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS
 from ._library import Kernel, Library
 from ._record import Launch, coalescing_efficiency, lane_efficiency, record
 

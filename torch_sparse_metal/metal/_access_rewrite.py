@@ -1,5 +1,7 @@
 """What an access does, said to the sanitizer: rewrites of the sanitized build only.
 
+Layer: emit. Imports only the parse layer (_msl_text); _rewrite calls it.
+
 A checked access returns a plain reference (``tsm_emu/sanitize.h``), so the runtime sees
 which element a thread touched but neither which field of it nor whether it stored. These
 rewrites tell it:
@@ -21,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Tuple
 
-from ._rewrite import _TYPE, _apply, _block_end, _mask_strings_and_directives
+from ._msl_text import _TYPE, _apply, _block_end, _mask_strings_and_directives
 
 _OPENING = {")": "(", "]": "["}
 _CLOSING = {"(": ")", "[": "]"}

@@ -1,6 +1,9 @@
 """Whether a barrier-region kernel's rounds may be probed: their bounds checks made for the
 whole round before it runs, so that the round itself runs unchecked (probe.h).
 
+Layer: analyse (the layers are in the package's docstring). Imports the parse layer and
+_uniformity's analysis; _regions asks it of each kernel's group function.
+
 ``run_regions`` (regions.h) runs a round as a loop over the threads of the code between two
 stops. A checked access branches to a fault, and the C++ compiler vectorises no loop with
 such a branch. A probed round first runs every thread's code with each access replaced by a
@@ -34,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Set, Tuple
 
-from . import _frontend, _rewrite
+from . import _clang, _msl_text
 from ._uniformity import _Kernel, is_reference, node_key
 
 # Canonical type kinds of the scalars and vectors a view's element or a local may be.
@@ -57,11 +60,11 @@ class Probe:
 
 
 def _value_type(t) -> bool:
-    t = _frontend.element_type(t)
-    return _frontend._type_kind(t) in _VALUE_KINDS | _DEPENDENT_KINDS
+    t = _clang.element_type(t)
+    return _clang._type_kind(t) in _VALUE_KINDS | _DEPENDENT_KINDS
 
 
-def probe(body, params: Sequence[object], entries: Sequence[_rewrite.Param], threadgroup_arrays: Set[str],
+def probe(body, params: Sequence[object], entries: Sequence[_msl_text.Param], threadgroup_arrays: Set[str],
           is_stop: Callable[[object], bool], why_not: Optional[str] = None) -> Probe:
     """The verdict for a kernel (see the module's docstring). ``body``: its COMPOUND_STMT;
     ``params``: its PARM_DECLs and ``entries`` what the binding says of each;
@@ -69,7 +72,7 @@ def probe(body, params: Sequence[object], entries: Sequence[_rewrite.Param], thr
     whether a cursor is one of its stops; ``why_not``: a reason the caller already has."""
     if why_not is not None:
         return Probe((), why_not)
-    lib = _frontend._cindex().conf.lib
+    lib = _clang._cindex().conf.lib
     kernel = _Kernel(body, params, entries, is_stop, builtins=None)
     kernel.solve()
     views: Set[int] = set()
@@ -80,7 +83,7 @@ def probe(body, params: Sequence[object], entries: Sequence[_rewrite.Param], thr
         if param.canonical.hash not in referenced:
             continue
         t = param.type.get_canonical()
-        if _frontend._type_kind(t) == "Pointer":
+        if _clang._type_kind(t) == "Pointer":
             if not _value_type(t.get_pointee()):
                 return Probe((), f"pointer `{param.spelling}` to {t.get_pointee().spelling}")
             views.add(param.canonical.hash)
@@ -96,28 +99,28 @@ def probe(body, params: Sequence[object], entries: Sequence[_rewrite.Param], thr
                     return f"threadgroup array `{node.spelling}` of {node.type.spelling}"
                 views.add(node.canonical.hash)
                 names.append(node.spelling)
-            elif not _value_type(node.type) or _frontend._type_kind(node.type.get_canonical()).endswith("Array"):
+            elif not _value_type(node.type) or _clang._type_kind(node.type.get_canonical()).endswith("Array"):
                 return f"variable `{node.spelling}` of type {node.type.spelling}"
             elif {t.spelling for t in node.get_tokens()} & {"static", "threadgroup", "__local"}:
                 return f"static or threadgroup variable `{node.spelling}`"
         elif kind == "DECL_REF_EXPR":
             target = node.referenced
             if target is not None and target.canonical.hash in views:
-                _, i = _frontend.operand_parent(node, ancestors)
+                _, i = _clang.operand_parent(node, ancestors)
                 parent = ancestors[i] if i >= 0 else None
                 indexed = parent is not None and (
                     (parent.kind.name == "ARRAY_SUBSCRIPT_EXPR" and
-                     node_key(_frontend.stripped(next(iter(parent.get_children())))) == node_key(node))
+                     node_key(_clang.stripped(next(iter(parent.get_children())))) == node_key(node))
                     or (parent.kind.name == "UNARY_OPERATOR" and
-                        lib.clang_getCursorUnaryOperatorKind(parent) == _frontend.DEREFERENCE))
+                        lib.clang_getCursorUnaryOperatorKind(parent) == _clang.DEREFERENCE))
                 if not indexed:
                     return f"`{node.spelling}` used other than by an index"
         elif kind == "ARRAY_SUBSCRIPT_EXPR":
             base, index = list(node.get_children())[:2]
-            base = _frontend.stripped(base)
+            base = _clang.stripped(base)
             inner = base
             while inner is not None and inner.kind.name == "ARRAY_SUBSCRIPT_EXPR":
-                inner = _frontend.stripped(next(iter(inner.get_children())))
+                inner = _clang.stripped(next(iter(inner.get_children())))
             if inner is None or inner.kind.name != "DECL_REF_EXPR" or inner.referenced is None or \
                     inner.referenced.canonical.hash not in views:
                 return "an index into something other than a buffer or a threadgroup array"
@@ -125,10 +128,10 @@ def probe(body, params: Sequence[object], entries: Sequence[_rewrite.Param], thr
                 return "an index that depends on memory"
         elif kind == "UNARY_OPERATOR":
             operator = lib.clang_getCursorUnaryOperatorKind(node)
-            if operator == _frontend.ADDRESS_OF:
+            if operator == _clang.ADDRESS_OF:
                 return "an address taken"
-            if operator == _frontend.DEREFERENCE:
-                operand = _frontend.stripped(next(iter(node.get_children())))
+            if operator == _clang.DEREFERENCE:
+                operand = _clang.stripped(next(iter(node.get_children())))
                 if operand is None or operand.kind.name != "DECL_REF_EXPR" or operand.referenced is None or \
                         operand.referenced.canonical.hash not in views:
                     return "a dereference of something other than a buffer"

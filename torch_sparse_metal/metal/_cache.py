@@ -1,5 +1,8 @@
 """The emulator's compile cache: what the C++ compiler built, kept between processes.
 
+Layer: drive (the layers are in the package's docstring). Imports nothing of the
+translator; the compiler and the library use it.
+
 * Entries are named by digests of what went into them (source text, toolchain), never by
   paths, so a cache directory that was moved or copied still hits.
 * An entry is written to a staged file and renamed into place, then its SHA-256 is written

@@ -1,16 +1,19 @@
 """Compiling Metal Shading Language for the CPU: preprocess, check, rewrite, compile, cache.
 
+Layer: drive (the layers are in the package's docstring). Imports every layer below it:
+the check (_frontend), the translation (_translation) and the text rewrite (_rewrite).
+
 1. The C preprocessor runs over the source with the emulated headers empty
    (``__TSM_EMU_PARSE__``), so what comes out is the user's code alone, macros expanded
    (MLX-style instantiation macros included) and ``#line`` markers kept. It runs twice:
    once as Apple's compiler would see the source (``__METAL_VERSION__`` of the language
    version, no ``__METAL_EMULATOR__``) and once as the emulator builds it. Only
    ``<metal_*>`` headers and the user's quoted includes are visible, as in Metal.
-2. :mod:`._frontend` checks the first with clang against Metal's language rules, and
-   reads from clang's AST of the second what C++ would get wrong (integer division,
-   overloads on address space).
-3. :mod:`._rewrite` finds the kernels in the second and translates it to C++, appending
-   the binding table.
+2. :mod:`._frontend` checks the first with clang against Metal's language rules;
+   :mod:`._msl_text` finds the kernels in the second, and :mod:`._translation` reads from
+   clang's AST of it what C++ would get wrong (integer division, overloads on address
+   space) and how each kernel's threadgroup runs.
+3. :mod:`._rewrite` translates it, so edited, to C++, appending the binding table.
 4. The C++ compiler (``$TSM_EMU_CXX``, else the platform's usual one) builds a shared
    library from it and the runtime objects; the library is cached (:mod:`._cache`) under a
    hash of everything that went into it, so a second run (or a second process) neither
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
-from . import _cache, _frontend, _function_constants, _includes, _rewrite
+from . import _cache, _clang, _frontend, _function_constants, _includes, _msl_text, _rewrite, _translation
 from ._errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
@@ -83,7 +86,7 @@ EMULATOR_PREDEFINED = ("-D__METAL_EMULATOR__=1",)
 @dataclass
 class CompiledLibrary:
     path: Path
-    kernels: List[_rewrite.Kernel]
+    kernels: List[_msl_text.Kernel]
     origin: str
     sanitize: bool
     language_version: str
@@ -253,7 +256,7 @@ def _preprocess(path: Path, include_dirs: Sequence[Path], origin: str, language_
     source or the cache lives."""
     search = [Path(d).resolve() for d in (EMULATOR_INCLUDE_DIR, *include_dirs)]
     _includes.check_includes(path, search, EMULATOR_INCLUDE_DIR, origin)
-    version = _frontend.language_version_number(language_version)
+    version = _clang.language_version_number(language_version)
     cmd = [compiler(), "-E", "-x", "c++", CXX_STANDARD, "-nostdinc", "-nostdinc++", *no_source_quotes(),
            "-D__TSM_EMU_PARSE__=1", *METAL_PREDEFINED, f"-D__METAL_VERSION__={version}",
            *(EMULATOR_PREDEFINED if emulator else ())]
@@ -273,7 +276,7 @@ class _Views:
     specialised with its function constants' values."""
     emulator: str
     metal: str
-    kernels: List[_rewrite.Kernel]
+    kernels: List[_msl_text.Kernel]
     needs_constants: Dict[str, Tuple[str, ...]]
 
 
@@ -291,8 +294,8 @@ def _views(path: Path, include_dirs: Sequence[Path], origin: str, language_versi
         views[emulator] = _function_constants.specialize(text, found, constants)
     emulator, metal = views[True], views[False]
     try:
-        kernels = _rewrite.find_kernels(emulator)
-    except _rewrite.ParseError as e:
+        kernels = _msl_text.find_kernels(emulator)
+    except _msl_text.ParseError as e:
         raise MetalCompileError.at_offset(str(e), emulator, e.offset, origin) from None
     needs = _function_constants.kernels_needing(text, constants, kernels)
     return _Views(emulator, metal, kernels, needs)
@@ -303,7 +306,7 @@ class GeneratedCxx:
     """A shader translated to C++: the text given to the C++ compiler, with its flags."""
     text: str
     flags: Tuple[str, ...]  # also the runtime sources' (see compile_flags)
-    kernels: List[_rewrite.Kernel]
+    kernels: List[_msl_text.Kernel]
     grouped: Set[str]  # kernel functions run as barrier regions (see _regions)
     lanes: Set[str] = frozenset()  # of those, the ones run lanes at once in plain dispatches (_lanes)
 
@@ -314,9 +317,9 @@ def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_
     (with barrier regions unless ``regions`` is False; None: :func:`regions_enabled`)."""
     _frontend.check(views.metal, language_version=language_version, origin=origin, main_file=str(path))
     regions = regions_enabled() if regions is None else regions
-    translation = _frontend.emulator_edits(views.emulator, language_version=language_version,
+    translation = _translation.emulator_edits(views.emulator, language_version=language_version,
                                            main_file=str(path), kernels=views.kernels, regions=regions)
-    emulated = _rewrite._apply(views.emulator, translation.edits)
+    emulated = _msl_text._apply(views.emulator, translation.edits)
     text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") +
             ("" if lanes_enabled() else "#define __TSM_EMU_NO_LANES__ 1\n") + "#include <metal_stdlib>\n" +
             _rewrite.rewrite(emulated, sanitize=sanitize) +
@@ -342,7 +345,7 @@ def lanes_enabled() -> bool:
 
 def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
                   sanitize: bool = False, command: Sequence[str] = (),
-                  language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION,
+                  language_version: str = _clang.DEFAULT_LANGUAGE_VERSION,
                   function_constants: FunctionConstantValues = {}) -> GeneratedCxx:
     """The C++ the emulator compiles for the MSL file at ``path`` (quoted includes resolve
     next to it and in ``include_dirs``), after the source passed the Metal check;
@@ -355,7 +358,7 @@ def generated_cxx(path: Path, *, include_dirs: Sequence[Path] = (), origin: Opti
 
 def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optional[str] = None,
                  sanitize: bool = False,
-                 language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION,
+                 language_version: str = _clang.DEFAULT_LANGUAGE_VERSION,
                  function_constants: FunctionConstantValues = {}) -> CompiledLibrary:
     """Compile the MSL file at ``path`` (quoted includes resolve next to it and in ``include_dirs``).
 
@@ -398,7 +401,7 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
 
 
 def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False,
-                   language_version: str = _frontend.DEFAULT_LANGUAGE_VERSION,
+                   language_version: str = _clang.DEFAULT_LANGUAGE_VERSION,
                    function_constants: FunctionConstantValues = {}) -> CompiledLibrary:
     """Compile MSL given as a string (as ``torch.mps.compile_shader`` takes it). It has no
     directory of its own: its includes resolve in ``include_dirs`` and ``shaders/``."""

@@ -1,5 +1,8 @@
 """Array designators in initialisers, lowered for the emulator's C++.
 
+Layer: lower (the layers are in the package's docstring). Imports only the parse layer
+(_clang); _translation takes its edits, _regions asks :func:`lowers`.
+
 ``float s[N] = { [0 ... N-1] = 0.0f };`` (ggml) is valid Metal: Apple's compiler is clang,
 which takes C's designators, and GNU's ranges, in C++ too. g++ has them in C only. The
 emulator's view of a local array declared with them becomes, from clang's AST::
@@ -21,13 +24,14 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+from ._clang import _cindex
+
 Edit = Tuple[int, int, str]
 
 
 def edits(tu, path: str, source, preprocessed: str) -> List[Edit]:
     """Edits of ``preprocessed`` (clang parsed it as ``path``; ``source`` maps clang's
     offsets back to it) that lower the array designators of local declarations."""
-    from ._frontend import _cindex
     k = _cindex().CursorKind
     out: List[Edit] = []
     for top in tu.cursor.get_children():
@@ -47,7 +51,6 @@ def edits(tu, path: str, source, preprocessed: str) -> List[Edit]:
 
 def lowers(variable) -> bool:
     """Whether the declaration of ``variable`` (a VAR_DECL) gets lowered designators."""
-    from ._frontend import _cindex
     k = _cindex().CursorKind
     init = next((c for c in variable.get_children() if c.kind == k.INIT_LIST_EXPR), None)
     return init is not None and any(map(_designator, init.get_children()))

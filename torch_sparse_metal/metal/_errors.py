@@ -1,4 +1,8 @@
-"""Exceptions of the Metal emulator."""
+"""Exceptions of the Metal emulator.
+
+Layer: base, below every other (the layers are in the package's docstring). Imports
+nothing of the package.
+"""
 from __future__ import annotations
 
 import re

@@ -1,5 +1,9 @@
 """Function constants: ``constant T name [[function_constant(n)]];`` given values at compile time.
 
+Layer: drive (the layers are in the package's docstring). Imports the parse layer's text
+reader (_msl_text) and _errors; the compiler specialises the preprocessed source with it
+before the check and the translation.
+
 Metal specialises a function with ``MTLFunctionConstantValues`` (a value per index, or per
 name) when the pipeline is made. ``compile_shader(src, function_constants={...})`` does the
 same for a whole library: before the check and the emulator's build, each declaration in the
@@ -22,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from . import _rewrite
+from . import _msl_text
 from ._errors import MetalCompileError
 
 Values = Mapping[Union[str, int], object]
@@ -88,7 +92,7 @@ def _c_integer(expression: str) -> int:
 
 def declarations(preprocessed: str) -> List[Tuple["re.Match[str]", str, int]]:
     """Every function constant declared in ``preprocessed``: (match, type, index)."""
-    masked = _rewrite._mask_strings_and_directives(preprocessed)
+    masked = _msl_text._mask_strings_and_directives(preprocessed)
     found = []
     for m in _DECLARATION.finditer(masked):
         type_ = re.sub(r"^(?:const\s+)?(?:metal::)?", "", m.group("type"))
@@ -191,7 +195,7 @@ def specialize(preprocessed: str, found: Sequence[Tuple["re.Match[str]", str, in
         text = f"constant constexpr {constant.type} {constant.name} = {_literal(constant)};"
         newlines = preprocessed.count("\n", m.start(), m.end())
         edits.append((m.start(), m.end(), text + "\n" * newlines))
-    masked = _rewrite._mask_strings_and_directives(preprocessed)
+    masked = _msl_text._mask_strings_and_directives(preprocessed)
     for m in _DEFINED.finditer(masked):
         if m.group(1) in by_name:
             edits.append((m.start(), m.end(), "true" if by_name[m.group(1)].value is not None else "false"))
@@ -200,7 +204,7 @@ def specialize(preprocessed: str, found: Sequence[Tuple["re.Match[str]", str, in
     for m in _PARAMETER_CONDITION.finditer(masked):
         if m.group(2) in values:
             edits.append((m.start(2), m.end(2), "true" if values[m.group(2)] is True else "false"))
-    return _rewrite._apply(preprocessed, edits)
+    return _msl_text._apply(preprocessed, edits)
 
 
 _DERIVED = re.compile(r"(?<![\w.])constant\s+(?:constexpr\s+)?bool\s+(\w+)\s*=\s*([^;{}]*);")
@@ -240,7 +244,7 @@ def _derived_conditions(masked: str, values: Mapping[str, object]) -> Dict[str, 
 
 
 def kernels_needing(preprocessed: str, constants: Sequence[FunctionConstant],
-                    kernels: Sequence[_rewrite.Kernel]) -> Dict[str, Tuple[str, ...]]:
+                    kernels: Sequence[_msl_text.Kernel]) -> Dict[str, Tuple[str, ...]]:
     """host name -> the constants without a value that the kernel needs, for the kernels
     that need any. ``preprocessed`` is the text before :func:`specialize`.
 
@@ -252,8 +256,8 @@ def kernels_needing(preprocessed: str, constants: Sequence[FunctionConstant],
     undefined = {c.name for c in constants if c.value is None}
     if not undefined:
         return {}
-    masked = _rewrite._mask_strings_and_directives(preprocessed)
-    definitions = _rewrite._function_definitions(masked)
+    masked = _msl_text._mask_strings_and_directives(preprocessed)
+    definitions = _msl_text._function_definitions(masked)
 
     def split(text: str) -> Tuple[set, set]:
         """(words used, constants tested for definedness) of ``text``."""

@@ -2,6 +2,9 @@
 directories given (the package's ``shaders/`` among them), and the emulated
 ``<metal_*>`` headers. Checked before the C++ preprocessor opens anything.
 
+Layer: drive (the layers are in the package's docstring). Imports only _errors; the
+compiler runs it before the preprocessor.
+
 The preprocessor itself would open any path a directive names (an absolute path, ``..``
 out of every directory, ``/dev/zero``) and its diagnostics would quote the file, so every
 file a shader can reach is scanned first: each ``#include`` (``#include_next``,

@@ -2,6 +2,9 @@
 between two stops a loop over its threads, as a GPU runs a SIMD-group's lanes (the runtime
 side is csrc/emulator/include/tsm_emu/lanes.h).
 
+Layer: plan (the layers are in the package's docstring). Imports the parse layer and
+_uniformity's analysis; _regions asks it for a group function's second body.
+
 Barrier regions (_regions) run each thread from where it waits to its next stop before the
 next thread. Every stop costs each thread a resumption: its variables copied out of their
 slots and stored back, its built-ins, the round's bookkeeping. A kernel with a SIMD-group
@@ -77,12 +80,12 @@ import itertools
 import re
 from typing import Dict, List, Optional, Set, Tuple
 
-from . import _frontend, _rewrite
-from ._thread_arrays import _ARRAY_KINDS
+from . import _clang, _msl_text
+from ._clang import _ARRAY_KINDS
 from ._uniformity import UNIFORM_BUILTINS, decisions, jump_target, node_key
 
-_ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
-_INC_DEC = _frontend.INC_DEC_OPERATORS
+_ASSIGNMENTS = _clang.ASSIGNMENT_OPERATORS
+_INC_DEC = _clang.INC_DEC_OPERATORS
 _LOOPS = ("FOR_STMT", "WHILE_STMT", "DO_STMT")
 # What a kernel (or a function it calls) may not do to run lanes at once: log a message,
 # which the loops over the threads would log in another order.
@@ -513,8 +516,8 @@ class _LanesAtOnce:
         start, end = g.span(s)
         open_paren = g.masked.index("(", start)
         try:
-            close = _rewrite._match_close(g.masked, open_paren, "(", ")")
-        except _rewrite.ParseError:
+            close = _msl_text._match_close(g.masked, open_paren, "(", ")")
+        except _msl_text.ParseError:
             raise Unsupported("unbalanced parentheses") from None
         semicolons, depth = [], 0
         for i in range(open_paren + 1, close):
@@ -638,14 +641,14 @@ class _LanesAtOnce:
             if kind == "ARRAY_SUBSCRIPT_EXPR":
                 base, index = list(node.get_children())[:2]
                 # (an array's or a vector's elements are its own; a pointer's, the pointer's)
-                own = _frontend._type_kind(_frontend.stripped(base).type.get_canonical()) in _OWN_ELEMENTS
+                own = _clang._type_kind(_clang.stripped(base).type.get_canonical()) in _OWN_ELEMENTS
                 if not (kernel.value(index) and (own or kernel.value(base)) and kernel.context(here)):
                     return False
             elif kind == "UNARY_OPERATOR":
                 operator = lib.clang_getCursorUnaryOperatorKind(node)
-                if operator == _frontend.ADDRESS_OF:
+                if operator == _clang.ADDRESS_OF:
                     return False
-                if operator == _frontend.DEREFERENCE and not (
+                if operator == _clang.DEREFERENCE and not (
                         kernel.value(next(node.get_children())) and kernel.context(here)):
                     return False
             elif kind == "MEMBER_REF_EXPR":
@@ -671,10 +674,10 @@ class _LanesAtOnce:
                 continue
             node, around = ref, list(ancestors)
             for _ in range(ranks[f.index]):  # subscripted as deep as the array is
-                node, i = _frontend.operand_parent(node, around)
+                node, i = _clang.operand_parent(node, around)
                 parent = around[i] if i >= 0 else None
                 if parent is None or parent.kind.name != "ARRAY_SUBSCRIPT_EXPR" or \
-                        node_key(_frontend.stripped(next(parent.get_children()))) != node_key(_frontend.stripped(node)):
+                        node_key(_clang.stripped(next(parent.get_children()))) != node_key(_clang.stripped(node)):
                     out.discard(f.index)
                     break
                 node, around = parent, around[:i]
@@ -778,7 +781,7 @@ def _rank(t) -> int:
     """How many arrays deep a type is (0: not an array)."""
     t = t.get_canonical()
     rank = 0
-    while _frontend._type_kind(t) in _ARRAY_KINDS:
+    while _clang._type_kind(t) in _ARRAY_KINDS:
         t = t.get_array_element_type().get_canonical()
         rank += 1
     return rank
@@ -797,4 +800,4 @@ def _next_code(level: int) -> int:
 
 def _in_library(cursor) -> bool:
     location = cursor.location
-    return location.file is None or location.file.name.startswith(str(_frontend.FRONTEND_INCLUDE_DIR))
+    return location.file is None or location.file.name.startswith(str(_clang.FRONTEND_INCLUDE_DIR))

@@ -1,4 +1,8 @@
-"""A compiled emulator library and the call that dispatches one of its kernels."""
+"""A compiled emulator library and the call that dispatches one of its kernels.
+
+Layer: run, the top (the layers are in the package's docstring): it loads what the
+compiler (_compiler) built.
+"""
 from __future__ import annotations
 
 import ctypes
@@ -11,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from . import _binding, _cache, _rewrite
+from . import _binding, _cache, _msl_text
 from ._binding import (MAX_BUFFERS, MAX_THREADS_PER_THREADGROUP, ParamInfo, check_arguments,
                        check_group, check_threadgroup_memory, scalar_bytes)
 from ._compiler import CompiledLibrary
@@ -99,8 +103,8 @@ class Kernel:
         self._index = index
         self.name = name
         self.params = params
-        self._buffers = {p.index: p for p in params if p.kind == _rewrite.P_BUFFER}
-        self._threadgroup = {p.index: p for p in params if p.kind == _rewrite.P_THREADGROUP}
+        self._buffers = {p.index: p for p in params if p.kind == _msl_text.P_BUFFER}
+        self._threadgroup = {p.index: p for p in params if p.kind == _msl_text.P_THREADGROUP}
         self.num_buffer_args = max(self._buffers) + 1 if self._buffers else 0
         self._buffer_names = [self._buffers[i].name.encode() if i in self._buffers else b""
                               for i in range(self.num_buffer_args)]

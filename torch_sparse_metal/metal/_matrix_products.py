@@ -1,5 +1,8 @@
 """``a * b`` of two simdgroup matrices, recognised in clang's AST.
 
+Layer: analyse (the layers are in the package's docstring). Imports only the parse layer
+(_clang); the lowering (_cxx_forms) and the planners (_schedule, _regions) ask it.
+
 Metal spells this product as an operator (MLX's Winograd conv: ``(G * g) * Gt``), but it
 is a SIMD-group collective like ``simdgroup_multiply``: the lanes exchange their
 fragments. The emulator gives every collective a call site, which an operator cannot take
@@ -19,6 +22,8 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
+from ._clang import _cindex
+
 LOWERED = "::metal::__tsm_simdgroup_product("
 
 _MATRIX = re.compile(r"^(?:const\s+)?(?:__\w+\s+)*(?:const\s+)?(?:metal::)?simdgroup_matrix<")
@@ -31,7 +36,6 @@ def _is_matrix(expression) -> bool:
 
 def operands(cursor) -> Optional[Tuple[object, object]]:
     """(a, b) if ``cursor`` is a product ``a * b`` of two simdgroup matrices, else None."""
-    from ._frontend import _cindex
     cindex = _cindex()
     k = cindex.CursorKind
     if cursor.kind == k.CALL_EXPR and cursor.spelling == "operator*":

@@ -1,6 +1,9 @@
 """Program-scope ``constant`` variables in the emulator's C++: regions of its checked
 pointers, and ``const``.
 
+Layer: lower (the layers are in the package's docstring). Imports only the parse layer
+(_clang, _msl_text); _translation takes its edits.
+
 A ``constant T*`` may point into a lookup table the shader declares at program scope
 (ggml's ``kvalues_iq4nl_f``, passed to ``best_index_int8``). Checked pointers find their
 region by address (tsm_emu/sanitize.h), so each such variable gets, right after its
@@ -16,7 +19,8 @@ from __future__ import annotations
 import re
 from typing import List, Tuple
 
-from ._rewrite import semicolon_end
+from ._clang import _cindex, _type_kind
+from ._msl_text import semicolon_end
 
 Edit = Tuple[int, int, str]
 
@@ -24,7 +28,6 @@ Edit = Tuple[int, int, str]
 def variables(tu, path: str):
     """The program-scope ``constant`` variables (at file or namespace scope) of the file
     clang parsed as ``path``."""
-    from ._frontend import _cindex
     k = _cindex().CursorKind
 
     def visit(scope):
@@ -42,7 +45,6 @@ def variables(tu, path: str):
 def registrations(tu, path: str, source, preprocessed: str) -> List[Edit]:
     """Insertions into ``preprocessed`` (clang parsed it as ``path``; ``source`` maps clang's
     offsets back to it) that register its program-scope ``constant`` variables."""
-    from ._frontend import _type_kind
     out: List[Edit] = []
     for cursor in variables(tu, path):
         if _type_kind(cursor.type.get_canonical()) in ("ConstantArray", "Record"):

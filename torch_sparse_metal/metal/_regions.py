@@ -3,6 +3,10 @@ synchronisation (barriers, SIMD-group and quad-group functions, simdgroup_matrix
 ``a * b`` of two matrices included) is all in their own body (the runtime side is
 csrc/emulator/include/tsm_emu/regions.h).
 
+Layer: plan (the layers are in the package's docstring). Imports the parse layer, the
+analyses, _designators (to know the declarations it lowers) and _lanes; _schedule decides
+which kernels get a group function.
+
 Fibers give every Metal thread a stack and switch between them at each barrier; PoCL-style
 emulators instead run the code between two barriers as a loop over the threads. This module
 does the latter at the source level, from clang's AST of the emulator's view. A kernel
@@ -69,128 +73,22 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from . import _bounds_probe, _designators, _frontend, _lanes, _matrix_products, _rewrite, _tensor_ops
+from . import _bounds_probe, _clang, _designators, _lanes, _matrix_products, _msl_text, _tensor_ops
 from ._uniformity import (SCALAR_KINDS, analyse, binds_reference, in_metal, is_reference, mutable_reference,
                           node_key, only_constructs, runs_own_code)
 
 Edit = Tuple[int, int, str]
 
 
-@dataclass
-class Translation:
-    """What the emulator's translation of a shader needs from this module."""
-    edits: List[Edit] = field(default_factory=list)
-    grouped: Set[str] = field(default_factory=set)        # kernel functions with a group function
-    lanes: Set[str] = field(default_factory=set)          # of those, the ones run lanes at once (_lanes)
-    synchronising: Set[str] = field(default_factory=set)  # kernel functions that synchronise
-
-
 class _Unsupported(Exception):
     """The kernel's structure defeats the transformation: it runs as fibers."""
 
 
-# ---- which kernels synchronise, and which qualify ----------------------------------------------
-
-def plan(tu, path: str, prepared, original: str, base_edits: Sequence[Edit],
-         kernels: Sequence[_rewrite.Kernel], enabled: bool = True) -> Translation:
-    """The group functions for the qualifying kernels of the parsed emulator view
-    (``original``; ``base_edits`` are the other edits of it, applied inside copies too)."""
-    cindex = _frontend._cindex()
-    k = cindex.CursorKind
-    out = Translation()
-    functions = list(_frontend._user_functions(tu, path))
-    by_name: Dict[str, List[object]] = defaultdict(list)
-    for f in functions:
-        by_name[f.spelling].append(f)
-    masked = _rewrite._mask_strings_and_directives(original)
-    source = prepared.source
-
-    def text_of(cursor) -> str:
-        return masked[source.original(cursor.extent.start.offset):
-                      source.original(cursor.extent.end.offset, end=True)]
-
-    names_cache: Dict[int, Set[str]] = {}
-
-    def referenced_names(f) -> Set[str]:
-        key = f.hash
-        if key not in names_cache:
-            names = set()
-            for c in f.walk_preorder():
-                if c.kind in (k.CALL_EXPR, k.DECL_REF_EXPR, k.OVERLOADED_DECL_REF, k.MEMBER_REF_EXPR):
-                    names.add(c.spelling or _dependent_name(c))
-                elif c.kind in (k.TYPE_REF, k.TEMPLATE_REF):
-                    # a class it uses: its member functions, which a call through an object
-                    # reaches unnamed (candle's `block_reducer<...> reducer; reducer(value)`,
-                    # whose operator() waits at barriers)
-                    record = c.referenced
-                    if record is not None and record.kind in (k.STRUCT_DECL, k.CLASS_DECL, k.CLASS_TEMPLATE,
-                                                              k.CLASS_TEMPLATE_PARTIAL_SPECIALIZATION):
-                        names.update(m.spelling for m in record.get_children()
-                                     if m.kind in (k.CXX_METHOD, k.FUNCTION_TEMPLATE, k.CONSTRUCTOR))
-            names_cache[key] = names
-        return names_cache[key]
-
-    # Where clang's parse of the emulator's view has errors (a simdgroup_matrix<double>, which
-    # Metal's declarations reject, inside #ifdef __METAL_EMULATOR__): there it drops what it
-    # could not make sense of, references included, so a kernel's group function would lose
-    # some. (A template's errors are its instantiations', kmeans<double>'s: its own AST, the
-    # one translated, is whole.)
-    troubled = [n.location.offset for d in tu.diagnostics if d.severity >= cindex.Diagnostic.Error
-                for n in (d, *d.children) if n.location.file is not None and n.location.file.name == path]
-    instantiated: Dict[str, List[_rewrite.Kernel]] = defaultdict(list)
-    for kernel in kernels:
-        instantiated[_rewrite.function_name(kernel.cxx)].append(kernel)
-    for name, entries in instantiated.items():
-        definitions = [f for f in by_name.get(name, ()) if f.kind in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE)]
-        reached: Dict[int, object] = {}
-        frontier = list(definitions)
-        while frontier:
-            f = frontier.pop()
-            for n in referenced_names(f):
-                for g in by_name.get(n, ()):
-                    # (not into other kernels; a member named like one is a helper: MLX's sort)
-                    kernel = g.spelling in instantiated and g.kind in (k.FUNCTION_DECL, k.FUNCTION_TEMPLATE)
-                    if g.hash not in reached and not kernel:
-                        reached[g.hash] = g
-                        frontier.append(g)
-        own = set()
-        for d in definitions:
-            own.update(m.group(1) for m in _rewrite._SYNC_CALL.finditer(text_of(d)))
-            if _matrix_products.contains(d):
-                own.add("operator*")
-            if _tensor_ops.contains(d):
-                own.add("matmul2d::run")
-        helpers = any(_rewrite._SYNC_CALL.search(text_of(g)) or _matrix_products.contains(g)
-                      or _tensor_ops.contains(g) for g in reached.values())
-        if not definitions:  # not found in the AST: assume the worst
-            out.synchronising.add(name)
-            continue
-        if own or helpers:
-            out.synchronising.add(name)
-        if not enabled or helpers or not own or len(definitions) != 1:
-            continue
-        if definitions[0].kind == k.FUNCTION_TEMPLATE and any("<" not in e.cxx for e in entries):
-            continue  # instantiated by deduction: no template arguments to name the copy with
-        extent = definitions[0].extent
-        if definitions[0].kind == k.FUNCTION_DECL and any(extent.start.offset <= at < extent.end.offset
-                                                          for at in troubled):
-            continue  # runs as fibers, which need no AST
-        group = _GroupFunction(definitions[0], entries[0], prepared, original, base_edits)
-        try:
-            out.edits += group.edits()
-        except _Unsupported:
-            continue
-        out.grouped.add(name)
-        if group.not_lanes is None:
-            out.lanes.add(name)
-    return out
-
-
 # ---- the group function of one kernel ------------------------------------------------------------
 
-_ASSIGNMENTS = _frontend.ASSIGNMENT_OPERATORS
-_MODIFYING_UNARY = _frontend.INC_DEC_OPERATORS | {_frontend.ADDRESS_OF}
-_LIBRARY_HEADERS = str(_frontend.FRONTEND_INCLUDE_DIR)
+_ASSIGNMENTS = _clang.ASSIGNMENT_OPERATORS
+_MODIFYING_UNARY = _clang.INC_DEC_OPERATORS | {_clang.ADDRESS_OF}
+_LIBRARY_HEADERS = str(_clang.FRONTEND_INCLUDE_DIR)
 _UNRESOLVED_KINDS = ("Unexposed", "TemplateTypeParm", "Dependent", "Auto", "Invalid", "Unknown")
 _HOISTED_KINDS = ("TYPEDEF_DECL", "TYPE_ALIAS_DECL", "STRUCT_DECL", "CLASS_DECL", "UNION_DECL", "ENUM_DECL",
                   "STATIC_ASSERT", "TYPE_ALIAS_TEMPLATE_DECL", "USING_DECLARATION", "USING_DIRECTIVE")
@@ -223,19 +121,19 @@ class _Point:
 
 W_BARRIER, W_COLLECTIVE, W_SIMDGROUP_BARRIER = 0, 1, 2  # regions.h's WaitKind
 _MAX_WAIT_PATH = 16  # regions.h's kMaxWaitPath
-_LOGICAL = _frontend.LOGICAL_OPERATORS
-_INC_DEC = _frontend.INC_DEC_OPERATORS
+_LOGICAL = _clang.LOGICAL_OPERATORS
+_INC_DEC = _clang.INC_DEC_OPERATORS
 
 
 class _GroupFunction:
-    def __init__(self, kernel, entry: _rewrite.Kernel, prepared, original: str, base_edits: Sequence[Edit]):
-        self.cindex = _frontend._cindex()
+    def __init__(self, kernel, entry: _msl_text.Kernel, prepared, original: str, base_edits: Sequence[Edit]):
+        self.cindex = _clang._cindex()
         self.k = self.cindex.CursorKind
         self.kernel = kernel
         self.entry = entry
         self.source = prepared.source
         self.original = original
-        self.masked = _rewrite._mask_strings_and_directives(original)
+        self.masked = _msl_text._mask_strings_and_directives(original)
         body = [c for c in kernel.get_children() if c.kind == self.k.COMPOUND_STMT]
         if len(body) != 1:
             raise _Unsupported("no body")
@@ -267,7 +165,7 @@ class _GroupFunction:
         return end + m.end()
 
     def where(self, cursor) -> Tuple[str, int]:
-        file, line, _ = _frontend.presumed_location(cursor.extent.start)
+        file, line, _ = _clang.presumed_location(cursor.extent.start)
         return file, line
 
     def line_marker(self, cursor) -> str:
@@ -278,7 +176,7 @@ class _GroupFunction:
     # ---- the walk ----------------------------------------------------------------------------
     def walk(self) -> None:
         k = self.k
-        collectives = set(_rewrite.collective_names())
+        collectives = set(_msl_text.collective_names())
         calls: List[Tuple[object, List[object]]] = []
         self.returns: List[object] = []
         self.refs: List[Tuple[object, List[object]]] = []
@@ -379,8 +277,8 @@ class _GroupFunction:
                 return False  # a temporary's destructor, a member's default initialiser
             if c.kind == k.CALL_EXPR:
                 target = c.referenced
-                operator = _frontend.dependent_operator(c)
-                if operator is not None and not _frontend.MODIFYING_OPERATOR.fullmatch(operator[0]) and \
+                operator = _clang.dependent_operator(c)
+                if operator is not None and not _clang.MODIFYING_OPERATOR.fullmatch(operator[0]) and \
                         operator[0] not in self.user_operators:
                     continue
                 if target is None:
@@ -451,14 +349,14 @@ class _GroupFunction:
             kids = list(node.get_children())
             if node.kind == k.ARRAY_SUBSCRIPT_EXPR:
                 return True
-            if node.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(node) == _frontend.DEREFERENCE:
+            if node.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(node) == _clang.DEREFERENCE:
                 return True
             if node.kind == k.MEMBER_REF_EXPR and kids:
                 if "->" in self.masked[self.span(kids[0])[1]:self.span(node)[1]]:
                     return True
                 if node.referenced is not None and is_reference(node.referenced.type):
                     return True  # a reference member
-            operator = _frontend.dependent_operator(node) if node.kind == k.CALL_EXPR else None
+            operator = _clang.dependent_operator(node) if node.kind == k.CALL_EXPR else None
             if operator is not None:
                 if operator[0] in ("operator[]", "operator->", "operator()") or operator == ("operator*", 1):
                     return True
@@ -505,7 +403,7 @@ class _GroupFunction:
                 return False
             if node.kind == k.COMPOUND_ASSIGNMENT_OPERATOR or (
                     node.kind == k.BINARY_OPERATOR and lib.clang_getCursorBinaryOperatorKind(node) in
-                    _ASSIGNMENTS | {_frontend.COMMA_OPERATOR}) or (
+                    _ASSIGNMENTS | {_clang.COMMA_OPERATOR}) or (
                     node.kind == k.UNARY_OPERATOR and lib.clang_getCursorUnaryOperatorKind(node) in _INC_DEC):
                 return True
             return any(sets(c) for c in node.get_children())
@@ -561,7 +459,7 @@ class _GroupFunction:
         # (The emulator's view declares threadgroup variables as references: the
         # declarator's own `*` or `&` tells.)
         if re.match(r"\s*(?:threadgroup|constant)\b", text) and not any(
-                _frontend._type_kind(c.type) == "Pointer" or
+                _clang._type_kind(c.type) == "Pointer" or
                 "&" in self.masked[start:self.source.original(c.location.offset)]
                 for c in children if c.kind == k.VAR_DECL):
             return True
@@ -692,8 +590,8 @@ class _GroupFunction:
             if not paths:
                 continue
             modified = any(self.modifies(path, param) for path in paths)
-            if spec.kind == _rewrite.P_BUILTIN or modified:
-                self.thread_params.append((param, spec.index if spec.kind == _rewrite.P_BUILTIN else None,
+            if spec.kind == _msl_text.P_BUILTIN or modified:
+                self.thread_params.append((param, spec.index if spec.kind == _msl_text.P_BUILTIN else None,
                                            modified))
 
     def addressed(self, ref, ancestors: List[object]) -> bool:
@@ -712,10 +610,10 @@ class _GroupFunction:
                     "->" not in self.masked[self.span(child)[1]:self.span(node)[1]]:
                 pass
             elif node.kind == k.ARRAY_SUBSCRIPT_EXPR and kids and kids[0] == child and \
-                    _frontend._type_kind(child.type.get_canonical()).endswith("Array"):
+                    _clang._type_kind(child.type.get_canonical()).endswith("Array"):
                 pass
             elif node.kind == k.UNARY_OPERATOR:
-                return lib.clang_getCursorUnaryOperatorKind(node) == _frontend.ADDRESS_OF
+                return lib.clang_getCursorUnaryOperatorKind(node) == _clang.ADDRESS_OF
             elif node.kind == k.VAR_DECL:
                 return is_reference(node.type)
             elif node.kind == k.INIT_LIST_EXPR:
@@ -729,8 +627,8 @@ class _GroupFunction:
                 if at >= len(params) or not is_reference(params[at].type):
                     return False
                 result = callee.result_type.get_canonical()
-                return is_reference(result) or _frontend._type_kind(result) == "Pointer" or any(
-                    i != at and _frontend._type_kind(p.type.get_canonical()) in ("Pointer", "LValueReference")
+                return is_reference(result) or _clang._type_kind(result) == "Pointer" or any(
+                    i != at and _clang._type_kind(p.type.get_canonical()) in ("Pointer", "LValueReference")
                     for i, p in enumerate(params))
             else:
                 return False
@@ -747,7 +645,7 @@ class _GroupFunction:
         call) is taken to copy it, as Metal's helpers take pointers by value."""
         k = self.k
         lib = self.cindex.conf.lib
-        kind = _frontend._type_kind(param.type.get_canonical())
+        kind = _clang._type_kind(param.type.get_canonical())
         if kind in ("LValueReference", "RValueReference"):
             return False
         pointer = kind == "Pointer"
@@ -758,7 +656,7 @@ class _GroupFunction:
             first = next(iter(parent.get_children()), None)
             if parent.kind in (k.UNEXPOSED_EXPR, k.PAREN_EXPR):
                 # A conversion to its value has no address space; one that keeps it an object
-                # (binding `p` to a reference) has (as _frontend._only_read tells them apart).
+                # (binding `p` to a reference) has (as _clang._only_read tells them apart).
                 rvalue |= parent.kind == k.UNEXPOSED_EXPR and parent.type.get_address_space() == 0
                 i -= 1
                 continue
@@ -781,10 +679,10 @@ class _GroupFunction:
                 return lib.clang_getCursorUnaryOperatorKind(parent) in _MODIFYING_UNARY
             if parent.kind == k.CALL_EXPR:
                 # `p += n` with `n` of a template parameter's type: an operator clang left unresolved
-                operator = _frontend.dependent_operator(parent)
+                operator = _clang.dependent_operator(parent)
                 if operator in (("operator++", 1), ("operator--", 1), ("operator&", 1)):
                     return True
-                if operator is not None and first == child and _frontend.MODIFYING_OPERATOR.fullmatch(operator[0]):
+                if operator is not None and first == child and _clang.MODIFYING_OPERATOR.fullmatch(operator[0]):
                     return True
                 if rvalue:
                     return False
@@ -797,7 +695,7 @@ class _GroupFunction:
                     return False
                 # (A template's parameter of a type it names: `bump<device float* thread&>(p)`.)
                 t = formals[at].type.get_canonical()
-                return mutable_reference(t) or _frontend._type_kind(t) in _UNRESOLVED_KINDS
+                return mutable_reference(t) or _clang._type_kind(t) in _UNRESOLVED_KINDS
             if parent.kind == k.VAR_DECL:
                 return mutable_reference(parent.type)
             if parent.kind == k.INIT_LIST_EXPR:
@@ -848,7 +746,7 @@ class _GroupFunction:
             if at in moved:
                 s_start, s_end, constructs = moved[at]
                 opener += "{ " + self.edited(fine, s_start, s_end) .replace("\n", " ") + f" {constructs} }} "
-                blocks.append((s_start, s_end, ";" + _rewrite.blank(self.original[s_start + 1:s_end])))
+                blocks.append((s_start, s_end, ";" + _msl_text.blank(self.original[s_start + 1:s_end])))
             insert(at, opener, (1, depth))
             insert(end, " }", (-1, depth))
             children = list(loop.get_children())
@@ -862,7 +760,7 @@ class _GroupFunction:
 
         # Stops: wait, return, resume here.
         self.sites = []
-        lines_start, lines = _rewrite._source_lines(self.original)
+        lines_start, lines = _msl_text._source_lines(self.original)
         for number, point in enumerate(self.points, start=1):
             call = point.call
             c_start, c_end = self.span(call)
@@ -949,7 +847,7 @@ class _GroupFunction:
         blocks = []
         for statement in self.hoisted:
             start, end = self.span(statement)
-            blocks.append((start, end, _rewrite.blank(self.original[start:end])))
+            blocks.append((start, end, _msl_text.blank(self.original[start:end])))
         return blocks
 
     def call_text(self, call, fine) -> str:
@@ -1012,7 +910,7 @@ class _GroupFunction:
         """How many barrier and SIMD-group calls (products of simdgroup matrices included)
         start on text line ``row`` at or before offset ``upto``."""
         row_end = starts[row + 1] if row + 1 < len(starts) else len(self.masked)
-        pattern = _rewrite._call_pattern(_rewrite.collective_names())
+        pattern = _msl_text._call_pattern(_msl_text.collective_names())
         return (sum(1 for m in pattern.finditer(self.masked, starts[row], row_end) if m.start() <= upto) +
                 sum(1 for at in self.products if starts[row] <= at <= upto))
 
@@ -1055,7 +953,7 @@ class _GroupFunction:
         if not m:
             raise _Unsupported("parameter list")
         open_paren = start + m.end() - 1
-        close = _rewrite._match_close(self.masked, open_paren, "(", ")")
+        close = _msl_text._match_close(self.masked, open_paren, "(", ")")
         return " ".join(self.original[open_paren + 1:close].split())
 
     def template_header(self) -> str:
@@ -1249,7 +1147,7 @@ class _GroupFunction:
                 stored = f"if constexpr (!decltype(__tsm_m)::probe) {{ {stored} }}"
             head.append(f"auto __tsm_save{number} = [&]() {{ {stored} }};")
         head.append("switch (__tsm_at) { case 0:")
-        end_file, end_line = _frontend.presumed_location(self.kernel.extent.end)[:2]
+        end_file, end_line = _clang.presumed_location(self.kernel.extent.end)[:2]
         return (f"\n{_line_marker(line, file)}\n" + " ".join(head) + " " + body +
                 f" }} return -1; }}, [&] {{ {commit} }});" + ("\n#endif\n" if lanes else " ") +
                 f"}}\n{_line_marker(end_line, end_file)}\n")
@@ -1304,19 +1202,7 @@ def _threadgroup_array(var) -> bool:
     t = var.type
     if is_reference(t):
         t = t.get_canonical().get_pointee()
-    return _frontend._type_kind(t).endswith("Array")
-
-
-def _dependent_name(ref) -> str:
-    """The name a reference through a dependent type spells (MLX's `gemv_kernel::run(...)`,
-    `Reduce<T>::run`, `tile.template load<T>(...)` in a template), which clang gives only in
-    its tokens."""
-    name, depth = "", 0
-    for token in ref.get_tokens():  # the last identifier outside template arguments
-        depth += {"<": 1, ">": -1, ">>": -2}.get(token.spelling, 0)
-        if depth == 0 and token.kind.name == "IDENTIFIER":
-            name = token.spelling
-    return name
+    return _clang._type_kind(t).endswith("Array")
 
 
 def _arguments(call) -> List[object]:
@@ -1351,7 +1237,7 @@ def _effect_free(call) -> bool:
 
 def _points_to_mutable(t) -> bool:
     t = t.get_canonical()
-    return _frontend._type_kind(t) == "Pointer" and not t.get_pointee().is_const_qualified()
+    return _clang._type_kind(t) == "Pointer" and not t.get_pointee().is_const_qualified()
 
 
 RECORD_KINDS = ("STRUCT_DECL", "CLASS_DECL", "CLASS_TEMPLATE", "CLASS_TEMPLATE_PARTIAL_SPECIALIZATION")
@@ -1374,13 +1260,13 @@ def _const_object(var) -> bool:
     t = var.type.get_canonical()
     if not t.is_const_qualified() or _plain_const(t):
         return False
-    declaration = _frontend.element_type(t).get_declaration()
+    declaration = _clang.element_type(t).get_declaration()
     return declaration is not None and declaration.kind.name in RECORD_KINDS
 
 
 def _plain_const(t) -> bool:
-    t = _frontend.element_type(t)
-    if _frontend._type_kind(t) in SCALAR_KINDS:
+    t = _clang.element_type(t)
+    if _clang._type_kind(t) in SCALAR_KINDS:
         return True
     declaration = t.get_declaration()
     if declaration is None or declaration.kind.name not in RECORD_KINDS:

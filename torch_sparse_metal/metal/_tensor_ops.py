@@ -1,6 +1,9 @@
 """``op.run(left, right, destination)`` of Metal 4's ``mpp::tensor_ops::matmul2d``, recognised
 in clang's AST.
 
+Layer: analyse (the layers are in the package's docstring). Imports only the parse layer
+(_clang); the planners (_schedule, _regions) ask it.
+
 The emulator runs it as a SIMD-group collective (tsm_emu/tensor_ops.h): on cooperative tensors
 the lanes exchange their shares, in as many rounds as the operands need; on metal::tensor
 operands they meet once, to show that all of them are there. A kernel that reaches one
@@ -16,13 +19,13 @@ from __future__ import annotations
 
 import re
 
+from ._clang import _cindex, _dependent_name
+
 _MATMUL2D = re.compile(r"\bmatmul2d<")
 
 
 def is_run(cursor) -> bool:
     """Whether ``cursor`` is a call of ``run`` on a matmul2d."""
-    from ._frontend import _cindex
-    from ._regions import _dependent_name
     k = _cindex().CursorKind
     if cursor.kind != k.CALL_EXPR or cursor.spelling not in ("run", ""):
         return False

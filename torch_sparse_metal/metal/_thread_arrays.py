@@ -1,5 +1,8 @@
 """Bounds checks of arrays outside threadgroup memory, for the emulator's C++.
 
+Layer: lower (the layers are in the package's docstring). Imports only the parse layer
+(_clang, _msl_text); _translation takes its edits.
+
 Threadgroup arrays become checked ``tg_var`` objects (tsm_emu/sanitize.h); every other
 array -- a kernel's or function's thread-private ``float x[N]``, multi-dimensional ones,
 array members of structs, ``thread T (&a)[N]`` parameters, program-scope ``constant``
@@ -29,11 +32,10 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
-from ._rewrite import ParseError, _match_close
+from ._clang import _ARRAY_KINDS, _cindex, _type_kind
+from ._msl_text import ParseError, _match_close
 
 Edit = Tuple[int, int, str]
-
-_ARRAY_KINDS = ("ConstantArray", "DependentSizedArray")
 
 
 def edits(tu, path: str, source, preprocessed: str) -> List[Edit]:
@@ -41,7 +43,6 @@ def edits(tu, path: str, source, preprocessed: str) -> List[Edit]:
     offsets back to it) that check the index of every subscript of an array that is not in
     threadgroup memory, bound ``x + i`` of one, and locate each subscript of a thread
     pointer."""
-    from ._frontend import _cindex
     k = _cindex().CursorKind
     out: List[Edit] = []
     seen = set()  # a typedef'd anonymous struct is visited twice
@@ -100,7 +101,6 @@ def _is_address_of(unary) -> bool:
 def _array_of(base):
     """The expression of array type under ``base`` (the decay to a pointer clang adds), or
     None when the subscript is of a pointer."""
-    from ._frontend import _type_kind
     node = base
     while node is not None:
         if _type_kind(node.type) in _ARRAY_KINDS:
@@ -113,7 +113,6 @@ def _array_of(base):
 
 
 def _checked_subscript(cursor, source, preprocessed: str) -> List[Edit]:
-    from ._frontend import _type_kind
     operands = list(cursor.get_children())
     if len(operands) != 2:
         return []
@@ -161,7 +160,6 @@ def _text(node, end: int, source, preprocessed: str) -> str:
 
 def _is_thread_pointer(type_) -> bool:
     """A pointer into thread memory (clang's generic or private address space)."""
-    from ._frontend import _type_kind
     if _type_kind(type_) != "Pointer":
         return False
     return _in_thread_memory(type_.get_pointee().spelling)

@@ -1,5 +1,8 @@
 """Whether a kernel's threads all take the same way from stop to stop.
 
+Layer: analyse (the layers are in the package's docstring). Imports only the parse layer
+(_clang, _msl_text); the planners (_regions, _lanes) and _bounds_probe ask it.
+
 A barrier-region kernel (``_regions``) whose every decision about where a thread goes next
 (the conditions of the ``if``s, loops and ``switch``es around its stops and returns) has
 the same value in all threads of a threadgroup is *uniform*: a round that starts with every
@@ -39,7 +42,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-from . import _frontend, _rewrite
+from . import _clang, _msl_text
 
 # Built-ins with one value for all threads of a threadgroup.
 UNIFORM_BUILTINS = frozenset((
@@ -72,9 +75,9 @@ _NOT_UNIFORM_CALL = re.compile(r"(?:simd|quad|simdgroup|atomic)_\w*|\w*_(?:load|
 class _Kernel:
     """``builtins``: the built-ins whose values count (all of them, when None: a kernel's
     values that do not come from memory, _bounds_probe)."""
-    def __init__(self, body, params: Sequence[object], entries: Sequence[_rewrite.Param],
+    def __init__(self, body, params: Sequence[object], entries: Sequence[_msl_text.Param],
                  is_stop: Callable[[object], bool], builtins: Optional[FrozenSet[str]] = UNIFORM_BUILTINS) -> None:
-        self.cindex = _frontend._cindex()
+        self.cindex = _clang._cindex()
         self.lib = self.cindex.conf.lib
         self.body = body
         self.is_stop = is_stop
@@ -84,7 +87,7 @@ class _Kernel:
         # parameters (`x += i`, `gid.x += 1`): they are variables that start uniform or not.
         self.assignments: Dict[int, Optional[List[tuple]]] = {}
         for param, entry in zip(params, entries):
-            if entry.kind == _rewrite.P_BUILTIN:
+            if entry.kind == _msl_text.P_BUILTIN:
                 uniform = builtins is None or entry.builtin in builtins
             else:  # a pointer's value, or a reference to what no thread writes
                 uniform = not is_reference(param.type) or \
@@ -123,7 +126,7 @@ class _Kernel:
             if target is not None and target.kind.name in ("VAR_DECL", "PARM_DECL"):
                 self.use(target.canonical.hash, node, ancestors)
         elif kind in _CONTROL or kind == "CONDITIONAL_OPERATOR" or (
-                kind == "BINARY_OPERATOR" and self.lib.clang_getCursorBinaryOperatorKind(node) in _frontend.LOGICAL_OPERATORS):
+                kind == "BINARY_OPERATOR" and self.lib.clang_getCursorBinaryOperatorKind(node) in _clang.LOGICAL_OPERATORS):
             self.controls.append((node, self.conditions(node, kids), list(ancestors)))
         for c in kids:
             self.collect(c, ancestors + [node])
@@ -174,7 +177,7 @@ class _Kernel:
             elif (ak in _LVALUE_PARTS and _first(a) == node) or ak in _CASTS or \
                     (ak == "CONDITIONAL_OPERATOR" and _first(a) != node) or \
                     (ak == "BINARY_OPERATOR" and _first(a) != node and
-                     self.lib.clang_getCursorBinaryOperatorKind(a) == _frontend.COMMA_OPERATOR):
+                     self.lib.clang_getCursorBinaryOperatorKind(a) == _clang.COMMA_OPERATOR):
                 whole = False
             else:
                 break
@@ -183,17 +186,17 @@ class _Kernel:
         pk = parent.kind.name if parent is not None else ""
         where = ancestors[:i + 1]
         if pk in ("BINARY_OPERATOR", "COMPOUND_ASSIGNMENT_OPERATOR") and _first(parent) == node and \
-                self.lib.clang_getCursorBinaryOperatorKind(parent) in _frontend.ASSIGNMENT_OPERATORS:
+                self.lib.clang_getCursorBinaryOperatorKind(parent) in _clang.ASSIGNMENT_OPERATORS:
             if whole:
                 rhs = list(parent.get_children())[1]
                 self.assignments[key].append((rhs, where, pk == "COMPOUND_ASSIGNMENT_OPERATOR"))
                 return
         elif pk == "UNARY_OPERATOR":
             op = self.lib.clang_getCursorUnaryOperatorKind(parent)
-            if op in _frontend.INC_DEC_OPERATORS and whole:
+            if op in _clang.INC_DEC_OPERATORS and whole:
                 self.assignments[key].append((None, where, True))
                 return
-            if op not in _frontend.INC_DEC_OPERATORS and op != _frontend.ADDRESS_OF:
+            if op not in _clang.INC_DEC_OPERATORS and op != _clang.ADDRESS_OF:
                 return
         elif pk == "CALL_EXPR":
             if self.call_reads(parent, node):
@@ -214,12 +217,12 @@ class _Kernel:
         assignment or ++/-- (a template's too, unresolved), or a function whose parameter
         there is not a reference to non-const."""
         target = call.referenced
-        operator = _frontend.dependent_operator(call)
+        operator = _clang.dependent_operator(call)
         name = operator[0] if operator else target.spelling if target is not None else ""
         if name.startswith("operator"):
             args = list(call.get_arguments())
             operands = operator[1] if operator else len(args)
-            if _frontend.MODIFYING_OPERATOR.fullmatch(name) or (name == "operator&" and operands == 1):
+            if _clang.MODIFYING_OPERATOR.fullmatch(name) or (name == "operator&" and operands == 1):
                 return False
             if target is not None and not in_metal(target):
                 # A user's operator: what its parameters say (its object: may be written,
@@ -277,7 +280,7 @@ class _Kernel:
                     target.semantic_parent.kind.name in ("TRANSLATION_UNIT", "NAMESPACE")
             return False
         if kind == "UNARY_OPERATOR" and self.lib.clang_getCursorUnaryOperatorKind(node) in (
-                _frontend.ADDRESS_OF, _frontend.DEREFERENCE):
+                _clang.ADDRESS_OF, _clang.DEREFERENCE):
             return False
         if kind == "INIT_LIST_EXPR" and initialises_members(node.type):
             return False  # what a member's own initialiser gives (an atomic) is not seen here
@@ -402,7 +405,7 @@ class _Kernel:
 
 def is_reference(t) -> bool:
     """Through typedefs and aliases (`typedef thread uint& uref`)."""
-    return _frontend._type_kind(t.get_canonical()).endswith("Reference")
+    return _clang._type_kind(t.get_canonical()).endswith("Reference")
 
 
 def mutable_reference(t) -> bool:
@@ -418,8 +421,8 @@ SCALAR_KINDS = ("Int", "UInt", "Float", "Double", "Bool", "Half", "Short", "USho
 def binds_reference(t) -> bool:
     """Whether a braced initialiser of this type may bind a reference: a struct (or an
     array of them) with a reference member, or a type clang does not resolve."""
-    t = _frontend.element_type(t)
-    kind = _frontend._type_kind(t)
+    t = _clang.element_type(t)
+    kind = _clang._type_kind(t)
     if kind != "Record":
         return kind not in SCALAR_KINDS
     return any(c.kind.name == "FIELD_DECL" and (is_reference(c.type) or binds_reference(c.type))
@@ -437,8 +440,8 @@ def _reads_parameter(function, at: int) -> bool:
 
 def _record(t):
     """The user's struct a type names (through arrays), or None."""
-    t = _frontend.element_type(t)
-    if _frontend._type_kind(t) != "Record":
+    t = _clang.element_type(t)
+    if _clang._type_kind(t) != "Record":
         return None
     declaration = t.get_declaration()
     return None if declaration is None or in_metal(declaration) else declaration
@@ -500,7 +503,7 @@ def jump_target(jump, path: Sequence[object]) -> int:
     return -1
 
 
-def analyse(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
+def analyse(body, params: Sequence[object], entries: Sequence[_msl_text.Param],
             is_stop: Callable[[object], bool]) -> Uniformity:
     """The kernel's uniformity (see the module's docstring). ``body``: the kernel's
     COMPOUND_STMT; ``params``: its PARM_DECLs, ``entries`` what the binding says of each;
@@ -526,7 +529,7 @@ class Decisions:
     kernel: _Kernel = field(compare=False, repr=False)
 
 
-def decisions(body, params: Sequence[object], entries: Sequence[_rewrite.Param],
+def decisions(body, params: Sequence[object], entries: Sequence[_msl_text.Param],
               is_stop: Callable[[object], bool]) -> Decisions:
     """The kernel's ``Decisions``, whether or not its control is uniform (``analyse``)."""
     kernel = _Kernel(body, params, entries, is_stop)
@@ -544,7 +547,7 @@ def only_constructs(call) -> bool:
     user's may do anything (an atomic)."""
     target = call.referenced
     return target is not None and target.kind.name in ("CONSTRUCTOR", "CONVERSION_FUNCTION") and \
-        (in_metal(target) or _frontend._is_exempt_copy(call))
+        (in_metal(target) or _clang._is_exempt_copy(call))
 
 
 def in_metal(cursor) -> bool:
