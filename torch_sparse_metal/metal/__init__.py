@@ -30,7 +30,8 @@ checks both, imports inside functions included). The layers, bottom first:
 * lower: edits that give the emulator's C++ Metal's meaning where C++ reads a form
   differently (_cxx_forms, _designators, _program_constants, _thread_arrays).
 * plan: how each kernel's threadgroup runs, chosen once per kernel (_schedule), and the
-  group function that runs it as barrier regions (_regions) or lanes at once (_lanes).
+  group function that runs it as barrier regions (_group_plan reads the kernel for it,
+  _regions writes it) or lanes at once (_lanes).
 * emit: the edited source rewritten into C++, with its binding table (_rewrite,
   _access_rewrite).
 * drive: a shader through the passes (_translation), preprocessed, checked, compiled and

@@ -2,8 +2,8 @@
 regions' rounds (_regions), or lanes at once in plain dispatches (_lanes).
 
 Layer: plan (the layers are in the package's docstring). Imports the parse layer, the
-analyses (_matrix_products, _tensor_ops) and the other planners (_regions, which asks
-_lanes); _translation calls it once per shader.
+analyses (_matrix_products, _tensor_ops) and the other planners (_group_plan, _regions);
+_translation calls it once per shader.
 
 A kernel that synchronises nowhere runs as fibers, which then never switch. One that
 synchronises only in its own body (every barrier, SIMD-group function and simdgroup matrix
@@ -21,7 +21,8 @@ from typing import Dict, List, Sequence, Set
 
 from . import _clang, _matrix_products, _msl_text, _tensor_ops
 from ._clang import _dependent_name
-from ._regions import Edit, _GroupFunction, _Unsupported
+from ._group_plan import Edit, _Unsupported
+from ._regions import _GroupFunction
 
 
 @dataclass
