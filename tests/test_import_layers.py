@@ -20,11 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "torch_sparse_metal"
 METAL = "torch_sparse_metal.metal"
 # Circles the test lets stand, each with what keeps it, until its module's owner breaks it;
 # one that is gone fails the test too, so that its waiver goes with it.
-WAIVED = {
-    frozenset({"torch_sparse_metal", "torch_sparse_metal.doctor"}):
-        "doctor.show_config imports __version__ from the package, whose __init__ imports doctor "
-        "(a module of its own for the version, which both import, breaks it)",
-}
+WAIVED: Dict[frozenset, str] = {}
 
 
 @lru_cache(maxsize=None)

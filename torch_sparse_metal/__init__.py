@@ -3,6 +3,7 @@
 Every kernel lives once, in ``shaders/*.metal``; it runs on the GPU for MPS tensors and
 through the package's Metal emulator for CPU tensors (see :mod:`torch_sparse_metal.metal`).
 """
+from ._version import __version__ as __version__  # the package's public version
 from . import metal
 from . import syncs
 from ._backend import get_backend, use_backend
@@ -20,7 +21,6 @@ __all__ = ["metal", "use_backend", "get_backend", "metal_available", "sparse_lin
            "optim", "KMeans"]
 __all__ += ["mm", "addmm", "spmm", "formats", "syncs", "check_errors", "check_invariants",
             "InvalidInputError", "show_config"]
-__version__ = "0.1.0"
 
 
 def show_config(build: bool = True) -> None:

@@ -24,6 +24,7 @@ import torch
 
 from . import _metal_backend
 from ._kernel_catalog import dtype_of, kernels_by_shader
+from ._version import __version__
 
 
 @dataclass
@@ -125,7 +126,6 @@ def _emulator_libraries(build: bool) -> List[Library]:
 
 def report(build: bool = True) -> Report:
     """The findings; ``build=False`` skips building the shader libraries."""
-    from . import __version__
     metal = _metal_section()
     on_metal = bool(metal["available"])
     backend = ("metal kernels, falling back per op where a kernel does not build (see the "

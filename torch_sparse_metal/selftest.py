@@ -34,6 +34,7 @@ import torch
 
 from . import _metal_backend
 from ._kernel_catalog import kernels_by_shader
+from ._version import __version__
 from .metal import record
 
 Tensors = Sequence[Optional[torch.Tensor]]
@@ -402,7 +403,6 @@ def benchmark(m: Machine, quick: bool) -> List[Tuple[str, float, Optional[float]
 
 # ---- the report ----------------------------------------------------------------------------
 def environment(m: Machine) -> Dict[str, str]:
-    from . import __version__
     env = {"torch_sparse_metal": __version__, "torch": torch.__version__,
            "Python": platform.python_version(), "OS": platform.platform(),
            "backend": f"{m.backend} ({m.device})"}

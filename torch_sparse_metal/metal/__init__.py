@@ -8,7 +8,7 @@
 Tensors bind to ``[[buffer(i)]]`` in argument order; Python numbers are converted to the
 parameter's declared type; ``threads`` is the grid in threads (dispatchThreads semantics:
 edge threadgroups are smaller); ``threadgroup_memory`` gives the byte length of each
-``[[threadgroup(n)]]`` parameter. See the README for the semantics reproduced.
+``[[threadgroup(n)]]`` parameter. docs/emulator.md lists the semantics reproduced.
 
 ``compile_shader(src, sanitize=True)`` builds a checked variant: out-of-bounds accesses,
 races and divergent barriers raise :class:`KernelFault` with ``kind`` naming the fault.
@@ -46,7 +46,7 @@ import functools
 import os
 import threading
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Dict, Mapping, Optional, Sequence, Union
 
 from . import _cache, _compiler, _library, _record
 from ._compiler import compile_file, compile_source

@@ -362,7 +362,7 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
                  function_constants: FunctionConstantValues = {}) -> CompiledLibrary:
     """Compile the MSL file at ``path`` (quoted includes resolve next to it and in ``include_dirs``).
 
-    ``sanitize`` builds the checked variant (see the sanitizer in the README);
+    ``sanitize`` builds the checked variant (docs/sanitizer.md);
     ``language_version`` ("3.0" ... "4.0") sets ``__METAL_VERSION__`` and the rules checked;
     ``function_constants`` gives ``[[function_constant(n)]]`` values by name or index.
     """

@@ -360,7 +360,6 @@ class _GroupFunction(_GroupPlan):
 
     def probes(self, fine) -> Tuple[List[str], Dict[int, str]]:
         """Type probes, one per block that declares slot variables, and each slot's type."""
-        k = self.k
         scopes: Dict[int, Tuple[object, List[_Frame]]] = {}
         for f in self.frames:
             at = self.span(f.scope)[0]
