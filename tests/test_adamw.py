@@ -103,7 +103,7 @@ def test_one_dispatch_per_step_and_grad_norms(emulator):
     g = torch.Generator().manual_seed(1)
     for _ in range(2):   # twice: the norms' double buffer flips
         train_step_grads(model, g)
-        with tsm.metal.record() as launches:
+        with tsm.record() as launches:
             opt.step()
         assert [l.kernel for l in launches] == ["adamw_step_float"]
         expected = torch.stack([p.grad.norm() for p in model.parameters()])
@@ -151,7 +151,7 @@ def test_reference_backend_matches():
     ref = copy.deepcopy(model)
     opt, ref_opt = AdamW(model.parameters(), lr=1e-2, amsgrad=True), \
         torch.optim.AdamW(ref.parameters(), lr=1e-2, amsgrad=True)
-    with tsm.use_backend("reference"), tsm.metal.record() as launches:
+    with tsm.use_backend("reference"), tsm.record() as launches:
         train(model, opt, ref, ref_opt, 3, torch.float64)
     assert launches == []
     for p, q in zip(model.parameters(), ref.parameters()):
@@ -179,7 +179,7 @@ def test_errors(emulator):
 
 def test_every_kernel_name_exists_in_the_library():
     from torch_sparse_metal.optim import adamw
-    names = set(tsm.metal.load_shader_file("adamw.metal").kernel_names)
+    names = set(tsm.emulator.load_shader_file("adamw.metal").kernel_names)
     assert set(adamw.kernel_names("emulator")) | set(adamw.kernel_names("metal")) <= names
 
 

@@ -5,7 +5,7 @@ import math
 
 from torch_sparse_metal.bench import __main__ as bench_cli
 from torch_sparse_metal.bench import sanitizer
-from torch_sparse_metal.metal import record
+from torch_sparse_metal.emulator import record
 
 
 def test_sanitizer_benchmark_rows():

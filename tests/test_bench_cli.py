@@ -7,7 +7,7 @@ import re
 import pytest
 
 from torch_sparse_metal.bench import __main__ as bench_cli
-from torch_sparse_metal.metal import record
+from torch_sparse_metal.emulator import record
 
 
 @pytest.mark.parametrize("argv, message", [

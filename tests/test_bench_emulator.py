@@ -13,7 +13,7 @@ import pytest
 from torch_sparse_metal.bench import __main__ as bench_cli
 from torch_sparse_metal.bench import emulator as eb
 from torch_sparse_metal.bench.pocl import find_pocl
-from torch_sparse_metal.metal import record
+from torch_sparse_metal.emulator import record
 
 NOT_INSTALLED = "not installed (faked by the test)"
 

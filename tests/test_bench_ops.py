@@ -5,7 +5,7 @@ import pytest
 
 from torch_sparse_metal.bench import __main__ as bench_cli
 from torch_sparse_metal.bench import ops
-from torch_sparse_metal.metal import record
+from torch_sparse_metal.emulator import record
 
 
 def test_rows_time_every_style_with_and_without_the_kernel():

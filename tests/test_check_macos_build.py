@@ -212,18 +212,18 @@ def test_release_specs_pick_the_newest_cached_patch(tool, tmp_path):
         tool.torch_wheel("latest", tmp_path)
 
 
-def _torch_lower_bound(text: str, pattern: str) -> str:
+def _torch_range(text: str, pattern: str) -> str:
     found = re.findall(pattern, text, re.M)
     assert len(found) == 1, found
     return found[0]
 
 
-def test_requirements_and_setup_admit_the_same_torch_on_a_mac():
-    """The releases check_macos_build compiled the launcher against start at this bound."""
-    requirements = _torch_lower_bound((REPO / "requirements.txt").read_text(),
-                                      r'^torch>=([\d.]+);\s*sys_platform != "linux"$')
-    setup = _torch_lower_bound((REPO / "setup.py").read_text(), r'"torch>=([\d.]+)"')
-    assert requirements == setup
+def test_requirements_and_pyproject_admit_the_same_torch_on_a_mac():
+    """The releases check_macos_build compiled the launcher against: one range, said twice."""
+    requirements = _torch_range((REPO / "requirements.txt").read_text(),
+                                r'^torch(>=[\d.]+,<[\d.]+);\s*sys_platform != "linux"$')
+    pyproject = _torch_range((REPO / "pyproject.toml").read_text(), r'"torch(>=[\d.]+,<[\d.]+)"')
+    assert requirements == pyproject
 
 
 def test_missing_tools_are_named(tool):
@@ -255,11 +255,14 @@ class TestAgainstTheSdk:
     def test_everything_compiles_and_links(self):
         self._check()
 
-    def test_the_oldest_torch_admitted_on_a_mac_compiles_and_links(self):
-        oldest = _torch_lower_bound((REPO / "requirements.txt").read_text(),
-                                    r'^torch>=([\d.]+);\s*sys_platform != "linux"$')
-        out = self._check("--launcher-only", "--torch-versions", oldest)
-        assert re.search(rf"^torch {re.escape(oldest)}\.\d+ \(-std=c\+\+\d+\): launcher "
+    @pytest.mark.parametrize("end", ["oldest", "newest"])
+    def test_both_ends_of_the_torch_range_admitted_on_a_mac_compile_and_link(self, end):
+        low, major, minor = re.fullmatch(r">=([\d.]+),<(\d+)\.(\d+)", _torch_range(
+            (REPO / "requirements.txt").read_text(),
+            r'^torch(>=[\d.]+,<[\d.]+);\s*sys_platform != "linux"$')).groups()
+        version = low if end == "oldest" else f"{major}.{int(minor) - 1}"
+        out = self._check("--launcher-only", "--torch-versions", version)
+        assert re.search(rf"^torch {re.escape(version)}\.\d+ \(-std=c\+\+\d+\): launcher "
                          r"compiled for arm64-apple-macos14, x86_64-apple-macos11; link check "
                          r"passed", out, re.M), out
 

@@ -66,7 +66,7 @@ def data(batch=9, features=12, classes=5, seed=1, dtype=torch.float32):
 def run(module, x, labels):
     """Loss, gradients of the parameters, and the kernels launched (forward and backward)."""
     module.zero_grad()
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         loss = module(x, labels)
         loss.backward()
     grads = [p.grad.clone() for p in module.parameters()]
@@ -133,7 +133,7 @@ def test_compiled_training_step_takes_at_most_2L_plus_2_dispatches(widths):
         for _ in range(3):
             for module, optimizer in ((compiled, opt), (WithLoss(eager_model), eager_opt)):
                 optimizer.zero_grad()
-                with tsm.metal.record() as launches:
+                with tsm.record() as launches:
                     module(x, labels).backward()
                     optimizer.step()
                 assert [l.kernel for l in launches] == (

@@ -80,9 +80,9 @@ def test_gradcheck_float64(emulator):
 def test_one_dispatch_loss_and_gradient(emulator):
     logits = torch.randn(70, 10, requires_grad=True)
     labels = torch.randint(0, 10, (70,))
-    with tsm.metal.record() as forward:
+    with tsm.record() as forward:
         loss = tsmF.cross_entropy(logits, labels)
-    with tsm.metal.record() as backward:
+    with tsm.record() as backward:
         (loss * 3).backward()   # any upstream gradient: scaled by a torch multiply
     assert [(l.kernel, l.threads, l.group_size) for l in forward] == [
         ("cross_entropy_forward_float", (96, 1, 1), (96, 1, 1))]
@@ -123,7 +123,7 @@ def test_bad_labels_are_nan_and_flagged_without_a_read_back(emulator, labels, ma
 
 @pytest.mark.parametrize("labels,match", BAD_LABELS, ids=["3", "-1"])
 def test_bad_labels_raise_before_the_kernel_in_strict_mode(emulator, labels, match):
-    with tsm.check_invariants(), tsm.metal.record() as launches, \
+    with tsm.check_invariants(), tsm.record() as launches, \
             pytest.raises(ValueError, match="^cross_entropy: .*" + match):
         tsmF.cross_entropy(torch.randn(3, 3), labels)
     assert launches == []
@@ -143,7 +143,7 @@ BAD = [
 def test_bad_input(emulator, change, match):
     args = dict(logits=torch.randn(3, 3), labels=torch.tensor([0, 2, 1]))
     args.update(change)
-    with tsm.metal.record() as launches, pytest.raises(ValueError,
+    with tsm.record() as launches, pytest.raises(ValueError,
                                                        match="^cross_entropy: .*" + match):
         tsmF.cross_entropy(**args)
     assert launches == []
@@ -152,14 +152,14 @@ def test_bad_input(emulator, change, match):
 def test_reference_backend_is_torch():
     logits = torch.randn(5, 3, dtype=torch.float16)
     labels = torch.tensor([0, 1, 2, 1, 0])
-    with tsm.use_backend("reference"), tsm.metal.record() as launches:
+    with tsm.use_backend("reference"), tsm.record() as launches:
         loss = tsmF.cross_entropy(logits, labels)
     assert launches == []
     torch.testing.assert_close(loss, F.cross_entropy(logits, labels))
 
 
 def test_every_kernel_name_exists_in_the_library():
-    names = set(tsm.metal.load_shader_file("cross_entropy.metal").kernel_names)
+    names = set(tsm.emulator.load_shader_file("cross_entropy.metal").kernel_names)
     assert set(tsmF.kernel_names("emulator")) | set(tsmF.kernel_names("metal")) <= names
 
 
@@ -178,7 +178,7 @@ UNSUPPORTED = [
 def test_torch_options_other_than_the_defaults_raise(backend, kwargs, match):
     # torch's keywords are accepted (not a bare TypeError) and name the op and the limit.
     logits, labels = torch.randn(3, 3), torch.tensor([0, 2, 1])
-    with tsm.use_backend(backend), tsm.metal.record() as launches, \
+    with tsm.use_backend(backend), tsm.record() as launches, \
             pytest.raises(ValueError, match="^cross_entropy: " + match):
         tsmF.cross_entropy(logits, labels, **kwargs)
     assert launches == []

@@ -154,7 +154,7 @@ def test_the_dispatcher_picks_the_emulator_for_cpu_tensors():
     """The kernel backends are chosen by device: CPU tensors run the emulator, whatever
     use_backend says (the public functions decide whether to call an op at all)."""
     a, b = torch.randn(3, 4), torch.randn(4, 2)
-    with tsm.use_backend("reference"), tsm.metal.record() as launches:
+    with tsm.use_backend("reference"), tsm.record() as launches:
         out = OPS.mm(a, b, None)
     assert [(l.kernel, l.backend) for l in launches] == [("matmul_naive_nn_float", "emulator")]
     torch.testing.assert_close(out, a @ b)

@@ -18,7 +18,7 @@ import torch_sparse_metal._metal_backend as mb
 from torch_sparse_metal import _backend
 from torch_sparse_metal._kernel_names import library_kernels
 from torch_sparse_metal.ops.sparse_linear import KERNELS as SPARSE_LINEAR_KERNELS
-from torch_sparse_metal.metal import MetalCompileError
+from torch_sparse_metal.emulator import MetalCompileError
 
 COMPILER_LOG = ('matmul_naive.metal:21:7: error: use of undeclared identifier '
                 '\'simdgroup_fancy\'\n  simdgroup_fancy(x);\n  ^')
@@ -230,5 +230,5 @@ def test_each_dtype_is_a_library_of_its_own():
     assert mb.library_source("matmul_naive.metal", "matmul_naive_nn_float") is float_source
     assert mb.library_source("bench/noop.metal", "noop") == tsm._shaders.shader_source(
         "bench/noop.metal")
-    names = tsm.metal.compile_shader(half_source).kernel_names
+    names = tsm.emulator.compile_shader(half_source).kernel_names
     assert sorted(names) == [f"matmul_naive_{v}_half" for v in ("nn", "nt", "tn", "tt")]

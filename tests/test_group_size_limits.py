@@ -13,8 +13,8 @@ import torch
 import torch_sparse_metal as tsm
 from torch_sparse_metal import _launch
 from torch_sparse_metal import _metal_backend
-from torch_sparse_metal.metal import LaunchError, record
-from torch_sparse_metal.metal._library import Kernel
+from torch_sparse_metal.emulator import LaunchError, record
+from torch_sparse_metal.emulator._library import Kernel
 from torch_sparse_metal.ops import matmul as mmops
 
 
@@ -43,7 +43,7 @@ def test_the_metal_limit_is_the_pipelines(monkeypatch):
 def test_a_faked_limit_is_enforced_by_the_emulator(pipeline_limit):
     """So a test below fails if an op ignores the limit."""
     pipeline_limit(256)
-    lib = tsm.metal.load_shader_file("matmul_tiled.metal")
+    lib = tsm.emulator.load_shader_file("matmul_tiled.metal")
     a = torch.zeros(4)
     with pytest.raises(LaunchError, match=r"has 1024 threads; a Metal threadgroup holds 1 to 256"):
         lib.matmul_tiled_nn_float(*([a] * 5), *[np.uint32(1)] * 8, np.float32(1),

@@ -224,7 +224,7 @@ def test_device_ops_whose_size_the_host_knows_are_not_syncs():
 
 def test_the_emulator_is_the_device_not_the_host():
     """The emulator binds a NumPy table through torch.from_numpy: that is the GPU's side."""
-    lib = tsm.metal.compile_shader("""
+    lib = tsm.emulator.compile_shader("""
         #include <metal_stdlib>
         using namespace metal;
         kernel void twice(constant float* table [[buffer(0)]], device float* out [[buffer(1)]],

@@ -3,7 +3,7 @@
 No module of torch_sparse_metal imports itself through others (but the circles WAIVED
 names), counting imports inside functions: they only hide a circle from Python at import
 time, not from a reader. And the emulator's translator keeps its layers: a module of
-torch_sparse_metal/metal/ imports only modules of its own layer or of layers before it.
+torch_sparse_metal/emulator/ imports only modules of its own layer or of layers before it.
 The layers, bottom first, are the bullets of the metal package's docstring; each module's
 docstring names its own (``Layer: parse``). One that names none is of the top layer; every
 module the compiler reaches names its own.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
 PACKAGE = Path(__file__).resolve().parents[1] / "torch_sparse_metal"
-METAL = "torch_sparse_metal.metal"
+METAL = "torch_sparse_metal.emulator"
 # Circles the test lets stand, each with what keeps it, until its module's owner breaks it;
 # one that is gone fails the test too, so that its waiver goes with it.
 WAIVED: Dict[frozenset, str] = {}

@@ -18,7 +18,7 @@ from torch import nn
 import torch_sparse_metal as tsm
 from torch_sparse_metal._paths import SHADERS_DIR
 from torch_sparse_metal.cluster import NotFittedError
-from torch_sparse_metal.metal import compile_shader, load_shader_file, record
+from torch_sparse_metal.emulator import compile_shader, load_shader_file, record
 from torch_sparse_metal.ops import kmeans as K
 from torch_sparse_metal.reference import kmeans as R
 
@@ -720,7 +720,7 @@ def test_unconvertible_numpy_input_names_the_method(emulator, method):
 def test_too_many_clusters_fail_before_any_kernel_runs(emulator, k, dtype, method):
     x = torch.randn(k + 10, 2, dtype=dtype)
     km = tsm.KMeans(k, n_init=1, max_iter=1, seed=0)
-    with tsm.metal.record() as launches, pytest.raises(
+    with tsm.record() as launches, pytest.raises(
             ValueError, match=rf"^KMeans\.{method}: n_clusters = {k} is too many for the kernels' "
                               r"threadgroup partial sums \(32 KB\); use backend 'reference'$"):
         getattr(km, method)(x)
@@ -730,7 +730,7 @@ def test_too_many_clusters_fail_before_any_kernel_runs(emulator, k, dtype, metho
 def test_too_many_clusters_for_a_fitted_model_fail_before_any_kernel_runs(emulator):
     km = tsm.KMeans(4200)
     km.load_state_dict({"cluster_centers_": torch.randn(4200, 2)})
-    with tsm.metal.record() as launches, pytest.raises(ValueError, match="^KMeans.partial_fit: "
+    with tsm.record() as launches, pytest.raises(ValueError, match="^KMeans.partial_fit: "
                                                                         "n_clusters = 4200"):
         km.partial_fit(torch.randn(8, 2))
     assert launches == []
@@ -751,7 +751,7 @@ def test_auto_accumulation_follows_torch_deterministic_mode(emulator):
     x, labels = torch.randn(64, 3), torch.randint(0, 4, (64,), dtype=torch.int32)
 
     def accumulate_kernels():
-        with tsm.metal.record() as launches:
+        with tsm.record() as launches:
             K.accumulate(x, labels, 4, mode="auto")
         return {l.kernel.rsplit("_", 1)[0] for l in launches}
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_sparse_metal as tsm
-from torch_sparse_metal.metal import coalescing_efficiency, instrumented, record
+from torch_sparse_metal.emulator import coalescing_efficiency, instrumented, record
 from torch_sparse_metal.ops import kmeans as K
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_sparse_metal as tsm
-from torch_sparse_metal.metal import instrumented, load_shader_file, record
+from torch_sparse_metal.emulator import instrumented, load_shader_file, record
 from torch_sparse_metal.ops import matmul as mmops
 from torch_sparse_metal.reference.matmul import addmm_reference
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torch_sparse_metal as tsm
-from torch_sparse_metal.metal import coalescing_efficiency, instrumented, record
+from torch_sparse_metal.emulator import coalescing_efficiency, instrumented, record
 
 TILE = {"simdgroup": 64, "register": 64, "shuffle": 32}  # rows and columns of C sharing loads
 

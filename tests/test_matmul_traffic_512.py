@@ -4,7 +4,7 @@ instrumented naive kernel's 268M loads)."""
 import torch
 
 import torch_sparse_metal as tsm
-from torch_sparse_metal.metal import instrumented, record
+from torch_sparse_metal.emulator import instrumented, record
 
 
 def _traffic(rung: str, a: torch.Tensor, b: torch.Tensor) -> int:

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import torch_sparse_metal._metal_backend as mb
-from torch_sparse_metal.metal._record import record
-from torch_sparse_metal.metal import LaunchError
+from torch_sparse_metal._record import record
+from torch_sparse_metal.emulator import LaunchError
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = REPO / "csrc" / "metal" / "launcher.mm"
@@ -159,8 +159,8 @@ _METAL_TYPES = {("f", 4): 3, ("h", 2): 16, ("b", 2): 121, ("i", 1): 45, ("i", 2)
 def reflection_of(source: str, kernel: str, **overrides) -> dict:
     """What the extension's pipeline_info() returns for ``kernel``, built from the
     emulator's parse of ``source``."""
-    from torch_sparse_metal.metal import compile_shader
-    from torch_sparse_metal.metal._rewrite import P_BUFFER, P_THREADGROUP
+    from torch_sparse_metal.emulator import compile_shader
+    from torch_sparse_metal.emulator._rewrite import P_BUFFER, P_THREADGROUP
     params = compile_shader(source)[kernel].params
     info = {"buffers": [(p.index, p.name, p.size, _METAL_TYPES.get((p.scalar, p.size), 1))
                         for p in params if p.kind == P_BUFFER],
@@ -351,7 +351,7 @@ def _args_for(case_args, device_tensor):
 def test_bind_checks_are_the_emulators(fake_ext, kernel, args, kwargs, match):
     """The same bad launch raises the same LaunchError (a ValueError) on both backends,
     naming the kernel and the argument."""
-    from torch_sparse_metal.metal import LaunchError, compile_shader
+    from torch_sparse_metal.emulator import LaunchError, compile_shader
     launch = dict(threads=4, group_size=4)
     launch.update(kwargs)
     with pytest.raises(LaunchError, match=match):
@@ -401,7 +401,7 @@ def test_an_unused_binding_takes_any_scalar_or_tensor(monkeypatch):
     assert [call[2][1] for call in ext.calls] == [np.int32(3).tobytes(), other]
     with pytest.raises(ValueError, match=r"^skip: expected 3 arguments"):  # its slot stays
         mb.dispatch("s.metal", "skip", [x, np.float32(2)], threads=4, group_size=4)
-    from torch_sparse_metal.metal import LaunchError, compile_shader
+    from torch_sparse_metal.emulator import LaunchError, compile_shader
     with pytest.raises(LaunchError, match=r"argument 1 .*got a NumPy int32 \(4 bytes\), the "
                                           r"kernel declares signed integer of 8 bytes$"):
         compile_shader(UNUSED_SHADER).skip(torch.zeros(4), np.int32(3), np.float32(2),
@@ -409,7 +409,7 @@ def test_an_unused_binding_takes_any_scalar_or_tensor(monkeypatch):
 
 
 def test_a_used_binding_is_still_checked(monkeypatch):
-    from torch_sparse_metal.metal import LaunchError
+    from torch_sparse_metal.emulator import LaunchError
     for reflection in (unused_reflection(1), unused_reflection()):
         _install(monkeypatch, FakeExtension({"skip": reflection}))
         x = torch.zeros(4).as_subclass(PretendMps)
@@ -470,7 +470,7 @@ def test_a_simd_width_other_than_32_is_refused(monkeypatch):
 
 
 def test_unknown_kernel_is_the_same_error_on_both_backends(fake_ext):
-    from torch_sparse_metal.metal import LaunchError, UnknownKernelError, compile_shader
+    from torch_sparse_metal.emulator import LaunchError, UnknownKernelError, compile_shader
     with pytest.raises(UnknownKernelError, match=r"no kernel named 'nope' in s.metal; kernels: "
                                                  r"kern, pair, scratch, split_copy$") as metal:
         mb.dispatch("s.metal", "nope", [], threads=1, group_size=1)
@@ -488,7 +488,7 @@ def test_a_metal_compile_error_names_the_shader_file_and_line(monkeypatch):
     """Apple's compiler names files and lines through the #line markers of shader_source;
     the error is the emulator's MetalCompileError, pointing at the line's text."""
     from torch_sparse_metal._paths import SHADERS_DIR
-    from torch_sparse_metal.metal import MetalCompileError
+    from torch_sparse_metal.emulator import MetalCompileError
     header = (SHADERS_DIR / "matmul.h").read_text().splitlines()
     line = next(i for i, text in enumerate(header, 1) if "struct tsm_mm_acc" in text)
     log = (f"matmul.h:{line}:8: error: redefinition of 'tsm_mm_acc'\n"
@@ -507,7 +507,7 @@ def test_a_metal_compile_error_names_the_shader_file_and_line(monkeypatch):
 
 
 def test_a_compile_error_without_a_location_keeps_the_whole_log(monkeypatch):
-    from torch_sparse_metal.metal import MetalCompileError
+    from torch_sparse_metal.emulator import MetalCompileError
     _install(monkeypatch, FakeExtension(compile_log="Compiler encountered an internal error"))
     with pytest.raises(MetalCompileError, match=r"^compiling x.metal for Metal \(MSL 3.2\) "
                                                 r"failed:\nCompiler encountered an internal "
@@ -549,7 +549,7 @@ def test_project_shaders_flatten_with_paths_relative_to_shaders():
 def test_a_flattened_shader_is_the_same_program_for_the_emulator():
     """The string the Metal launcher compiles, given to the emulator: the same kernels."""
     from torch_sparse_metal import _shaders
-    from torch_sparse_metal.metal import compile_shader, load_shader_file
+    from torch_sparse_metal.emulator import compile_shader, load_shader_file
     flat = _shaders.shader_source("cross_entropy.metal")
     assert compile_shader(flat).kernel_names == load_shader_file("cross_entropy.metal").kernel_names
 
@@ -889,7 +889,7 @@ class TestOnTheGpu:
         assert torch.equal(y.cpu(), torch.full((4,), 7.0))
 
     def test_unknown_kernel(self, inline_shader):
-        from torch_sparse_metal.metal import UnknownKernelError
+        from torch_sparse_metal.emulator import UnknownKernelError
         with pytest.raises(UnknownKernelError, match="no kernel named 'nope'.*axpb"):
             inline_shader(INLINE_SHADER_NAME, "nope", [], threads=1, group_size=1,
                           backend="metal")
@@ -916,7 +916,7 @@ class TestOnTheGpu:
         assert [(p.index, p.name) for p in scratch.values()] == [(0, "scratch")]
 
     def test_a_scalar_of_the_wrong_type_is_the_emulators_error(self, inline_shader):
-        from torch_sparse_metal.metal import LaunchError
+        from torch_sparse_metal.emulator import LaunchError
         x = torch.zeros(4, device="mps")
         with pytest.raises(LaunchError, match=r"^axpb: argument 3 .*got a NumPy int32 \(4 bytes\), "
                                               "the kernel declares unsigned integer"):
@@ -933,7 +933,7 @@ class TestOnTheGpu:
         assert torch.equal(y.cpu(), torch.full((256,), 4.0))
 
     def test_compile_error_names_the_line(self, monkeypatch):
-        from torch_sparse_metal.metal import MetalCompileError
+        from torch_sparse_metal.emulator import MetalCompileError
         monkeypatch.setattr(mb, "shader_source", lambda name: '#line 1 "broken.metal"\n'
                             "#include <metal_stdlib>\nkernel void broken( { }\n")
         mb.kernel_info.cache_clear()
@@ -1005,7 +1005,7 @@ def test_float_atomics_requirement_names_the_op(monkeypatch):
 def test_inline_shader_expectations_on_the_emulator():
     """The GPU tests' shader and oracles, checked here: the same source through the
     emulator (what needs the Apple GPU, the extension and the MPS stream, stays skipped)."""
-    from torch_sparse_metal.metal import compile_shader
+    from torch_sparse_metal.emulator import compile_shader
     lib = compile_shader(INLINE_SHADER)
     n = 1000
     base_x, base_y = torch.randn(n + 5), torch.zeros(n + 3)

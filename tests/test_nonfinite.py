@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import torch_sparse_metal as tsm
 from torch_sparse_metal._activations import ACTIVATION_CODES
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.emulator import compile_shader
 from torch_sparse_metal.nn import functional as tsmF
 from torch_sparse_metal.ops import kmeans as K
 from torch_sparse_metal.ops.matmul import KERNELS

@@ -4,7 +4,7 @@ emulator under each. The rest of the suite runs them built with the default vers
 import pytest
 
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import LAUNCHER_LANGUAGE_VERSIONS, _compiler
+from torch_sparse_metal.emulator import LAUNCHER_LANGUAGE_VERSIONS, _compiler
 
 SHADERS = sorted(p.relative_to(SHADERS_DIR).as_posix() for p in SHADERS_DIR.rglob("*.metal"))
 

@@ -171,7 +171,7 @@ def test_only_needed_gradients(emulator, needs):
     indptr, indices = make_pattern([[0, 2], [], [1, 2, 2]])
     x, values, bias, grad = make_tensors((4,), 3, indptr, indices, True, torch.float64, 3)
     inputs = [t.clone().requires_grad_(bool(n)) for t, n in zip((x, values, bias), needs)]
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         y = tsm.sparse_linear(inputs[0], indptr, indices, inputs[1], inputs[2])
         y.backward(grad)
     assert [l.kernel for l in launches] == ["sparse_linear_forward_batch_lanes_double",
@@ -212,9 +212,9 @@ def test_one_dispatch_forward_and_backward(emulator):
     indptr, indices = make_pattern(rows)
     x, values, bias, grad = make_tensors((7,), 5, indptr, indices, True, torch.float32, 0)
     x, values, bias = leaves(x, values, bias)
-    with tsm.metal.record() as forward:
+    with tsm.record() as forward:
         y = tsm.sparse_linear(x, indptr, indices, values, bias)
-    with tsm.metal.record() as backward:
+    with tsm.record() as backward:
         y.backward(grad)
     # A batch of 7 runs the batch-lanes kernels: a SIMD-group of 32 per row (per slot).
     assert [(l.kernel, l.threads, l.group_size, l.backend) for l in forward] == [
@@ -229,7 +229,7 @@ def test_backward_without_bias_grid_covers_sources(emulator):
     x, values, _, grad = make_tensors((3,), 5, indptr, indices, False, torch.float32, 0)
     x, values, _ = leaves(x, values, None)
     y = tsm.sparse_linear(x, indptr, indices, values)
-    with tsm.metal.record() as backward:
+    with tsm.record() as backward:
         y.backward(grad)
     assert [l.threads for l in backward] == [(5 * 32, 1, 1)]  # a SIMD-group per source
 
@@ -245,7 +245,7 @@ def test_empty_problems_launch_nothing(emulator, rows, in_f, batch):
     x, values, bias, grad = make_tensors((batch,), in_f, indptr, indices, True,
                                          torch.float32, 0)
     x, values, bias = leaves(x, values, bias)
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         y = tsm.sparse_linear(x, indptr, indices, values, bias)
         y.backward(grad)
     assert launches == []
@@ -262,7 +262,7 @@ def test_backward_uses_the_forward_backend():
     x, values, bias = leaves(x, values, bias)
     with tsm.use_backend("emulator"):
         y = tsm.sparse_linear(x, indptr, indices, values, bias)
-    with tsm.use_backend("reference"), tsm.metal.record() as launches:
+    with tsm.use_backend("reference"), tsm.record() as launches:
         y.backward(grad)
     assert [l.kernel for l in launches] == ["sparse_linear_backward_double"]
 
@@ -270,7 +270,7 @@ def test_backward_uses_the_forward_backend():
 def test_reference_backend_runs_no_kernel():
     indptr, indices = make_pattern([[0, 1], [1]])
     x, values, bias, _ = make_tensors((2,), 2, indptr, indices, True, torch.float16, 0)
-    with tsm.use_backend("reference"), tsm.metal.record() as launches:
+    with tsm.use_backend("reference"), tsm.record() as launches:
         y = tsm.sparse_linear(x, indptr, indices, values, bias)  # any floating dtype
     assert launches == []
     expected = sparse_linear_reference(x.float(), indptr, indices, values.float(), bias.float())
@@ -379,7 +379,7 @@ BAD_CALLS = [
 @pytest.mark.parametrize("args,match", BAD_CALLS,
                          ids=[m.split(" ")[0] + f"-{i}" for i, (_, m) in enumerate(BAD_CALLS)])
 def test_validation_errors(emulator, args, match):
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         with pytest.raises(ValueError, match=r"^sparse_linear: .*" + match):
             tsm.sparse_linear(**args)
     assert launches == []
@@ -388,7 +388,7 @@ def test_validation_errors(emulator, args, match):
 def test_good_call_passes_validation(emulator):
     # The control for the bad calls above: the same call, unchanged, runs the kernel.
     args = _good()
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         y = tsm.sparse_linear(**args)
     assert [l.kernel for l in launches] == ["sparse_linear_forward_batch_lanes_float"]
     v = args["values"]
@@ -431,7 +431,7 @@ def test_grid_past_32_bits_is_refused(emulator):
 
 
 def test_every_kernel_name_exists_in_the_library():
-    library = tsm.metal.load_shader_file("sparse_linear.metal")
+    library = tsm.emulator.load_shader_file("sparse_linear.metal")
     names = set(library.kernel_names)
     assert set(sl_module.kernel_names("emulator")) <= names
     assert set(sl_module.kernel_names("metal")) <= names

@@ -87,7 +87,7 @@ def test_gradcheck_float64(emulator, activation):
 def test_one_dispatch_each_way(emulator, activation):
     indptr, indices, x, values, bias, grad = problem(torch.float32)
     leaves = [t.requires_grad_() for t in (x, values, bias)]
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         y = tsm.sparse_linear(*leaves[:1], indptr, indices, *leaves[1:], activation=activation)
         y.backward(grad)
     assert [l.kernel for l in launches] == ["sparse_linear_forward_batch_lanes_float",
@@ -99,7 +99,7 @@ def test_one_dispatch_each_way(emulator, activation):
 def test_empty_problems_apply_the_activation(emulator, activation, rows, batch):
     indptr, indices, x, values, bias, grad = problem(torch.float64, batch=batch, in_f=2,
                                                      rows=rows)
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         got = run(lambda x, v, b: tsm.sparse_linear(x, indptr, indices, v, b,
                                                     activation=activation),
                   x, values, bias, grad)
@@ -121,7 +121,7 @@ def test_no_grad_forward_saves_nothing(emulator):
 
 def test_reference_backend(emulator):
     indptr, indices, x, values, bias, _ = problem(torch.float32)
-    with tsm.use_backend("reference"), tsm.metal.record() as launches:
+    with tsm.use_backend("reference"), tsm.record() as launches:
         y = tsm.sparse_linear(x, indptr, indices, values, bias, activation="tanh")
     assert launches == []
     torch.testing.assert_close(y, torch.tanh(sparse_linear_reference(x, indptr, indices,

@@ -90,7 +90,7 @@ def test_gradcheck_float64_through_the_deterministic_kernel(activation, needs):
         return tsm.sparse_linear(x, indptr, indices, values, bias, activation=activation,
                                  deterministic=True)
 
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         assert torch.autograd.gradcheck(f, inputs)  # nondet_tol = 0: identical reruns
     assert any(l.kernel.startswith(DET_KERNEL) for l in launches)
 
@@ -98,10 +98,10 @@ def test_gradcheck_float64_through_the_deterministic_kernel(activation, needs):
 def test_one_dispatch_each_way_and_no_zero_fills_needed():
     layer, x, upstream = layer_problem(batch=5, in_f=7, out_f=6, density=0.5)
     x.requires_grad_()
-    with tsm.metal.record() as forward:
+    with tsm.record() as forward:
         y = tsm.sparse_linear(x, layer.indptr, layer.indices, layer.weight, layer.bias,
                               deterministic=True)
-    with tsm.metal.record() as backward:
+    with tsm.record() as backward:
         y.backward(upstream)
     # The deterministic backward keeps a lane per element, and so the forward's layout.
     assert [l.kernel for l in forward] == ["sparse_linear_forward_float"]
@@ -115,7 +115,7 @@ def test_torch_deterministic_mode_selects_it_and_the_argument_overrides():
     x.requires_grad_()
 
     def backward_kernel(**kwargs):
-        with tsm.metal.record() as launches:
+        with tsm.record() as launches:
             tsm.sparse_linear(x, layer.indptr, layer.indices, layer.weight, layer.bias,
                               **kwargs).backward(upstream)
         return launches[-1].kernel
@@ -141,7 +141,7 @@ def test_module_option(unsanitized):
     grads = []
     for _ in range(3):
         det.zero_grad()
-        with tsm.metal.record() as launches:
+        with tsm.record() as launches:
             det(x).backward(upstream)
         assert launches[-1].kernel == DET_KERNEL + "_float"
         grads.append((det.weight.grad.clone(), det.bias.grad.clone()))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import torch_sparse_metal as tsm
-from torch_sparse_metal.metal import coalescing_efficiency, instrumented, record
+from torch_sparse_metal.emulator import coalescing_efficiency, instrumented, record
 
 # The module: torch_sparse_metal.ops.sparse_linear, the attribute, is the function.
 ops = importlib.import_module("torch_sparse_metal.ops.sparse_linear")

@@ -151,7 +151,7 @@ def test_dispatches_per_layer(emulator):
     net = torch.nn.Sequential(SparseLinear(8, 16, density=0.5), torch.nn.ReLU(),
                               SparseLinear(16, 3, density=0.5))
     x = torch.randn(5, 8)
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         net(x).sum().backward()
     kernels = [l.kernel for l in launches]
     assert kernels.count("sparse_linear_forward_batch_lanes_float") == 2

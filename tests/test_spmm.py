@@ -33,7 +33,7 @@ def random_sparse(m, k, density, seed=0, dtype=torch.float64):
 def test_matches_scipy(emulator, m, k, n, density):
     matrix, tensor = random_sparse(m, k, density)
     dense = torch.randn(k, n, dtype=torch.float64)
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         out = tsm.spmm(tensor, dense)
     assert out.shape == (m, n) and out.is_contiguous()
     np.testing.assert_allclose(out.numpy(), matrix @ dense.numpy(), rtol=1e-12, atol=1e-12)
@@ -48,7 +48,7 @@ def test_gradients_on_both_sides_match_torch_sparse_mm(emulator):
     ref_a = tensor.detach().clone().requires_grad_()
     ref_b = b.detach().clone().requires_grad_()
     grad = torch.randn(8, 5, dtype=torch.float64)
-    with tsm.metal.record() as launches:
+    with tsm.record() as launches:
         tsm.spmm(a, b).backward(grad)
     assert [l.kernel for l in launches] == ["sparse_linear_forward_batch_lanes_double",
                                             "sparse_linear_backward_batch_lanes_double"]
@@ -108,6 +108,6 @@ def test_reference_backend_and_float32():
 ])
 def test_errors_name_spmm(emulator, sparse, dense, error, match):
     _, tensor = random_sparse(6, 4, 0.5)
-    with tsm.metal.record() as launches, pytest.raises(error, match=match):
+    with tsm.record() as launches, pytest.raises(error, match=match):
         tsm.spmm(sparse(tensor), dense)
     assert launches == []

@@ -30,7 +30,7 @@ def sparse_mlp(widths, activation="relu", seed=0, dtype=torch.float32):
 def test_training_step_takes_at_most_2L_plus_2_dispatches(emulator, widths):
     """Forward, loss, backward and optimizer step of an L-layer sparse MLP: 2L + 2 launches.
 
-    What ``tsm.metal.record()`` counts: the package's kernel launches (here on the
+    What ``tsm.record()`` counts: the package's kernel launches (here on the
     emulator; on a Mac, the dispatches encoded into torch's MPS stream): L fused forward
     kernels (activation inside), one fused softmax-cross-entropy kernel (loss and d loss /
     d logits together), L fused backward kernels (grad_input, grad_values, grad_bias and
@@ -52,7 +52,7 @@ def test_training_step_takes_at_most_2L_plus_2_dispatches(emulator, widths):
     y = torch.randint(0, widths[-1], (32,))
     for step in range(2):   # the first step also creates the optimizer state
         opt.zero_grad()
-        with tsm.metal.record() as launches:
+        with tsm.record() as launches:
             loss = tsm.nn.functional.cross_entropy(model(x), y)
             loss.backward()
             opt.step()

@@ -543,8 +543,8 @@ def first_problems(log: str, limit: int = 6) -> str:
 def emulator_units(clang: str, sdk: Path, work: Path) -> List[Unit]:
     """The runtime's sources and every shader's generated C++, plain and sanitized."""
     sys.path.insert(0, str(REPO))
-    from torch_sparse_metal.metal import _compiler
-    from torch_sparse_metal.metal._errors import MetalCompileError
+    from torch_sparse_metal.emulator import _compiler
+    from torch_sparse_metal.errors import MetalCompileError
 
     # The emulator's own flags, probed for this compiler and target (as on a Mac).
     command = [clang, "-target", EMULATOR_TARGET, "-isysroot", str(sdk)]

@@ -24,8 +24,8 @@ from typing import List, Optional, Sequence, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from torch_sparse_metal.metal import LANGUAGE_VERSIONS, MetalCompileError  # noqa: E402
-from torch_sparse_metal.metal import _compiler, _frontend  # noqa: E402
+from torch_sparse_metal.emulator import LANGUAGE_VERSIONS, MetalCompileError  # noqa: E402
+from torch_sparse_metal.emulator import _compiler, _frontend  # noqa: E402
 
 
 def first_error(error: MetalCompileError) -> str:

@@ -1,10 +1,11 @@
 """torch_sparse_metal: hand-written Metal kernels for PyTorch on Apple GPUs.
 
 Every kernel lives once, in ``shaders/*.metal``; it runs on the GPU for MPS tensors and
-through the package's Metal emulator for CPU tensors (see :mod:`torch_sparse_metal.metal`).
+through the package's Metal emulator for CPU tensors (see :mod:`torch_sparse_metal.emulator`).
 """
 from ._version import __version__ as __version__  # the package's public version
-from . import metal
+from . import emulator
+from ._record import record
 from . import syncs
 from ._backend import get_backend, use_backend
 from .checks import InvalidInputError, check_errors, check_invariants
@@ -17,7 +18,7 @@ from . import nn
 from .cluster import KMeans
 from . import optim
 
-__all__ = ["metal", "use_backend", "get_backend", "metal_available", "sparse_linear", "nn",
+__all__ = ["emulator", "record", "use_backend", "get_backend", "metal_available", "sparse_linear", "nn",
            "optim", "KMeans"]
 __all__ += ["mm", "addmm", "spmm", "formats", "syncs", "check_errors", "check_invariants",
             "InvalidInputError", "show_config"]

@@ -133,7 +133,7 @@ def kernels_or_reference(op: str, backend: str, on_kernels: Callable[[], T],
     if backend != "metal" or _current_name() != "auto":
         return on_kernels()
     from ._metal_backend import MetalDispatchError, MetalPipelineError
-    from .metal import LaunchError, MetalCompileError
+    from .emulator import LaunchError, MetalCompileError
     try:
         return on_kernels()
     except (MetalDispatchError, MetalPipelineError, MetalCompileError, LaunchError) as error:

@@ -4,7 +4,7 @@ Op host code validates, allocates and computes the grid once, then calls :func:`
 the backend decides who runs the kernel:
 
 * ``"emulator"``: the kernel's ``.metal`` source compiled for the CPU by
-  :mod:`torch_sparse_metal.metal` (CPU tensors);
+  :mod:`torch_sparse_metal.emulator` (CPU tensors);
 * ``"metal"``: the Objective-C++ extension ``torch_sparse_metal._metal_launcher`` that
   encodes into torch's current MPS stream (MPS tensors, macOS only).
 
@@ -25,7 +25,7 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-from . import metal as _metal
+from . import emulator as _emulator
 
 Arg = Union[torch.Tensor, np.generic, np.ndarray]
 Dims = Union[int, Sequence[int]]
@@ -43,7 +43,7 @@ def launch(shader: str, kernel: str, args: Sequence[Arg], *, threads: Dims,
                             f"(np.int32, np.float32, ...) or small NumPy arrays, got "
                             f"{type(a).__name__}")
     if backend == "emulator":
-        library = _metal.load_shader_file(shader)
+        library = _emulator.load_shader_file(shader)
         getattr(library, kernel)(*args, threads=threads, group_size=group_size,
                                  threadgroup_memory=list(threadgroup_memory))
     elif backend == "metal":
@@ -59,7 +59,7 @@ def max_threads_per_group(shader: str, kernel: str, backend: str) -> int:
     ``maxTotalThreadsPerThreadgroup`` (register use can put it below 1024), on the
     emulator Metal's limit of 1024. Ops with threadgroups that large size them from this."""
     if backend == "emulator":
-        return _metal.load_shader_file(shader)[kernel].max_total_threads_per_threadgroup
+        return _emulator.load_shader_file(shader)[kernel].max_total_threads_per_threadgroup
     if backend == "metal":
         from . import _metal_backend
         return _metal_backend.kernel_info(shader, kernel).max_total_threads_per_threadgroup

@@ -6,11 +6,11 @@ and converts the arguments and hands them to ``torch_sparse_metal._metal_launche
 and encodes the dispatch on torch's current MPS stream without committing it.
 
 Bind-time checks use the pipeline's reflection (:func:`kernel_info`, cached per kernel)
-and the emulator's own checks (:mod:`torch_sparse_metal.metal._binding`), so a bad launch
-raises the same :class:`~torch_sparse_metal.metal.LaunchError`, with the same message, on
+and the emulator's own checks (:mod:`torch_sparse_metal._binding`), so a bad launch
+raises the same :class:`~torch_sparse_metal.emulator.LaunchError`, with the same message, on
 both backends; an unknown kernel raises
-:class:`~torch_sparse_metal.metal.UnknownKernelError` and a shader Apple's compiler
-rejects :class:`~torch_sparse_metal.metal.MetalCompileError`, naming the shader file and
+:class:`~torch_sparse_metal.emulator.UnknownKernelError` and a shader Apple's compiler
+rejects :class:`~torch_sparse_metal.emulator.MetalCompileError`, naming the shader file and
 line, on both.
 
 The extension is imported lazily, on the first :func:`dispatch` or
@@ -44,10 +44,10 @@ import torch
 
 from ._paths import SHADERS_DIR
 from ._shaders import shader_source
-from .metal import _binding
-from .metal._errors import MetalCompileError, UnknownKernelError
-from .metal._record import as_dim3, record_launch
-from .metal._rewrite import P_BUFFER, P_THREADGROUP
+from . import _binding
+from .errors import MetalCompileError, UnknownKernelError
+from ._record import as_dim3, record_launch
+from ._binding import P_BUFFER, P_THREADGROUP
 
 __all__ = ["MetalUnavailableError", "MetalPipelineError", "MetalDispatchError", "dispatch",
            "is_available", "unavailable_reason", "device_capabilities", "kernel_info",

@@ -73,10 +73,10 @@ def _metal_section() -> Dict[str, object]:
 
 
 def _emulator_section() -> Dict[str, object]:
-    from .metal import _cache, _compiler
-    section: Dict[str, object] = {"cache": str(_cache.cache_dir())}
+    from .emulator import cache_dir, cxx_compiler
+    section: Dict[str, object] = {"cache": str(cache_dir())}
     try:
-        cxx = _compiler.compiler()
+        cxx = cxx_compiler()
         version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
         section["compiler"] = f"{cxx} ({_first_line(version)})"
     except Exception as exc:  # noqa: BLE001 -- no compiler is a finding, not a crash
@@ -104,7 +104,7 @@ def _metal_libraries(build: bool) -> List[Library]:
 
 
 def _emulator_libraries(build: bool) -> List[Library]:
-    from .metal import load_shader_file
+    from .emulator import load_shader_file
     libraries = []
     for shader, names in kernels_by_shader("emulator").items():
         if not build:

@@ -35,7 +35,7 @@ import torch
 from . import _metal_backend
 from ._kernel_catalog import kernels_by_shader
 from ._version import __version__
-from .metal import record
+from .emulator import record
 
 Tensors = Sequence[Optional[torch.Tensor]]
 

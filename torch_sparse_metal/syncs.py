@@ -15,7 +15,7 @@ It is shown by counting them::
 What is counted is what the host code does to tensors, whatever device they are on (a
 read of a CPU tensor counts too: on CPU the watcher cannot tell the device's tensors from
 the host's), so the rule the package keeps is stricter than MPS needs: its hot paths read
-no tensor at all. Calls made by the emulator itself (``torch_sparse_metal.metal``), which
+no tensor at all. Calls made by the emulator itself (``torch_sparse_metal.emulator``), which
 stands in for the GPU, are not counted.
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ _DATA_SIZED = {_aten.nonzero.default: "nonzero (output size from the data)",
 # A tensor made from host data (torch.tensor, torch.as_tensor, torch.from_numpy): on
 # MPS the copy to the device is blocking.
 _FROM_HOST = _aten.lift_fresh.default
-_EMULATOR = "torch_sparse_metal.metal"
+_EMULATOR = "torch_sparse_metal.emulator"
 _NAMESPACE = "torch_sparse_metal"
 _BACKEND_KEYS = {"cpu": torch._C.DispatchKey.CPU, "mps": torch._C.DispatchKey.MPS}
 

@@ -7,7 +7,7 @@ from typing import List
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault
+from torch_sparse_metal.emulator import KernelFault
 
 
 def line_of(lines: List[str], needle: str) -> int:

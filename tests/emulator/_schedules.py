@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
+from torch_sparse_metal.emulator import KernelFault, _compiler, compile_shader
 
 from _hang_guard import call_with_timeout
 

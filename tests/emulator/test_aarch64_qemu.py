@@ -27,7 +27,7 @@ from typing import List, Optional
 import pytest
 
 from torch_sparse_metal._paths import EMULATOR_DIR
-from torch_sparse_metal.metal import _compiler
+from torch_sparse_metal.emulator import _compiler
 
 HERE = Path(__file__).resolve().parent / "aarch64"
 SYSROOT = "/usr/aarch64-linux-gnu"  # where Debian's cross toolchain keeps AArch64 libraries

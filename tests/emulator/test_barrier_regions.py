@@ -1,6 +1,6 @@
 """Barrier regions: kernels whose threads run as a loop between threadgroup barriers.
 
-The translation (torch_sparse_metal/metal/_regions.py) gives a kernel whose only
+The translation (torch_sparse_metal/emulator/_regions.py) gives a kernel whose only
 synchronisation is threadgroup_barrier statements in its own body a second definition that
 runs a whole threadgroup without fibers. Its promise is that nothing observable changes:
 the same results bit for bit, the same order of execution (so the same sanitizer reports),
@@ -26,7 +26,7 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader, record
+from torch_sparse_metal.emulator import KernelFault, _compiler, compile_shader, record
 
 from _random_kernels import random_kernel
 from _schedules import both_ways, bitwise_equal, grouped

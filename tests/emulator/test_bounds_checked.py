@@ -4,7 +4,7 @@ the buffer and the element, and nothing beyond the buffer changes."""
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, compile_shader
+from torch_sparse_metal.emulator import KernelFault, compile_shader
 
 SOURCE = r"""
 #include <metal_stdlib>

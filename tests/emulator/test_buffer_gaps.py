@@ -4,7 +4,7 @@ LaunchError naming the index."""
 import pytest
 import torch
 
-from torch_sparse_metal.metal import LaunchError, compile_shader
+from torch_sparse_metal.emulator import LaunchError, compile_shader
 
 SOURCE = r"""#include <metal_stdlib>
 using namespace metal;

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.emulator import compile_shader
 
 NA = 0xFFFFFFFF          # component a narrower type does not have
 UNWRITTEN = 0xDEADBEEF   # what the record buffer holds before the launch

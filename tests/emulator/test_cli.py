@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from torch_sparse_metal.metal.__main__ import main
+from torch_sparse_metal.emulator.__main__ import main
 
 SOURCE = r"""
 #include <metal_stdlib>
@@ -80,7 +80,7 @@ def test_a_sanitized_run_names_the_fault(files, capsys):
     ("missing.npy", "no such file"),
 ])
 def test_bad_arguments_are_usage_errors(files, argument, message):
-    done = subprocess.run([sys.executable, "-m", "torch_sparse_metal.metal", "run",
+    done = subprocess.run([sys.executable, "-m", "torch_sparse_metal.emulator", "run",
                            str(files / "k.metal"), "axpy", argument, "--grid", "1"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and message in done.stderr

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-import torch_sparse_metal.metal as tsm_metal
-from torch_sparse_metal.metal import (Launch, LaunchError, MetalCompileError, compile_shader,
+import torch_sparse_metal.emulator as tsm_metal
+from torch_sparse_metal.emulator import (Launch, LaunchError, MetalCompileError, compile_shader,
                                       record)
-from torch_sparse_metal.metal import _compiler
+from torch_sparse_metal.emulator import _compiler
 
 SOURCE = r"""
 #include <metal_stdlib>

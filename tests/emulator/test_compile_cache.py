@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from torch_sparse_metal.metal import _cache, _compiler
+from torch_sparse_metal.emulator import _cache, _compiler
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -87,7 +87,7 @@ def test_a_damaged_library_is_rebuilt(cache, monkeypatch, damage):
 
 def test_a_truncated_library_does_not_take_a_new_process_down(cache):
     """The issue's case: a later process loading a truncated entry died of SIGBUS."""
-    code = ("import torch\nfrom torch_sparse_metal.metal import compile_shader\n"
+    code = ("import torch\nfrom torch_sparse_metal.emulator import compile_shader\n"
             f"lib = compile_shader({unique_source()!r})\n"
             "out = torch.zeros(4)\n"
             "getattr(lib, lib.kernel_names[0])(out, threads=4)\n"
@@ -179,7 +179,7 @@ def test_an_edit_of_any_translation_module_misses_the_cache(monkeypatch, module)
 
     def edited(self: Path) -> bytes:
         data = read_bytes(self)
-        return data + b"\n# edited\n" if self.name == module and self.parent.name == "metal" else data
+        return data + b"\n# edited\n" if self.name == module and self.parent.name == "emulator" else data
 
     monkeypatch.setattr(Path, "read_bytes", edited)
     assert _compiler._toolchain_fingerprint.__wrapped__() != before

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from torch_sparse_metal.metal import MetalCompileError, _compiler
+from torch_sparse_metal.emulator import MetalCompileError, _compiler
 
 HOST_CXX = _compiler.compiler()  # the one this run uses: a compiler that works
 
@@ -92,7 +92,7 @@ kernel void plain(device float* out [[buffer(0)]], uint gid [[thread_position_in
 """
 RUN_MODES = r"""
 import sys, torch
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.emulator import compile_shader
 lib = compile_shader(sys.stdin.read())
 outs = []
 for name in ("regions", "fibers", "plain"):

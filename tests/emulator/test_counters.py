@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import compile_shader, record
+from torch_sparse_metal.emulator import compile_shader, record
 
 SOURCE = r"""
 #include <metal_stdlib>
@@ -88,7 +88,7 @@ def test_dispatches_begun_outside_record_are_not_counted(lib, monkeypatch):
     """Pairing accesses into instructions is skipped when nothing records: a record() block
     opened (in another thread) while such a dispatch runs gets no counters for it, rather
     than counters missing the per-instruction ones."""
-    from torch_sparse_metal.metal import _library
+    from torch_sparse_metal.emulator import _library
 
     x = torch.arange(32 * 32, dtype=torch.float32)
     monkeypatch.setattr(_library, "recording", lambda: False)  # the block opens just after the check
@@ -103,7 +103,7 @@ def test_dispatches_begun_outside_record_are_not_counted(lib, monkeypatch):
 
 def test_instrumented_gives_package_kernels_counters(monkeypatch):
     import torch_sparse_metal as tsm
-    from torch_sparse_metal.metal import instrumented
+    from torch_sparse_metal.emulator import instrumented
 
     monkeypatch.delenv("TSM_SANITIZE", raising=False)
     layer = tsm.nn.SparseLinear(20, 10, density=0.5)

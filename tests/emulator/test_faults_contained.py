@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, compile_shader
+from torch_sparse_metal.emulator import KernelFault, compile_shader
 
 SOURCE = r"""
 #include <metal_stdlib>

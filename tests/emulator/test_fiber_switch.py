@@ -10,7 +10,7 @@ import textwrap
 
 PROGRAM = textwrap.dedent(r'''
     import json, torch
-    from torch_sparse_metal.metal import compile_shader
+    from torch_sparse_metal.emulator import compile_shader
     lib = compile_shader("""
     #include <metal_stdlib>
     using namespace metal;

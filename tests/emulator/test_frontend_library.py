@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from torch_sparse_metal._paths import EMULATOR_INCLUDE_DIR
-from torch_sparse_metal.metal import _compiler, _frontend
+from torch_sparse_metal.emulator import _compiler, _frontend
 
 # Metal names the check accepts and the emulator does not implement (a shader using one
 # would pass the check and then fail to compile for the emulator): none.

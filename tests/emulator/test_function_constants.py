@@ -3,7 +3,7 @@ MTLFunctionConstantValues gives them (by name or index, typed as declared)."""
 import pytest
 import torch
 
-from torch_sparse_metal.metal import LaunchError, compile_shader
+from torch_sparse_metal.emulator import LaunchError, compile_shader
 
 SOURCE = """
 #include <metal_stdlib>

@@ -1,4 +1,4 @@
-"""Lanes at once (``torch_sparse_metal/metal/_lanes.py``, ``tsm_emu/lanes.h``): a uniform
+"""Lanes at once (``torch_sparse_metal/emulator/_lanes.py``, ``tsm_emu/lanes.h``): a uniform
 kernel with SIMD-group functions runs a plain dispatch's threadgroup statement by statement,
 the code between two stops a loop over the threads, its control flow once.
 
@@ -20,7 +20,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import KernelFault, _compiler
+from torch_sparse_metal.emulator import KernelFault, _compiler
 
 from _hang_guard import call_with_timeout
 from _random_kernels import random_simd_kernel

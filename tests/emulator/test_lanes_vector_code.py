@@ -1,4 +1,4 @@
-"""Vector code lanes at once (``torch_sparse_metal/metal/_lanes.py``, ``tsm_emu/lanes.h``): a
+"""Vector code lanes at once (``torch_sparse_metal/emulator/_lanes.py``, ``tsm_emu/lanes.h``): a
 loop over a SIMD-group's lanes the C++ compiler vectorises.
 
 Two things make it so. A thread's array used only through subscripts lives in element-major
@@ -21,7 +21,7 @@ import subprocess
 import pytest
 import torch
 
-from torch_sparse_metal.metal import _compiler, compile_shader
+from torch_sparse_metal.emulator import _compiler, compile_shader
 
 from _schedules import fault_of, same_bits_each_way, three_ways, translated
 

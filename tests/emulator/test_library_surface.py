@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.emulator import compile_shader
 
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
 
@@ -199,7 +199,7 @@ kernel void k(device float* out [[buffer(0)]], uint l [[thread_position_in_threa
   threadgroup float t[4] = {0};
   out[l] = t[l];
 }"""
-    from torch_sparse_metal.metal import KernelFault
+    from torch_sparse_metal.emulator import KernelFault
     with pytest.raises(KernelFault) as fault:
         compile_shader(src, sanitize=True).k(torch.zeros(4), threads=4, group_size=4)
     assert fault.value.kind == "uninitialized_read"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import (LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS, MetalCompileError,
+from torch_sparse_metal.emulator import (LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS, MetalCompileError,
                                       compile_shader)
 
 PRELUDE = "#include <metal_stdlib>\nusing namespace metal;\n"
@@ -533,7 +533,7 @@ def test_integer_division_is_the_same_on_every_architecture():
     ("divide_int4", 2, 1, "integer division 7 / 0 by zero"),
 ])
 def test_the_sanitizer_reports_integer_division_by_zero(kernel, threads, index, what):
-    from torch_sparse_metal.metal import KernelFault
+    from torch_sparse_metal.emulator import KernelFault
     lib = compile_at(DIVISION, sanitize=True)
     x, y = torch.tensor(X, dtype=torch.int32), torch.tensor(Y, dtype=torch.int32)
     q, r = torch.zeros(8, dtype=torch.int32), torch.zeros(8, dtype=torch.int32)
@@ -544,7 +544,7 @@ def test_the_sanitizer_reports_integer_division_by_zero(kernel, threads, index, 
 
 
 def test_the_sanitizer_reports_int_min_divided_by_minus_one():
-    from torch_sparse_metal.metal import KernelFault
+    from torch_sparse_metal.emulator import KernelFault
     lib = compile_at(DIVISION, sanitize=True)
     x = torch.tensor([INT_MIN], dtype=torch.int32)
     y = torch.tensor([-1], dtype=torch.int32)

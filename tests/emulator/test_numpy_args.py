@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from torch_sparse_metal.metal import LaunchError, compile_shader
+from torch_sparse_metal.emulator import LaunchError, compile_shader
 
 SOURCE = r"""
 #include <metal_stdlib>

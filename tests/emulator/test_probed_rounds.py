@@ -1,7 +1,7 @@
 """Probed rounds: a barrier region's bounds checks made for the whole round before it runs.
 
 For a uniform barrier-region kernel whose indices and branches never depend on what it
-reads from memory (torch_sparse_metal/metal/_bounds_probe.py), a round first runs as a
+reads from memory (torch_sparse_metal/emulator/_bounds_probe.py), a round first runs as a
 probe (every access a bounds test that touches nothing) and then unchecked, a loop the C++
 compiler can vectorise, or checked as before when the probe found an access out of bounds
 (csrc/emulator/include/tsm_emu/probe.h). The verdicts are checked kernel by kernel, each
@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import KernelFault, _compiler, compile_shader
+from torch_sparse_metal.emulator import KernelFault, _compiler, compile_shader
 
 from _hang_guard import call_with_timeout
 from _schedules import both_ways

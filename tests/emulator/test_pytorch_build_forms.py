@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.emulator import compile_shader
 
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
 

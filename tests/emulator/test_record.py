@@ -8,7 +8,7 @@ import threading
 import pytest
 import torch
 
-from torch_sparse_metal.metal import Launch, compile_shader, record
+from torch_sparse_metal.emulator import Launch, compile_shader, record
 
 SOURCE = r"""
 #include <metal_stdlib>

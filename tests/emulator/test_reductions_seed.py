@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, compile_shader
+from torch_sparse_metal.emulator import KernelFault, compile_shader
 
 SOURCE = r"""
 #include <metal_stdlib>

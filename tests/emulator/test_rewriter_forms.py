@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.emulator import compile_shader
 
 SOURCE = r"""
 #include <metal_stdlib>

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, compile_shader
-from torch_sparse_metal.metal._access_rewrite import checked_members, marked_stores
-from torch_sparse_metal.metal._rewrite import _checked_pointers
+from torch_sparse_metal.emulator import KernelFault, compile_shader
+from torch_sparse_metal.emulator._access_rewrite import checked_members, marked_stores
+from torch_sparse_metal.emulator._rewrite import _checked_pointers
 
 
 @pytest.mark.parametrize("msl, cxx", [
@@ -317,7 +317,7 @@ def test_a_spin_wait_is_reported_not_hung(review_lib):
 
 
 def test_more_than_31_buffers_is_a_launch_error():
-    from torch_sparse_metal.metal import LaunchError
+    from torch_sparse_metal.emulator import LaunchError
     lib = compile_shader(REVIEW_SOURCE)
     with pytest.raises(LaunchError, match="at most 31"):
         lib.atomic_init(*[torch.zeros(1)] * 32, threads=1)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import MetalCompileError, compile_shader, load_shader_file
+from torch_sparse_metal.emulator import MetalCompileError, compile_shader, load_shader_file
 
 SECRET = "SECRET-7f3a-do-not-print"
 HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"

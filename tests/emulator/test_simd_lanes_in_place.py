@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import KernelFault, _compiler
+from torch_sparse_metal.emulator import KernelFault, _compiler
 
 from _hang_guard import call_with_timeout
 from _schedules import both_ways, bitwise_equal, grouped

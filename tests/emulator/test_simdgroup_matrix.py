@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, compile_shader, record
+from torch_sparse_metal.emulator import KernelFault, compile_shader, record
 
 SOURCE = r"""
 #include <metal_stdlib>
@@ -271,7 +271,7 @@ def test_a_times_b_is_simdgroup_multiply_bit_for_bit(monkeypatch, regions, sanit
 
 
 def test_products_in_a_kernel_body_run_as_regions_and_through_helpers_as_fibers(tmp_path):
-    from torch_sparse_metal.metal import _compiler
+    from torch_sparse_metal.emulator import _compiler
     path = tmp_path / "shader.metal"
     path.write_text(PRODUCTS)
     generated = _compiler.generated_cxx(path)
@@ -289,7 +289,7 @@ def test_a_product_needs_all_lanes():
 
 
 def test_products_of_matrices_of_two_element_types_are_refused():
-    from torch_sparse_metal.metal import MetalCompileError
+    from torch_sparse_metal.emulator import MetalCompileError
     with pytest.raises(MetalCompileError, match="invalid operands to binary expression"):
         compile_shader(r"""
 #include <metal_stdlib>
@@ -305,7 +305,7 @@ def test_a_product_of_template_parameters_is_an_error_that_says_so():
     # `M a; a * b` with M a template parameter: nothing before instantiation says the
     # operands are matrices, so the translation leaves the operator, which the emulator
     # refuses (Metal takes it).
-    from torch_sparse_metal.metal import MetalCompileError
+    from torch_sparse_metal.emulator import MetalCompileError
     with pytest.raises(MetalCompileError, match="name them as simdgroup_matrix<T, 8, 8>"):
         compile_shader(r"""
 #include <metal_stdlib>
@@ -321,7 +321,7 @@ def test_a_dependent_call_with_a_matrix_and_a_product_of_scalars_is_no_product(t
     # In a template, `Scale<T>::first(m, s * s)` is an unresolved call whose arguments are a
     # matrix and an unresolved `*` of scalars: no SIMD-group function, so the kernel runs
     # its threads as a plain loop (not as barrier regions), and right.
-    from torch_sparse_metal.metal import _compiler
+    from torch_sparse_metal.emulator import _compiler
     source = r"""
 #include <metal_stdlib>
 using namespace metal;

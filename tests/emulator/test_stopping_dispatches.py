@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 PRELUDE = r'''
 import os, signal, sys, threading, time
 import torch
-from torch_sparse_metal.metal import KernelFault, LaunchError, compile_shader
+from torch_sparse_metal.emulator import KernelFault, LaunchError, compile_shader
 
 SRC = """
 #include <metal_stdlib>
@@ -201,7 +201,7 @@ def test_fork_while_another_thread_is_inside_a_dispatch():
     """The child used to deadlock on its first launch: the dispatch lock belonged to a
     thread that does not exist in it. Likewise a compile in progress elsewhere."""
     run_script("""
-        import torch_sparse_metal.metal as metal
+        import torch_sparse_metal.emulator as metal
         HOLD = SRC.replace("kernel void fill", '''
         kernel void hold(device atomic_int* flag [[buffer(0)]], device atomic_int* started [[buffer(1)]],
                          uint i [[thread_position_in_grid]]) {

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, MetalCompileError, compile_shader
+from torch_sparse_metal.emulator import KernelFault, MetalCompileError, compile_shader
 
 HEAD = r"""
 #include <metal_stdlib>

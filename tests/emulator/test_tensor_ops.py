@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, MetalCompileError, compile_shader
+from torch_sparse_metal.emulator import KernelFault, MetalCompileError, compile_shader
 
 HEAD = r"""
 #include <metal_stdlib>
@@ -149,7 +149,7 @@ def test_an_element_past_the_capacity_is_out_of_bounds(lib):
 
 
 def test_a_kernel_with_a_barrier_and_a_tensor_operation_runs_as_fibers(tmp_path):
-    from torch_sparse_metal.metal import _compiler
+    from torch_sparse_metal.emulator import _compiler
     source = HEAD + r"""
 kernel void staged(device const half* a [[buffer(0)]], device float* c [[buffer(1)]],
                    ushort lane [[thread_index_in_simdgroup]]) {

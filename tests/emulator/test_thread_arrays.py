@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.emulator import compile_shader
 
 from _one_value_kernels import fault, line_of, run
 from _schedules import both_ways, grouped

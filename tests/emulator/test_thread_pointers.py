@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.emulator import compile_shader
 
 import _one_value_kernels
 from _one_value_kernels import line_of, run

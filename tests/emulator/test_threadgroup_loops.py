@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, _compiler, record
+from torch_sparse_metal.emulator import KernelFault, _compiler, record
 
 from _schedules import both_ways
 

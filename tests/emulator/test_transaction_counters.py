@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from torch_sparse_metal.metal import (coalescing_efficiency, compile_shader, instrumented,
+from torch_sparse_metal.emulator import (coalescing_efficiency, compile_shader, instrumented,
                                       lane_efficiency, record)
 
 SOURCE = r"""

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import MetalCompileError, compile_shader
+from torch_sparse_metal.emulator import MetalCompileError, compile_shader
 
 PRELUDE = "#include <metal_stdlib>\nusing namespace metal;\n"
 

@@ -1,6 +1,6 @@
 """Uniform kernels: threads that all take the same way from barrier to barrier.
 
-The translation (torch_sparse_metal/metal/_uniformity.py) says of a barrier-region kernel
+The translation (torch_sparse_metal/emulator/_uniformity.py) says of a barrier-region kernel
 whether every decision about where a thread goes next has one value in the whole
 threadgroup; run_regions (regions.h) then records where a round's threads wait once for
 all of them. A wrong "uniform" would hide barrier divergence, so the verdicts are
@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from torch_sparse_metal._paths import SHADERS_DIR
-from torch_sparse_metal.metal import KernelFault, _compiler, _regions, compile_shader
-from torch_sparse_metal.metal._uniformity import Uniformity
+from torch_sparse_metal.emulator import KernelFault, _compiler, _regions, compile_shader
+from torch_sparse_metal.emulator._uniformity import Uniformity
 
 from _hang_guard import call_with_timeout
 from _schedules import both_ways

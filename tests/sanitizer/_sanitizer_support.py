@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Tuple, Union
 
-from torch_sparse_metal.metal import compile_shader
+from torch_sparse_metal.emulator import compile_shader
 
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"

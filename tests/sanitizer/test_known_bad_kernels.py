@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault
+from torch_sparse_metal.emulator import KernelFault
 
 from _hang_guard import call_with_timeout
 from _sanitizer_support import KERNELS_DIR, library_of_files, line_of, thread

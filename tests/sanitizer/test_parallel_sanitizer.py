@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, compile_shader, record
+from torch_sparse_metal.emulator import KernelFault, compile_shader, record
 
 from _hang_guard import call_with_timeout
 from _sanitizer_support import HEADER

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_sparse_metal.metal import KernelFault, LaunchError, compile_shader
+from torch_sparse_metal.emulator import KernelFault, LaunchError, compile_shader
 
 from _hang_guard import call_with_timeout
 from _sanitizer_support import HEADER, thread

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import torch_sparse_metal as tsm
-from torch_sparse_metal.metal import KernelFault, compile_shader
+from torch_sparse_metal.emulator import KernelFault, compile_shader
 
 from _hang_guard import call_with_timeout
 from _sanitizer_support import HEADER, thread
@@ -271,7 +271,7 @@ def test_mm_of_float16_randn_512_is_clean():
     g = torch.Generator().manual_seed(0)
     a, b = torch.randn(512, 512, generator=g).half(), torch.randn(512, 512, generator=g).half()
     assert (a.view(torch.int16) == A5A5).any() and (b.view(torch.int16) == A5A5).any()
-    with tsm.use_backend("emulator"), tsm.metal.instrumented():
+    with tsm.use_backend("emulator"), tsm.emulator.instrumented():
         c = tsm.mm(a, b)
     torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=2e-3, atol=5e-2)
 

@@ -28,7 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from .. import _backend
-from ..metal import instrumented, record
+from ..emulator import instrumented, record
 from ..ops import matmul as mmops
 from . import roofline
 from .dims import parse_dims

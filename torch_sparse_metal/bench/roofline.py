@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Mapping, Sequence
 
-from ..metal import coalescing_efficiency, lane_efficiency
-from ..metal._library import DEFAULT_SEGMENT_BYTES
+from ..emulator import DEFAULT_SEGMENT_BYTES, coalescing_efficiency, lane_efficiency
 from .chips import ROOFLINE_CHIPS, Chip
 
 LABEL = ("bound: max(2 x FMAs / peak FP32, transactions x {segment} B / bandwidth), computed "

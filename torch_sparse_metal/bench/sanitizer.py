@@ -13,7 +13,7 @@ from typing import Callable, Dict, List
 import numpy as np
 import torch
 
-from ..metal import load_shader_file, record
+from ..emulator import load_shader_file, record
 
 SHADER = "bench/barrier_heavy.metal"
 

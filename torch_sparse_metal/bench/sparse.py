@@ -13,7 +13,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from .. import _backend
-from ..metal import instrumented, record
+from ..emulator import instrumented, record
 from ..nn import SparseLinear
 from . import roofline
 from .chips import Chip

@@ -18,7 +18,7 @@ import torch
 
 from .. import _metal_backend
 from .._backend import use_backend
-from ..metal import instrumented, record
+from ..emulator import instrumented, record
 from ..nn import SparseLinear
 from ..nn.functional import cross_entropy
 from ..optim import AdamW

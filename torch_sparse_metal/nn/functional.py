@@ -19,7 +19,7 @@ from .. import _validation as V
 from .._backend import kernels_or_reference, resolve_backend
 from .._kernel_names import kernel_name, kernel_names_for, library_kernels
 from ..checks import check_invariants, error_word
-from ..metal._binding import SIMD_WIDTH
+from .._binding import SIMD_WIDTH
 
 OP = "cross_entropy"
 SHADER = "cross_entropy.metal"

@@ -36,7 +36,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from ._clang import (_AS_WORDS, _QUALIFIERS, _address_space, _cindex, _is_exempt_copy, _only_read, _scalar_name,
                      _strip_to_reference, _type_kind, _user_declarations, language_version_number, presumed_location)
 from ._clang_view import _parse
-from ._errors import MetalCompileError
+from ..errors import MetalCompileError
 # (tools/real_world_metal.py and the tests reach the language versions and clang's set-up
 # through this module, where they were before the parse layer had modules of its own)
 from ._clang import _CLANG_ARGS, DEFAULT_LANGUAGE_VERSION, FRONTEND_INCLUDE_DIR, _index  # noqa: F401

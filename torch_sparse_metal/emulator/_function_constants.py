@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _msl_text
-from ._errors import MetalCompileError
+from ..errors import MetalCompileError
 
 Values = Mapping[Union[str, int], object]
 

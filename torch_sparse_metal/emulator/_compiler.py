@@ -25,6 +25,7 @@ run. What the compiler may read is limited (:mod:`._includes`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -33,14 +34,16 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Set, TextIO, Tuple, Union
 
 from .._paths import EMULATOR_DIR, EMULATOR_INCLUDE_DIR, SHADERS_DIR
 from . import _cache, _clang, _frontend, _function_constants, _includes, _msl_text, _rewrite, _translation
-from ._errors import MetalCompileError
+from ..errors import MetalCompileError
 
 CXX_STANDARD = "-std=c++17"
 # Kernels cast untyped buffers freely, as Metal allows; no fast-math, so float64 gradcheck
@@ -383,6 +386,10 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
                   "-o", str(out), "-lm", "-lpthread"], f"compiling {origin}", path.read_text(), origin)
 
     def build(out: Path) -> None:
+        with compiling(origin, sanitize):
+            built(out)
+
+    def built(out: Path) -> None:
         cxx = _translate(views, path, origin, sanitize, language_version)
         try:
             link(cxx, out)
@@ -398,6 +405,43 @@ def compile_file(path: Path, *, include_dirs: Sequence[Path] = (), origin: Optio
 
     lib = _cache.fetch(f"{key}.so", build)
     return CompiledLibrary(lib, views.kernels, origin, sanitize, language_version, views.needs_constants)
+
+
+@contextlib.contextmanager
+def compiling(origin: str, sanitize: bool, stream: Optional[TextIO] = None) -> Iterator[None]:
+    """Say on stderr that a library is being built (which one, and that it is cached after),
+    then how long it took: the first use of a shader costs 5 to 60 s of C++ compilation, which
+    would otherwise look like a hang. On a terminal the seconds tick meanwhile, on one line;
+    elsewhere (a log, a notebook's captured output) it is a line before and one after."""
+    stream = stream if stream is not None else sys.stderr
+    what = f"{origin}{' (sanitized)' if sanitize else ''}"
+    start = time.monotonic()
+    head = (f"torch_sparse_metal: compiling {what} for the Metal emulator (first use; cached "
+            f"after in {_cache.cache_dir()})")
+    inline = bool(getattr(stream, "isatty", lambda: False)())
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(1.0):
+            stream.write(f"\r{head}: {time.monotonic() - start:.0f} s\x1b[K")
+            stream.flush()
+
+    stream.write(head + ("" if inline else "\n"))
+    stream.flush()
+    ticker = threading.Thread(target=tick, daemon=True) if inline else None
+    if ticker is not None:
+        ticker.start()
+    outcome = "failed"
+    try:
+        yield
+        outcome = "compiled"
+    finally:
+        stop.set()
+        if ticker is not None:
+            ticker.join()
+        done = f"torch_sparse_metal: {outcome} {what} in {time.monotonic() - start:.1f} s"
+        stream.write((f"\r{done}\x1b[K\n") if inline else done + "\n")
+        stream.flush()
 
 
 def compile_source(source: str, *, include_dirs: Sequence[Path] = (), sanitize: bool = False,

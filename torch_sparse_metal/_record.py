@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from ._errors import LaunchError
+from .errors import LaunchError
 
 Dim3 = Tuple[int, int, int]
 

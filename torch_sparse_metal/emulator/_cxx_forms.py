@@ -15,7 +15,7 @@ from . import _matrix_products, _msl_text
 from ._clang import (_address_space, _cindex, _scalar_name, _strip_to_reference,
                      _type_kind, presumed_location)
 from ._clang_view import _DOUBLE_LITERAL, _Prepared, _Text, _template_scopes
-from ._errors import MetalCompileError
+from ..errors import MetalCompileError
 
 
 _DIVISIONS = {4: "div", 5: "rem", 24: "div_assign", 25: "rem_assign"}  # clang's CXBinaryOperatorKind

@@ -15,7 +15,11 @@ from typing import Mapping, Sequence, Tuple
 import numpy as np
 import torch
 
-from ._errors import LaunchError
+from .errors import LaunchError
+
+# A parameter's kind (tsm_emu::ParamKind in csrc/emulator): what ParamInfo.kind holds, on both
+# backends.
+P_BUFFER, P_THREADGROUP, P_BUILTIN, P_ABSENT = 0, 1, 2, 3
 
 MAX_BUFFERS = 31
 # Metal's limit, and the emulator's (it has no pipeline to ask).
@@ -46,7 +50,7 @@ class ParamInfo:
     False for a binding Metal's reflection reports the function never reads: its size and
     type may then be unreported (0, ``s``), and nothing is checked against them.
     """
-    kind: int      # _rewrite.P_BUFFER / P_THREADGROUP / P_BUILTIN
+    kind: int      # P_BUFFER / P_THREADGROUP / P_BUILTIN
     index: int
     passing: int   # 0 pointer, 1 reference, 2 value
     size: int

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import List, Sequence, Set
 
-from ._errors import MetalCompileError
+from ..errors import MetalCompileError
 
 _DIRECTIVE = re.compile(r"^[ \t]*(?:#|%:)[ \t]*(include_next|include|import|embed)\b(.*)$", re.M)
 _HAS_INCLUDE = re.compile(r"\b__has_(include_next|include|embed)\s*\(([^)]*)\)")

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from .._binding import P_ABSENT, P_BUFFER, P_BUILTIN, P_THREADGROUP  # noqa: F401 (ParamKind)
 from .._paths import EMULATOR_INCLUDE_DIR
 
 BUILTINS = (
@@ -27,8 +28,6 @@ BUILTINS = (
     "thread_index_in_quadgroup", "quadgroup_index_in_threadgroup", "quadgroups_per_threadgroup",
     "dispatch_quadgroups_per_threadgroup",
 )
-
-P_BUFFER, P_THREADGROUP, P_BUILTIN, P_ABSENT = 0, 1, 2, 3  # tsm_emu::ParamKind
 
 
 class ParseError(Exception):

@@ -1,7 +1,7 @@
 """The emulator from the command line, for Metal written outside this project.
 
-    python -m torch_sparse_metal.metal check kernel.metal [--std 3.1] [-I DIR]
-    python -m torch_sparse_metal.metal run kernel.metal my_kernel --grid 1024 --group 256 \\
+    python -m torch_sparse_metal.emulator check kernel.metal [--std 3.1] [-I DIR]
+    python -m torch_sparse_metal.emulator run kernel.metal my_kernel --grid 1024 --group 256 \\
         in.npy out.npy int32:1024 [--sanitize] [--out DIR]
 
 ``check`` runs Metal's language rules at a language version (what Apple's compiler would
@@ -28,7 +28,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import LANGUAGE_VERSIONS, DEFAULT_LANGUAGE_VERSION, compile_shader
-from ._errors import KernelFault, LaunchError, MetalCompileError
+from ..errors import KernelFault, LaunchError, MetalCompileError
 
 _SCALARS = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
             "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
@@ -67,7 +67,7 @@ def _argument(text: str):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m torch_sparse_metal.metal",
+    parser = argparse.ArgumentParser(prog="python -m torch_sparse_metal.emulator",
                                      description=__doc__.split("\n\n")[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("source", type=Path, help="the .metal file")

@@ -15,12 +15,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from . import _binding, _cache, _msl_text
-from ._binding import (MAX_BUFFERS, MAX_THREADS_PER_THREADGROUP, ParamInfo, check_arguments,
+from .. import _binding
+from . import _cache, _msl_text
+from .._binding import (MAX_BUFFERS, MAX_THREADS_PER_THREADGROUP, ParamInfo, check_arguments,
                        check_group, check_threadgroup_memory, scalar_bytes)
 from ._compiler import CompiledLibrary
-from ._errors import FAULT_KINDS, KernelFault, LaunchError, UnknownKernelError
-from ._record import COUNTERS, as_dim3, record_launch, recording
+from ..errors import FAULT_KINDS, KernelFault, LaunchError, UnknownKernelError
+from .._record import COUNTERS, as_dim3, record_launch, recording
 
 MAX_THREADGROUP_MEMORY = 32 * 1024
 

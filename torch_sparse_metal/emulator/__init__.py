@@ -1,5 +1,12 @@
 """The Metal emulator: real Metal Shading Language kernels, run on CPU tensors.
 
+Its public API is this module's ``__all__`` (documented in docs/emulator.md): compile a
+source or a file, launch its kernels, record the launches and their counters, sanitize,
+and the errors. The rest of the package uses nothing else of it; what both backends share
+(the bind-time checks, the launch records, the errors) lives beside the launch contract
+(``torch_sparse_metal._binding``, ``_record``, ``errors``). From a shell:
+``python -m torch_sparse_metal.emulator check|run`` (``__main__``).
+
 ``compile_shader(source)`` has the call shape of ``torch.mps.compile_shader``::
 
     lib = compile_shader(src)
@@ -20,7 +27,8 @@ module's docstring names its layer; a module imports only modules of its own lay
 layers before it, and no module imports itself through others (tests/test_import_layers.py
 checks both, imports inside functions included). The layers, bottom first:
 
-* base: the exceptions every layer raises (_errors).
+* base: the exceptions every layer raises (torch_sparse_metal.errors, shared with the Metal
+  backend, outside this package).
 * parse: the source read, as text (_msl_text) and as clang's AST (_clang; _clang_view makes
   the source one clang parses).
 * analyse: what the source is, changing nothing: Metal's rules checked (_frontend), which
@@ -36,8 +44,9 @@ checks both, imports inside functions included). The layers, bottom first:
   _access_rewrite).
 * drive: a shader through the passes (_translation), preprocessed, checked, compiled and
   cached (_compiler, _includes, _function_constants, _cache).
-* run: the libraries loaded and their kernels launched (_library, _binding, _record, this
-  module). A module whose docstring names no layer is of this one.
+* run: the libraries loaded and their kernels launched (_library, this module; the bind-time
+  checks and launch records they use are the launch contract's, outside this package). A
+  module whose docstring names no layer is of this one.
 """
 from __future__ import annotations
 
@@ -48,17 +57,21 @@ import threading
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Sequence, Union
 
-from . import _cache, _compiler, _library, _record
-from ._compiler import compile_file, compile_source
-from ._errors import KernelFault, LaunchError, MetalCompileError, UnknownKernelError
+from .. import _record
+from .._record import Launch, coalescing_efficiency, lane_efficiency, record
+from ..errors import KernelFault, LaunchError, MetalCompileError, UnknownKernelError
+from . import _cache, _compiler, _library
 from ._clang import DEFAULT_LANGUAGE_VERSION, LANGUAGE_VERSIONS, LAUNCHER_LANGUAGE_VERSIONS
-from ._library import Kernel, Library
-from ._record import Launch, coalescing_efficiency, lane_efficiency, record
+from ._compiler import compile_file, compile_source
+from ._cache import cache_dir
+from ._compiler import compiler as cxx_compiler
+from ._library import DEFAULT_SEGMENT_BYTES, Kernel, Library
 
 __all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "coalescing_efficiency",
            "lane_efficiency", "Launch", "Library",
            "Kernel", "KernelFault", "LaunchError", "MetalCompileError", "UnknownKernelError",
-           "LANGUAGE_VERSIONS", "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS"]
+           "LANGUAGE_VERSIONS", "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS",
+           "DEFAULT_SEGMENT_BYTES", "cxx_compiler", "cache_dir"]
 
 _lock = threading.Lock()
 _libraries: Dict[tuple, Library] = {}
@@ -87,7 +100,7 @@ def sanitize_by_default() -> bool:
 
 
 @contextlib.contextmanager
-def instrumented(segment_bytes: int = _library.DEFAULT_SEGMENT_BYTES):
+def instrumented(segment_bytes: int = DEFAULT_SEGMENT_BYTES):
     """Inside the block the package's kernels run in their instrumented (sanitized) build,
     so the launches ``record()`` collects carry ``counters`` (for the benchmarks).
 
