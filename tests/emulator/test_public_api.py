@@ -13,7 +13,7 @@ import torch_sparse_metal.emulator as emulator
 PACKAGE = Path(tsm.__file__).resolve().parent
 DOC = PACKAGE.parent / "docs" / "emulator.md"
 PUBLIC = {"compile_shader", "load_shader_file", "Library", "Kernel", "record", "Launch",
-          "instrumented", "coalescing_efficiency", "lane_efficiency", "KernelFault",
+          "instrumented", "sanitize_by_default", "coalescing_efficiency", "lane_efficiency", "KernelFault",
           "LaunchError", "MetalCompileError", "UnknownKernelError", "LANGUAGE_VERSIONS",
           "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS", "DEFAULT_SEGMENT_BYTES",
           "cxx_compiler", "cache_dir"}
@@ -47,6 +47,27 @@ def private_imports_of_the_emulator(path: Path):
             if parts[:2] == ["torch_sparse_metal", "emulator"] and \
                     any(p.startswith("_") for p in parts[2:]):
                 yield node.lineno, full
+    yield from _private_attributes(path, package)
+
+
+def _private_attributes(path: Path, package):
+    """``emulator.<name>`` with ``<name>`` not public, where ``emulator`` is a name the module
+    bound to the package (``from .. import emulator``, ``import ... as e``)."""
+    tree = ast.parse(path.read_text())
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = list(package[:len(package) - node.level + 1]) if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            bound |= {a.asname or a.name for a in node.names
+                      if f"{module}.{a.name}" == "torch_sparse_metal.emulator"}
+        elif isinstance(node, ast.Import):
+            bound |= {a.asname for a in node.names
+                      if a.name == "torch_sparse_metal.emulator" and a.asname}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                and node.value.id in bound and node.attr not in emulator.__all__:
+            yield node.lineno, f"torch_sparse_metal.emulator.{node.attr}"
 
 
 def test_the_rest_of_the_package_uses_only_the_public_api():
@@ -55,6 +76,13 @@ def test_the_rest_of_the_package_uses_only_the_public_api():
              if "emulator" not in path.relative_to(PACKAGE).parts
              for line, what in private_imports_of_the_emulator(path)]
     assert not found, "\n".join(found)
+
+
+def test_an_attribute_of_the_emulator_outside_its_api_is_found(tmp_path):
+    probe = tmp_path / "probe.py"  # as if it were torch_sparse_metal/bench/probe.py
+    probe.write_text("from .. import emulator as emu\nemu.sanitize_by_default()\nemu._compiler\n")
+    found = list(_private_attributes(probe, ("torch_sparse_metal", "bench")))
+    assert found == [(3, "torch_sparse_metal.emulator._compiler")]
 
 
 def test_the_shared_launch_contract_lives_outside_the_emulator():

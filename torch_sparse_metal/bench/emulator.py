@@ -37,7 +37,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from .. import _backend, metal
+from .. import _backend
+from ..emulator import load_shader_file, sanitize_by_default
 from ..ops import kmeans as K
 from ..ops import matmul as mmops
 from ..ops.sparse_linear import CSRPattern, sparse_linear_pattern
@@ -138,7 +139,7 @@ def _twin(kernel: str, size: str, shader: str, args: Sequence[object], outputs: 
         return [a.copy() if i in outputs else a for i, a in enumerate(args)]
 
     def emulator(sanitize: bool) -> Impl:
-        k = getattr(metal.load_shader_file(shader + ".metal", sanitize=sanitize), kernel)
+        k = getattr(load_shader_file(shader + ".metal", sanitize=sanitize), kernel)
         mine = own_outputs()
         return Impl(lambda: k(*mine, threads=threads, group_size=group,
                               threadgroup_memory=list(local_memory)),
@@ -208,9 +209,9 @@ def _package_kernels(sanitized: bool):
     previous = os.environ.get("TSM_SANITIZE")
     os.environ["TSM_SANITIZE"] = "1" if sanitized else "0"
     try:
-        if metal.sanitize_by_default() != sanitized:  # inside metal.instrumented()
+        if sanitize_by_default() != sanitized:  # inside emulator.instrumented()
             raise RuntimeError("the emulator benchmark cannot run the package's kernels "
-                               "unsanitized inside metal.instrumented()")
+                               "unsanitized inside emulator.instrumented()")
         with _backend.use_backend("emulator"):
             yield
     finally:

@@ -21,7 +21,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .. import _backend, metal
+from .. import _backend
+from .._record import record
 from ..cluster import KMeans
 from . import roofline
 from .chips import CHIPS, Chip
@@ -61,7 +62,7 @@ def _emulator_counters(x: torch.Tensor, init: torch.Tensor) -> Dict[str, Dict[st
     previous = os.environ.get("TSM_SANITIZE")
     os.environ["TSM_SANITIZE"] = "1"
     try:
-        with _backend.use_backend("emulator"), metal.record() as launches:
+        with _backend.use_backend("emulator"), record() as launches:
             KMeans(init.shape[0], init=init, max_iter=1).fit(x)
     finally:
         if previous is None:
@@ -109,7 +110,7 @@ def run(n: int = 20000, d: int = 32, k: int = 16, iters: int = 10,
         os.environ["TSM_SANITIZE"] = "0"
         try:
             r = _fit(x, init, iters, "emulator")
-            with _backend.use_backend("emulator"), metal.record() as launches:
+            with _backend.use_backend("emulator"), record() as launches:
                 KMeans(k, init=init, max_iter=1).fit(x)
         finally:
             if previous is None:

@@ -2,7 +2,7 @@
 
 Both runs must agree with a float64 reference, so the benchmark is also a check that the
 sanitizer changes nothing about what the kernels compute. Sanitized dispatches are timed as
-tests run them, and again inside ``metal.record()``, where they also count SIMD-group
+tests run them, and again inside ``tsm.record()``, where they also count SIMD-group
 instructions (transactions, bank conflicts, active lanes) for the launches it collects.
 """
 from __future__ import annotations
@@ -95,5 +95,5 @@ def format_table(rows: List[Dict[str, object]]) -> str:
                      f"{1e3 * r['sanitized_s']:>14.1f}{r['slowdown']:>9.1f}x"
                      f"{1e3 * r['counted_s']:>12.1f}{r['counted_slowdown']:>9.1f}x")
     lines.append("(emulator on this CPU; every build uses one worker per 8K threads, up to the core count;")
-    lines.append(" counted: sanitized inside metal.record(), which also counts SIMD-group instructions)")
+    lines.append(" counted: sanitized inside tsm.record(), which also counts SIMD-group instructions)")
     return "\n".join(lines)

@@ -1,8 +1,8 @@
 """A training step of a sparse MLP split by phase: forward, loss, backward, optimizer.
 
-Per phase: wall time (median over steps) and kernel dispatches (``metal.record()``); on
+Per phase: wall time (median over steps) and kernel dispatches (``tsm.record()``); on
 the emulator also the device bytes the kernels read and wrote, from one more step run
-instrumented (``metal.instrumented()``: the counters of the sanitized build). On MPS the
+instrumented (``tsm.emulator.instrumented()``: the counters of the sanitized build). On MPS the
 phases are separated by ``torch.mps.synchronize()``, so times are GPU-inclusive ms; on the
 emulator they are CPU times of the emulated kernels plus the host code, useful to compare
 variants on one machine and nothing else: never read them as Apple GPU numbers.

@@ -67,8 +67,8 @@ from ._cache import cache_dir
 from ._compiler import compiler as cxx_compiler
 from ._library import DEFAULT_SEGMENT_BYTES, Kernel, Library
 
-__all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "coalescing_efficiency",
-           "lane_efficiency", "Launch", "Library",
+__all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "sanitize_by_default",
+           "coalescing_efficiency", "lane_efficiency", "Launch", "Library",
            "Kernel", "KernelFault", "LaunchError", "MetalCompileError", "UnknownKernelError",
            "LANGUAGE_VERSIONS", "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS",
            "DEFAULT_SEGMENT_BYTES", "cxx_compiler", "cache_dir"]
