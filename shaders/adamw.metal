@@ -22,6 +22,11 @@
 //   denom   = sqrt(v or v_max) / sqrt(1 - beta2^t) + eps
 //   param  += -(lr / (1 - beta1^t)) * m / denom
 //
+// T is the parameters' and gradients' type. The moments, the hyper-parameters, the norms and
+// the arithmetic are in Acc = tsm_acc<T>::type: float for half and bfloat parameters, whose
+// 2-byte moments would lose the update (v of a gradient of 1e-4 is 1e-8, under half's
+// smallest normal), and the parameter is rounded to T once per step.
+//
 // Gradient norms: each SIMD-group sums g*g with simd_sum and its lane 0 adds that to the
 // tensor's slot of grad_sq with one relaxed atomic (a few adds per tensor per threadgroup,
 // not one per element: Apple GPUs slow down under contention on one address). The slots
@@ -53,13 +58,13 @@ template <typename T>
 [[kernel]] void adamw_step(
     device T* params                [[buffer(0)]],   // (total) flat, padded segments
     device const T* grads           [[buffer(1)]],   // (total)
-    device T* exp_avg               [[buffer(2)]],   // (total)
-    device T* exp_avg_sq            [[buffer(3)]],   // (total)
-    device T* max_exp_avg_sq        [[buffer(4)]],   // (total) if any group has amsgrad,
-                                                     // else 1 element, never read
+    device typename tsm_acc<T>::type* exp_avg        [[buffer(2)]],  // (total)
+    device typename tsm_acc<T>::type* exp_avg_sq     [[buffer(3)]],  // (total)
+    device typename tsm_acc<T>::type* max_exp_avg_sq [[buffer(4)]],  // (total) if any group
+                                                     // has amsgrad, else 1 element, never read
     device const int* chunk_tensor  [[buffer(5)]],   // (total / 32) tensor of each chunk
-    constant T* hyper               [[buffer(6)]],   // (tensors, TSM_ADAMW_COLUMNS), by value
-    device atomic<T>* grad_sq       [[buffer(7)]],   // (2, n_tensors) sum of g^2 per tensor
+    constant typename tsm_acc<T>::type* hyper [[buffer(6)]],  // (tensors, TSM_ADAMW_COLUMNS), by value
+    device atomic<typename tsm_acc<T>::type>* grad_sq [[buffer(7)]],  // (2, n_tensors) sum of g^2
     constant uint& elements         [[buffer(8)]],   // of this dispatch: a multiple of 32
     constant uint& n_tensors        [[buffer(9)]],   // of the model: grad_sq's row length
     constant uint& parity           [[buffer(10)]],  // 0 or 1: the grad_sq row of this step
@@ -72,44 +77,44 @@ template <typename T>
   // (a multiple of 32), and the threadgroup size a multiple of 32: every SIMD-group is full
   // and lies in one chunk, so no lane returns before simd_sum and the chunk's tensor is
   // uniform over the SIMD-group.
+  using Acc = typename tsm_acc<T>::type;
   const uint e = first_element + gid;
   const uint t = uint(chunk_tensor[e / TSM_ADAMW_CHUNK]);
-  constant T* h = hyper + (t - first_tensor) * TSM_ADAMW_COLUMNS;
-  const bool active = h[TSM_ADAMW_ACTIVE] != T(0);
+  constant Acc* h = hyper + (t - first_tensor) * TSM_ADAMW_COLUMNS;
+  const bool active = h[TSM_ADAMW_ACTIVE] != Acc(0);
 
-  T g = T(0);
+  Acc g = Acc(0);
   if (active) {
-    g = grads[e] * h[TSM_ADAMW_SIGN];
-    T p = params[e] * h[TSM_ADAMW_DECAY];
+    g = Acc(grads[e]) * h[TSM_ADAMW_SIGN];
+    Acc p = Acc(params[e]) * h[TSM_ADAMW_DECAY];
     // torch's lerp: the formula depends on which side of 0.5 the weight lies.
-    const T w = h[TSM_ADAMW_ONE_MINUS_BETA1];
-    const T m0 = exp_avg[e];
-    const T m = w < T(0.5) ? m0 + w * (g - m0) : g - (g - m0) * (T(1) - w);
+    const Acc w = h[TSM_ADAMW_ONE_MINUS_BETA1];
+    const Acc m0 = exp_avg[e];
+    const Acc m = w < Acc(0.5) ? m0 + w * (g - m0) : g - (g - m0) * (Acc(1) - w);
     exp_avg[e] = m;
-    T v = exp_avg_sq[e] * h[TSM_ADAMW_BETA2];
+    Acc v = exp_avg_sq[e] * h[TSM_ADAMW_BETA2];
     v = v + h[TSM_ADAMW_ONE_MINUS_BETA2] * g * g;
     exp_avg_sq[e] = v;
-    if (h[TSM_ADAMW_AMSGRAD] != T(0)) {  // per tensor: amsgrad is a param-group option
+    if (h[TSM_ADAMW_AMSGRAD] != Acc(0)) {  // per tensor: amsgrad is a param-group option
       // torch.maximum: a NaN in either wins (Metal's max returns the other operand).
-      const T v_max = max_exp_avg_sq[e];
-      v = isnan(v_max) || isnan(v) ? numeric_limits<T>::quiet_NaN() : max(v_max, v);
+      const Acc v_max = max_exp_avg_sq[e];
+      v = isnan(v_max) || isnan(v) ? numeric_limits<Acc>::quiet_NaN() : max(v_max, v);
       max_exp_avg_sq[e] = v;
     }
-    const T denom = sqrt(v) / h[TSM_ADAMW_BC2_SQRT] + h[TSM_ADAMW_EPS];
+    const Acc denom = sqrt(v) / h[TSM_ADAMW_BC2_SQRT] + h[TSM_ADAMW_EPS];
     p = p + (-h[TSM_ADAMW_STEP_SIZE]) * m / denom;
-    params[e] = p;
+    params[e] = T(p);
   }
 
-  const T chunk_sq = simd_sum(g * g);
+  const Acc chunk_sq = simd_sum(g * g);
   if (lane == 0 && active) {
     atomic_fetch_add_explicit(&grad_sq[parity * n_tensors + t], chunk_sq, memory_order_relaxed);
   }
   // Every tensor has at least one chunk, so the dispatch has a thread for each of its rows.
   if (gid < tensors) {
-    atomic_store_explicit(&grad_sq[(1 - parity) * n_tensors + first_tensor + gid], T(0),
+    atomic_store_explicit(&grad_sq[(1 - parity) * n_tensors + first_tensor + gid], Acc(0),
                           memory_order_relaxed);
   }
 }
 
-TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("adamw_step_float", adamw_step, float))
-TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("adamw_step_double", adamw_step, double))
+TSM_INSTANTIATE_ALL_DTYPES("adamw_step", adamw_step)

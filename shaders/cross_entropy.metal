@@ -14,6 +14,9 @@
 // loss is deterministic. The cost: one threadgroup uses one GPU core, fine for a
 // classifier's batch (hundreds of rows of tens of classes); a language-model vocabulary
 // would want a threadgroup per row instead.
+//
+// T is the logits' type; the softmax, the loss and the sums run in Acc = tsm_acc<T>::type
+// (float for half and bfloat logits), and the loss and each gradient are rounded to T once.
 #include <metal_stdlib>
 #include "tsm_common.h"
 using namespace metal;
@@ -42,7 +45,8 @@ template <typename T>
     uint lane                     [[thread_index_in_simdgroup]],
     uint simd_id                  [[simdgroup_index_in_threadgroup]],
     uint n_simd                   [[simdgroups_per_threadgroup]]) {
-  threadgroup T partials[TSM_CE_MAX_SIMDGROUPS];
+  using Acc = typename tsm_acc<T>::type;
+  threadgroup Acc partials[TSM_CE_MAX_SIMDGROUPS];
   threadgroup uint counts[TSM_CE_MAX_SIMDGROUPS];
   threadgroup uint counted_rows;
 
@@ -72,53 +76,52 @@ template <typename T>
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   // torch: the mean over no rows is NaN (0 / 0) and every gradient is 0.
-  const T inv_count = T(1) / T(counted_rows);
-  const T nan = numeric_limits<T>::quiet_NaN();
+  const Acc inv_count = Acc(1) / Acc(counted_rows);
+  const Acc nan = numeric_limits<Acc>::quiet_NaN();
 
-  T acc = T(0);
+  Acc acc = Acc(0);
   for (uint r = tid; r < batch; r += threads) {
     device const T* x = logits + r * classes;
     const int label = labels[r];
     const bool counted = label != ignore_index;
     const bool valid = !counted || (label >= 0 && uint(label) < classes);
     // Stable log-sum-exp: shift by the row maximum so exp never overflows.
-    T m = x[0];
+    Acc m = Acc(x[0]);
     for (uint c = 1; c < classes; ++c) {
-      m = max(m, x[c]);
+      m = max(m, Acc(x[c]));
     }
-    T sum = T(0);
+    Acc sum = Acc(0);
     for (uint c = 0; c < classes; ++c) {
-      sum += exp(x[c] - m);
+      sum += exp(Acc(x[c]) - m);
     }
     if (counted) {
       // -log softmax(x)[label] = log(sum) - (x[label] - m)
-      acc += valid ? (log(sum) - (x[label] - m)) * inv_count : nan;
+      acc += valid ? (log(sum) - (Acc(x[label]) - m)) * inv_count : nan;
     }
     if (need_grad != 0) {
       device T* g = grad_logits + r * classes;
-      const T scale = !valid ? nan : counted ? inv_count : T(0);
-      const T inv_sum = T(1) / sum;
+      const Acc scale = !valid ? nan : counted ? inv_count : Acc(0);
+      const Acc inv_sum = Acc(1) / sum;
       for (uint c = 0; c < classes; ++c) {
-        const T p = exp(x[c] - m) * inv_sum;
-        g[c] = (p - (int(c) == label ? T(1) : T(0))) * scale;
+        const Acc p = exp(Acc(x[c]) - m) * inv_sum;
+        g[c] = T((p - (int(c) == label ? Acc(1) : Acc(0))) * scale);
       }
     }
   }
 
   // Every thread reaches the reductions and barrier (no early return above).
-  const T simd_total = simd_sum(acc);
+  const Acc simd_total = simd_sum(acc);
   if (lane == 0) {
     partials[simd_id] = simd_total;
   }
   threadgroup_barrier(mem_flags::mem_threadgroup);
   if (tid == 0) {
-    T total = T(0);
+    Acc total = Acc(0);
     for (uint s = 0; s < n_simd; ++s) {
       total += partials[s];
     }
-    loss[0] = counted_rows == 0 ? nan : total;
+    loss[0] = T(counted_rows == 0 ? nan : total);
   }
 }
 
-TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("cross_entropy_forward_float", cross_entropy_forward, float))
-TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("cross_entropy_forward_double", cross_entropy_forward, double))
+TSM_INSTANTIATE_ALL_DTYPES("cross_entropy_forward", cross_entropy_forward)

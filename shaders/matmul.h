@@ -13,14 +13,14 @@
 //   buffer(4)  preact  alpha * op(A) @ op(B) + beta * bias before the activation, written
 //                      only with save_preact (GELU under autograd: backward needs it)
 //   buffer(5..) M, N, K, lda, ldb, ldc, bias_rs, bias_cs (uint), alpha, beta (in the
-//               accumulator type tsm_mm_acc<T>::type: float, double for double),
+//               accumulator type tsm_acc<T>::type: float, double for double),
 //               epilogue (uint: TSM_MM_* bits below), vec_ok (uint: TSM_MM_VEC_* bits)
 //
 // Transposes are template parameters (TA, TB), i.e. kernel variants chosen by the host
 // from the operands' strides: a transposed view is read in place, never copied. Each
 // variant loads its tiles with the memory-contiguous dimension fastest.
 //
-// T is the element type of A, B, bias, C; products accumulate in tsm_mm_acc<T>::type
+// T is the element type of A, B, bias, C; products accumulate in tsm_acc<T>::type
 // (float for float, half and bfloat; double in the emulator-only double build, so that
 // gradcheck runs through the kernels). The host guarantees every flat offset fits a uint.
 #pragma once
@@ -29,12 +29,6 @@
 #include "activations.h"
 #include "tsm_common.h"
 using namespace metal;
-
-template <typename T>
-struct tsm_mm_acc {
-  using type = float;
-};
-TSM_EMULATOR_ONLY(template <> struct tsm_mm_acc<double> { using type = double; };)
 
 // Epilogue bits (host: EPILOGUE_* in torch_sparse_metal/ops/matmul.py), the activation
 // code (TsmActivation, shaders/activations.h) in bits 4..7, and vec_ok
@@ -51,7 +45,7 @@ enum TsmMmFlags : uint {
 // The epilogue's uniform arguments, gathered once per thread.
 template <typename T>
 struct TsmMmEpilogue {
-  using Acc = typename tsm_mm_acc<T>::type;
+  using Acc = typename tsm_acc<T>::type;
   device const T* bias;
   device T* C;
   device T* preact;
@@ -132,12 +126,12 @@ inline void tsm_mm_copy_block(threadgroup T* dst, device const T* src, uint ld, 
   constant uint& lda [[buffer(8)]], constant uint& ldb [[buffer(9)]], \
   constant uint& ldc [[buffer(10)]], constant uint& bias_rs [[buffer(11)]], \
   constant uint& bias_cs [[buffer(12)]],                            \
-  constant typename tsm_mm_acc<T>::type& alpha [[buffer(13)]],      \
-  constant typename tsm_mm_acc<T>::type& beta [[buffer(14)]],       \
+  constant typename tsm_acc<T>::type& alpha [[buffer(13)]],      \
+  constant typename tsm_acc<T>::type& beta [[buffer(14)]],       \
   constant uint& epilogue [[buffer(15)]],                           \
   constant uint& vec_ok [[buffer(16)]]
 
 #define TSM_MM_EPILOGUE(name)                                                              \
-  using Acc = typename tsm_mm_acc<T>::type;                                                \
+  using Acc = typename tsm_acc<T>::type;                                                \
   const TsmMmEpilogue<T> name{bias, C, preact, M, N, ldc, bias_rs, bias_cs, alpha, beta, \
                               epilogue}

@@ -3,6 +3,14 @@
 // Host code: torch_sparse_metal/ops/sparse_linear.py. Every index is int32 and every
 // scalar a separate 32-bit `constant uint&`; the host rejects shapes whose flat offsets or
 // grids would not fit in 32 bits, so `uint` arithmetic below cannot wrap.
+//
+// T is the type of values, activations and their gradients: float, half or bfloat (double on
+// the emulator). Every sum runs in Acc = tsm_acc<T>::type (float for the 2-byte types) and is
+// rounded to T once, where it is stored. The fused activation takes the pre-activation
+// rounded to T, as torch's linear followed by its activation would: the forward is then the
+// function whose derivative the backward computes from what it saved (y, or z for GELU, in T). The atomic kernels' grad_values and grad_bias are
+// sums over the batch that many threads add into, so they are Acc buffers (float32 on the
+// host, rounded to T after the dispatch); Metal has no atomic half either.
 #include <metal_stdlib>
 #include "activations.h"
 #include "tsm_common.h"
@@ -19,11 +27,12 @@ inline bool tsm_edge_range_ok(int begin, int end, uint nnz) {
 }
 
 // d loss / d z of target `row` in batch row `g` (and `saved`, what the forward saved for
-// the activation's derivative).
-template <typename T>
-inline T tsm_grad_preact(device const T* g, device const T* saved, int row, uint activation) {
-  return activation == TSM_ACT_NONE ? g[row]
-                                    : tsm_activation_backward(g[row], saved[row], activation);
+// the activation's derivative), in the accumulator type.
+template <typename T, typename Acc = typename tsm_acc<T>::type>
+inline Acc tsm_grad_preact(device const T* g, device const T* saved, int row, uint activation) {
+  return activation == TSM_ACT_NONE
+             ? Acc(g[row])
+             : tsm_activation_backward(Acc(g[row]), Acc(saved[row]), activation);
 }
 
 // One thread per (target neuron, batch element), flattened as gid = b * out_features + row
@@ -55,12 +64,13 @@ template <typename T>
   if (gid >= batch * out_features) {
     return;
   }
+  using Acc = typename tsm_acc<T>::type;
   const uint row = gid % out_features;
   const uint b = gid / out_features;
   device const T* x = input + b * in_features;
 
   // Starting from the bias saves a second pass (and a second dispatch) over the output.
-  T acc = has_bias != 0 ? bias[row] : T(0);
+  Acc acc = has_bias != 0 ? Acc(bias[row]) : Acc(0);
   const int begin = indptr[row], end = indptr[row + 1];
   bool bad = !tsm_edge_range_ok(begin, end, nnz);
   for (int e = begin; !bad && e < end; ++e) {
@@ -69,16 +79,17 @@ template <typename T>
       bad = true;
       break;
     }
-    acc = fma(values[e], x[col], acc);
+    acc = fma(Acc(values[e]), Acc(x[col]), acc);
   }
   if (bad) {
-    acc = numeric_limits<T>::quiet_NaN();
+    acc = numeric_limits<Acc>::quiet_NaN();
     tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
   }
+  const T z = T(acc);
   if (save_preact != 0) {
-    preact[gid] = acc;
+    preact[gid] = z;
   }
-  output[gid] = tsm_activate(acc, activation);
+  output[gid] = T(tsm_activate(Acc(z), activation));
 }
 
 // The by-source edge at position p: its target row and by-target edge id, false when either
@@ -128,8 +139,8 @@ template <typename T>
     device const int* src_rows       [[buffer(4)]],   // (nnz) target row, by-source order
     device const int* src_perm       [[buffer(5)]],   // (nnz) by-target edge id, by-source order
     device T* grad_input             [[buffer(6)]],   // (batch, in_features)
-    device atomic<T>* grad_values    [[buffer(7)]],   // (nnz), zero-filled
-    device atomic<T>* grad_bias      [[buffer(8)]],   // (out_features), zero-filled
+    device atomic<typename tsm_acc<T>::type>* grad_values [[buffer(7)]],  // (nnz), zero-filled
+    device atomic<typename tsm_acc<T>::type>* grad_bias   [[buffer(8)]],  // (out_features), zero-filled
     constant uint& batch             [[buffer(9)]],
     constant uint& in_features       [[buffer(10)]],
     constant uint& out_features      [[buffer(11)]],
@@ -145,14 +156,15 @@ template <typename T>
   if (gid >= batch * neurons) {
     return;
   }
+  using Acc = typename tsm_acc<T>::type;
   const uint i = gid % neurons;
   const uint b = gid / neurons;
   device const T* g = grad_output + b * out_features;
   device const T* saved = act_saved + b * out_features;
 
   if (i < in_features && (need_grad_input != 0 || need_grad_values != 0)) {
-    const T x_bi = need_grad_values != 0 ? input[b * in_features + i] : T(0);
-    T acc = T(0);
+    const Acc x_bi = need_grad_values != 0 ? Acc(input[b * in_features + i]) : Acc(0);
+    Acc acc = Acc(0);
     const int begin = src_indptr[i], end = src_indptr[i + 1];
     bool bad = !tsm_edge_range_ok(begin, end, nnz);
     for (int p = begin; !bad && p < end; ++p) {
@@ -161,16 +173,16 @@ template <typename T>
         bad = true;
         break;
       }
-      const T dz = tsm_grad_preact(g, saved, row, activation);
+      const Acc dz = tsm_grad_preact(g, saved, row, activation);
       if (need_grad_input != 0) {
-        acc = fma(dz, values[edge], acc);
+        acc = fma(dz, Acc(values[edge]), acc);
       }
       if (need_grad_values != 0) {
         atomic_fetch_add_explicit(&grad_values[edge], dz * x_bi, memory_order_relaxed);
       }
     }
     if (need_grad_input != 0) {
-      grad_input[b * in_features + i] = bad ? numeric_limits<T>::quiet_NaN() : acc;
+      grad_input[b * in_features + i] = bad ? T(numeric_limits<Acc>::quiet_NaN()) : T(acc);
     }
     if (bad) {
       tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
@@ -218,10 +230,11 @@ template <typename T>
     constant uint& activation        [[buffer(17)]],  // TSM_ACT_*
     device atomic_uint* errors       [[buffer(18)]],  // the device's error word (TsmError bits)
     uint gid                         [[thread_position_in_grid]]) {
+  using Acc = typename tsm_acc<T>::type;
   const uint input_threads = need_grad_input != 0 ? batch * in_features : 0u;
   const uint value_threads = need_grad_values != 0 ? nnz : 0u;
   const uint bias_threads = need_grad_bias != 0 ? out_features : 0u;
-  const T nan = numeric_limits<T>::quiet_NaN();
+  const T nan = T(numeric_limits<Acc>::quiet_NaN());
   uint t = gid;  // the thread's index within its range
 
   if (t < input_threads) {
@@ -229,7 +242,7 @@ template <typename T>
     const uint b = t / in_features;
     device const T* g = grad_output + b * out_features;
     device const T* saved = act_saved + b * out_features;
-    T acc = T(0);
+    Acc acc = Acc(0);
     const int begin = src_indptr[i], end = src_indptr[i + 1];
     bool bad = !tsm_edge_range_ok(begin, end, nnz);
     for (int p = begin; !bad && p < end; ++p) {
@@ -238,9 +251,9 @@ template <typename T>
         bad = true;
         break;
       }
-      acc = fma(tsm_grad_preact(g, saved, row, activation), values[edge], acc);
+      acc = fma(tsm_grad_preact(g, saved, row, activation), Acc(values[edge]), acc);
     }
-    grad_input[t] = bad ? nan : acc;
+    grad_input[t] = bad ? nan : T(acc);
     if (bad) {
       tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
     }
@@ -270,24 +283,24 @@ template <typename T>
       tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
       return;
     }
-    T acc = T(0);
+    Acc acc = Acc(0);
     for (uint b = 0; b < batch; ++b) {
-      const T dz = tsm_grad_preact(grad_output + b * out_features, act_saved + b * out_features,
-                                   row, activation);
-      acc = fma(dz, input[b * in_features + lo], acc);
+      const Acc dz = tsm_grad_preact(grad_output + b * out_features,
+                                     act_saved + b * out_features, row, activation);
+      acc = fma(dz, Acc(input[b * in_features + lo]), acc);
     }
-    grad_values[edge] = acc;
+    grad_values[edge] = T(acc);
     return;
   }
   t -= value_threads;
 
   if (t < bias_threads) {
-    T acc = T(0);
+    Acc acc = Acc(0);
     for (uint b = 0; b < batch; ++b) {
       acc += tsm_grad_preact(grad_output + b * out_features, act_saved + b * out_features,
                              int(t), activation);
     }
-    grad_bias[t] = acc;
+    grad_bias[t] = T(acc);
   }
 }
 
@@ -330,26 +343,37 @@ template <typename T>
   if (row >= out_features) {
     return;
   }
+  using Acc = typename tsm_acc<T>::type;
   const int begin = indptr[row], end = indptr[row + 1];
-  const T start = has_bias != 0 ? bias[row] : T(0);
+  const Acc start = has_bias != 0 ? Acc(bias[row]) : Acc(0);
   for (uint b0 = 0; b0 < batch; b0 += 32 * TSM_BATCH_PASS) {
-    T acc[TSM_BATCH_PASS];
+    Acc acc[TSM_BATCH_PASS];
     for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
       acc[k] = start;
     }
     bool bad = !tsm_edge_range_ok(begin, end, nnz);
-    for (int e = begin; !bad && e < end; ++e) {
-      const int col = indices[e];
-      if (uint(col) >= in_features) {
-        bad = true;
+    // The row's edges 32 at a time: each lane loads one edge's index and value (one
+    // coalesced load per array for 32 edges) and simd_shuffle hands them to every lane in
+    // turn. A load per edge would have each of its 32 lanes fetch the same 4 + sizeof(T)
+    // bytes, which for the 2-byte types is as much as the x values it feeds.
+    for (int e0 = begin; !bad && e0 < end; e0 += 32) {
+      const int e = e0 + int(lane);
+      const uint my_col = e < end ? uint(indices[e]) : 0u;  // a negative index wraps too
+      const Acc my_v = e < end ? Acc(values[e]) : Acc(0);
+      bad = simd_any(my_col >= in_features);
+      if (bad) {
         break;
       }
-      const T v = values[e];
-      device const T* x = input_t + uint(col) * batch;
-      for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
-        const uint b = b0 + 32 * k + lane;
-        if (b < batch) {
-          acc[k] = fma(v, x[b], acc[k]);
+      const uint count = min(32u, uint(end - e0));
+      for (uint j = 0; j < count; ++j) {
+        const uint col = simd_shuffle(my_col, ushort(j));
+        const Acc v = simd_shuffle(my_v, ushort(j));
+        device const T* x = input_t + col * batch;
+        for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
+          const uint b = b0 + 32 * k + lane;
+          if (b < batch) {
+            acc[k] = fma(v, Acc(x[b]), acc[k]);
+          }
         }
       }
     }
@@ -359,11 +383,11 @@ template <typename T>
     for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
       const uint b = b0 + 32 * k + lane;
       if (b < batch) {
-        const T z = bad ? numeric_limits<T>::quiet_NaN() : acc[k];
+        const T z = T(bad ? numeric_limits<Acc>::quiet_NaN() : acc[k]);
         if (save_preact != 0) {
           preact_t[row * batch + b] = z;
         }
-        output_t[row * batch + b] = tsm_activate(z, activation);
+        output_t[row * batch + b] = T(tsm_activate(Acc(z), activation));
       }
     }
   }
@@ -387,8 +411,8 @@ template <typename T>
     device const int* src_rows       [[buffer(4)]],   // (nnz)
     device const int* src_perm       [[buffer(5)]],   // (nnz)
     device T* grad_input_t           [[buffer(6)]],   // (in_features, batch)
-    device atomic<T>* grad_values    [[buffer(7)]],   // (nnz), zero-filled
-    device atomic<T>* grad_bias      [[buffer(8)]],   // (out_features), zero-filled
+    device atomic<typename tsm_acc<T>::type>* grad_values [[buffer(7)]],  // (nnz), zero-filled
+    device atomic<typename tsm_acc<T>::type>* grad_bias   [[buffer(8)]],  // (out_features), zero-filled
     constant uint& batch             [[buffer(9)]],
     constant uint& in_features       [[buffer(10)]],
     constant uint& out_features      [[buffer(11)]],
@@ -405,40 +429,57 @@ template <typename T>
   if (i >= neurons) {
     return;  // whole SIMD-groups: the grid is neurons * 32
   }
-  const T nan = numeric_limits<T>::quiet_NaN();
+  using Acc = typename tsm_acc<T>::type;
+  const T nan = T(numeric_limits<Acc>::quiet_NaN());
 
   if (i < in_features && (need_grad_input != 0 || need_grad_values != 0)) {
     const int begin = src_indptr[i], end = src_indptr[i + 1];
     for (uint b0 = 0; b0 < batch; b0 += 32 * TSM_BATCH_PASS) {
-      T x[TSM_BATCH_PASS], acc[TSM_BATCH_PASS];
+      Acc x[TSM_BATCH_PASS], acc[TSM_BATCH_PASS];
       for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
         const uint b = b0 + 32 * k + lane;
-        x[k] = need_grad_values != 0 && b < batch ? input_t[i * batch + b] : T(0);
-        acc[k] = T(0);
+        x[k] = need_grad_values != 0 && b < batch ? Acc(input_t[i * batch + b]) : Acc(0);
+        acc[k] = Acc(0);
       }
       bool bad = !tsm_edge_range_ok(begin, end, nnz);
-      for (int p = begin; !bad && p < end; ++p) {
-        int row, edge;
-        if (!tsm_source_edge(src_rows, src_perm, p, out_features, nnz, row, edge)) {
-          bad = true;
-          break;
-        }
-        const T v = need_grad_input != 0 ? values[edge] : T(0);
-        device const T* g = grad_output_t + uint(row) * batch;
-        device const T* saved = act_saved_t + uint(row) * batch;
-        T part = T(0);  // this lane's share of grad_values[edge]
-        for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
-          const uint b = b0 + 32 * k + lane;
-          if (b < batch) {
-            const T dz = tsm_grad_preact(g, saved, int(b), activation);
-            acc[k] = fma(dz, v, acc[k]);
-            part = fma(dz, x[k], part);
+      // The source's edges 32 at a time, as in the forward: lane j loads the j-th edge's
+      // target row, edge id and value, simd_shuffle hands row and value to every lane,
+      // and lane j adds the edge's batch sum to its gradient.
+      for (int p0 = begin; !bad && p0 < end; p0 += 32) {
+        const int p = p0 + int(lane);
+        int my_row = 0, my_edge = 0;
+        bool ok = true;
+        Acc my_v = Acc(0);
+        if (p < end) {
+          ok = tsm_source_edge(src_rows, src_perm, p, out_features, nnz, my_row, my_edge);
+          if (ok && need_grad_input != 0) {
+            my_v = Acc(values[my_edge]);
           }
         }
-        if (need_grad_values != 0) {
-          const T total = simd_sum(part);  // the row's edges are the same for every lane
-          if (lane == 0) {
-            atomic_fetch_add_explicit(&grad_values[edge], total, memory_order_relaxed);
+        bad = simd_any(!ok);
+        if (bad) {
+          break;
+        }
+        const uint count = min(32u, uint(end - p0));
+        for (uint j = 0; j < count; ++j) {
+          const uint row = simd_shuffle(uint(my_row), ushort(j));
+          const Acc v = simd_shuffle(my_v, ushort(j));
+          device const T* g = grad_output_t + row * batch;
+          device const T* saved = act_saved_t + row * batch;
+          Acc part = Acc(0);  // this lane's share of the edge's grad_values
+          for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
+            const uint b = b0 + 32 * k + lane;
+            if (b < batch) {
+              const Acc dz = tsm_grad_preact(g, saved, int(b), activation);
+              acc[k] = fma(dz, v, acc[k]);
+              part = fma(dz, x[k], part);
+            }
+          }
+          if (need_grad_values != 0) {
+            const Acc total = simd_sum(part);  // every lane is on the same edge
+            if (lane == j) {
+              atomic_fetch_add_explicit(&grad_values[my_edge], total, memory_order_relaxed);
+            }
           }
         }
       }
@@ -446,7 +487,7 @@ template <typename T>
         for (uint k = 0; k < TSM_BATCH_PASS; ++k) {
           const uint b = b0 + 32 * k + lane;
           if (b < batch) {
-            grad_input_t[i * batch + b] = bad ? nan : acc[k];
+            grad_input_t[i * batch + b] = bad ? nan : T(acc[k]);
           }
         }
       }
@@ -457,27 +498,19 @@ template <typename T>
   }
 
   if (need_grad_bias != 0 && i < out_features) {
-    T part = T(0);
+    Acc part = Acc(0);
     for (uint b = lane; b < batch; b += 32) {
       part += tsm_grad_preact(grad_output_t + i * batch, act_saved_t + i * batch, int(b), activation);
     }
-    const T total = simd_sum(part);
+    const Acc total = simd_sum(part);
     if (lane == 0) {
       atomic_fetch_add_explicit(&grad_bias[i], total, memory_order_relaxed);
     }
   }
 }
 
-TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_float", sparse_linear_forward, float))
-TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_float", sparse_linear_backward, float))
-TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_double", sparse_linear_forward, double))
-TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_deterministic_float", sparse_linear_backward_deterministic, float))
-TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_double", sparse_linear_backward, double))
-TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_deterministic_double",
-                                         sparse_linear_backward_deterministic, double))
-TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_batch_lanes_float", sparse_linear_forward_batch_lanes, float))
-TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_batch_lanes_float", sparse_linear_backward_batch_lanes, float))
-TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_forward_batch_lanes_double",
-                                         sparse_linear_forward_batch_lanes, double))
-TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL("sparse_linear_backward_batch_lanes_double",
-                                         sparse_linear_backward_batch_lanes, double))
+TSM_INSTANTIATE_ALL_DTYPES("sparse_linear_forward", sparse_linear_forward)
+TSM_INSTANTIATE_ALL_DTYPES("sparse_linear_backward", sparse_linear_backward)
+TSM_INSTANTIATE_ALL_DTYPES("sparse_linear_backward_deterministic", sparse_linear_backward_deterministic)
+TSM_INSTANTIATE_ALL_DTYPES("sparse_linear_forward_batch_lanes", sparse_linear_forward_batch_lanes)
+TSM_INSTANTIATE_ALL_DTYPES("sparse_linear_backward_batch_lanes", sparse_linear_backward_batch_lanes)

@@ -47,6 +47,23 @@
 #define TSM_FOR_BFLOAT(...)
 #endif
 
+// `func` for every dtype, as "<base>_<dtype>", each under its dtype's macro: float, half and
+// bfloat (MSL 3.1+) on Metal, and double on the emulator only.
+#define TSM_INSTANTIATE_ALL_DTYPES(base, func)                                  \
+  TSM_FOR_FLOAT(TSM_INSTANTIATE_KERNEL(base "_float", func, float))             \
+  TSM_FOR_HALF(TSM_INSTANTIATE_KERNEL(base "_half", func, half))                \
+  TSM_FOR_BFLOAT(TSM_INSTANTIATE_KERNEL(base "_bfloat", func, bfloat))          \
+  TSM_EMULATOR_ONLY(TSM_INSTANTIATE_KERNEL(base "_double", func, double))
+
+// The type sums are carried in: float for float, half and bfloat (2-byte types hold 8 and
+// 11 bits of mantissa, too few for a sum of hundreds of terms), double for the emulator's
+// double. A kernel reads T, sums in tsm_acc<T>::type and rounds once when it stores.
+template <typename T>
+struct tsm_acc {
+  using type = float;
+};
+TSM_EMULATOR_ONLY(template <> struct tsm_acc<double> { using type = double; };)
+
 // Bits of the per-device error word (torch_sparse_metal/checks.py: BAD_LABEL, ...). A kernel
 // that meets data the host could not check without reading it back (a label out of range,
 // an index array written behind torch's back) writes NaN where the result would depend on

@@ -84,7 +84,10 @@ def test_sparse_rows_bound_each_kernel_on_each_chip(capsys):
     assert bench_cli.main(["sparse", "--sizes", "64x48", "--density", "0.2", "--batch", "8",
                            "--chip", "m1", "m4-max", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["phase"] for r in rows] == ["forward", "backward"]
+    assert [(r["phase"], r["dtype"]) for r in rows] == [
+        ("forward", "float32"), ("backward", "float32"), ("forward", "float16"),
+        ("backward", "float16")]
+    assert [r["kernel"].rsplit("_", 1)[1] for r in rows] == ["float", "float", "half", "half"]
     for r in rows:
         c = r["counters"]
         # One FMA per edge and batch element; the backward's two (grad_input, grad_values).

@@ -135,7 +135,8 @@ BAD = [
     (dict(logits=torch.randn(3)), "logits must be 2-D"),
     (dict(logits=torch.randn(3, 0)), "logits has 0 classes"),
     (dict(logits=torch.ones(3, 3, dtype=torch.int64)), "logits must be a floating-point"),
-    (dict(logits=torch.randn(3, 3).half()), "dtype torch.float16 is not supported by backend"),
+    (dict(logits=torch.randn(3, 3).to(torch.float8_e5m2)),
+     "dtype torch.float8_e5m2 is not supported by backend"),
 ]
 
 

@@ -162,6 +162,38 @@ def test_a_bfloat_rejection_costs_the_bfloat_kernels_only(install):
                          "#define TSM_LIBRARY_DTYPE TSM_DTYPE_FLOAT"}
 
 
+@pytest.mark.parametrize("dtype, library", [(torch.float16, "HALF"), (torch.bfloat16, "BFLOAT")])
+def test_a_2_byte_rejection_costs_only_that_dtype_of_the_sparse_layer(install, dtype, library):
+    """The sparse layer's half and bfloat kernels are libraries of their own: Apple's compiler
+    rejecting one sends that dtype to the reference (one warning), not float32."""
+    install(FailingExtension(rejects=lambda source: source.startswith(
+        f"#define TSM_LIBRARY_DTYPE TSM_DTYPE_{library}")))
+
+    def resolve(d):
+        return warnings_of(lambda: _backend.resolve_backend(
+            "sparse_linear", (on_mps(torch.randn(2, 2).to(d)),),
+            kernels=lambda: library_kernels("sparse_linear.metal", SPARSE_LINEAR_KERNELS, d)))
+    backend, caught = resolve(dtype)
+    assert backend == "reference" and len(caught) == 1
+    assert f"sparse_linear_forward_{library.lower()}" in caught[0]
+    assert "use of undeclared identifier" in caught[0]
+    assert resolve(torch.float32) == ("metal", [])
+
+
+def test_bfloat_needs_msl_3_1_on_metal(install, monkeypatch):
+    install(FailingExtension())
+    monkeypatch.setattr(mb, "_device_info", lambda: {
+        "name": "Fake M9", "supports_apple7": True, "supports_metal3": True,
+        "max_threads_per_threadgroup": 1024, "max_threadgroup_memory": 32768,
+        "metal_language_version": "3.0"})
+    clear()
+    from torch_sparse_metal.ops.sparse_linear import DTYPES
+    _backend.require_kernel_dtype("sparse_linear", torch.float16, "metal", DTYPES)
+    with pytest.raises(ValueError, match=r"sparse_linear: bfloat16 kernels need the Metal "
+                                         r"Shading Language 3.1 .* compiles MSL 3.0"):
+        _backend.require_kernel_dtype("sparse_linear", torch.bfloat16, "metal", DTYPES)
+
+
 @pytest.mark.parametrize("op", ["cross_entropy", "addmm"])
 def test_an_op_falls_back_on_its_own(install, op):
     install(FailingExtension(rejects=lambda source: True))

@@ -490,16 +490,16 @@ def test_a_metal_compile_error_names_the_shader_file_and_line(monkeypatch):
     from torch_sparse_metal._paths import SHADERS_DIR
     from torch_sparse_metal.emulator import MetalCompileError
     header = (SHADERS_DIR / "matmul.h").read_text().splitlines()
-    line = next(i for i, text in enumerate(header, 1) if "struct tsm_mm_acc" in text)
-    log = (f"matmul.h:{line}:8: error: redefinition of 'tsm_mm_acc'\n"
+    line = next(i for i, text in enumerate(header, 1) if "struct TsmMmEpilogue" in text)
+    log = (f"matmul.h:{line}:8: error: redefinition of 'TsmMmEpilogue'\n"
            "matmul_tiled.metal:19:1: note: in instantiation\n")
     _install(monkeypatch, FakeExtension(compile_log=log))
     with pytest.raises(MetalCompileError) as info:
         mb.kernel_info("matmul_tiled.metal", "matmul_tiled_nn_float")
     message = str(info.value)
     assert message.startswith("compiling matmul_tiled.metal for Metal (MSL 3.2) failed: "
-                              "redefinition of 'tsm_mm_acc'\n  at matmul.h line "
-                              f"{line}: struct tsm_mm_acc {{")
+                              "redefinition of 'TsmMmEpilogue'\n  at matmul.h line "
+                              f"{line}: struct TsmMmEpilogue {{")
     assert info.value.line == line and info.value.source_line == header[line - 1]
     assert message.endswith(log.strip()) and info.value.log == log
     mb.kernel_info.cache_clear()

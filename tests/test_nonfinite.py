@@ -56,9 +56,10 @@ TORCH_ACTIVATION = {None: lambda z: z, "relu": torch.relu, "tanh": torch.tanh,
 
 
 def planted(t, seed, specials=SPECIALS):
-    """A copy of ``t`` with ``specials`` at distinct random places."""
+    """A copy of ``t`` with ``specials`` (as many as fit) at distinct random places."""
     t = t.clone()
     flat = t.view(-1)
+    specials = specials[:flat.numel()]
     where = torch.randperm(flat.numel(), generator=torch.Generator().manual_seed(seed))
     flat[where[:len(specials)]] = torch.tensor(specials, dtype=t.dtype)
     return t
@@ -70,7 +71,17 @@ def assert_matches(got, want, dtype, *, zero_signs=False):
     if got is None or want is None:
         assert got is None and want is None
         return
-    torch.testing.assert_close(got.double(), want.double(), equal_nan=True, **TOL[dtype])
+    if dtype in TOL:
+        tol = TOL[dtype]
+    else:
+        # float16 and bfloat16: the reference rounds each d loss / d z to the type before its
+        # sums (torch's tanh and gelu backward on such tensors do), the kernels keep it in
+        # float32: each of a sum's terms (at most SL_IN here) may differ by u = eps / 2
+        # relative, on top of each side's own rounding.
+        finite = want[torch.isfinite(want)].double().abs()
+        scale = float(finite.max()) if finite.numel() else 0.0
+        tol = dict(rtol=torch.finfo(dtype).eps, atol=SL_IN * torch.finfo(dtype).eps * scale)
+    torch.testing.assert_close(got.double(), want.double(), equal_nan=True, **tol)
     if zero_signs:
         zeros = want == 0
         assert torch.equal(torch.signbit(got[zeros]), torch.signbit(want[zeros])), \
@@ -162,7 +173,7 @@ def test_activation_and_its_backward_as_torch(activation, dtype):
 SL_ROWS = [[0, 1], [2, 3, 4], [], [5, 0, 0], [1, 2, 3, 4, 5]]  # an empty row, a repeat
 SL_IN = 6
 # batch, deterministic: the kernels apply_pattern picks (lanes_along_batch).
-SL_PATHS = {"lane-per-element": (2, False), "batch-lanes": (5, False),
+SL_PATHS = {"lane-per-element": (1, False), "batch-lanes": (5, False),
             "deterministic": (5, True)}
 SL_SITES = ("input", "values", "bias", "grad")
 
@@ -179,7 +190,7 @@ def sparse_linear_problem(site, dtype, batch, seed=0):
 @pytest.mark.parametrize("path", SL_PATHS)
 @pytest.mark.parametrize("site", SL_SITES)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float16, torch.bfloat16])
 def test_sparse_linear(path, site, activation, dtype):
     batch, deterministic = SL_PATHS[path]
     indptr, indices, t = sparse_linear_problem(site, dtype, batch)

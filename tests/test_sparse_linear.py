@@ -258,7 +258,7 @@ def test_empty_problems_launch_nothing(emulator, rows, in_f, batch):
 
 def test_backward_uses_the_forward_backend():
     indptr, indices = make_pattern([[0, 1], [1]])
-    x, values, bias, grad = make_tensors((2,), 2, indptr, indices, True, torch.float64, 0)
+    x, values, bias, grad = make_tensors((1,), 2, indptr, indices, True, torch.float64, 0)
     x, values, bias = leaves(x, values, bias)
     with tsm.use_backend("emulator"):
         y = tsm.sparse_linear(x, indptr, indices, values, bias)
@@ -370,9 +370,10 @@ BAD_CALLS = [
     (_with(values=torch.randn(3, device="meta")), "values is on meta but input is on cpu"),
     (_with(indices=torch.tensor([0, 2, 1], dtype=torch.int32, device="meta")),
      "indices is on meta but input is on cpu"),
-    (_with(input=torch.randn(4, 3, dtype=torch.float16), values=torch.randn(3).half(),
-           bias=torch.randn(3).half()),
-     "dtype torch.float16 is not supported by backend 'emulator'"),
+    (_with(input=torch.randn(4, 3).to(torch.float8_e5m2),
+           values=torch.randn(3).to(torch.float8_e5m2), bias=torch.randn(3).to(torch.float8_e5m2)),
+     "dtype torch.float8_e5m2 is not supported by backend 'emulator'; supported: "
+     "torch.float32, torch.float16, torch.bfloat16, torch.float64"),
 ]
 
 

@@ -123,6 +123,17 @@ def _unbuildable(op: str, kernels: Optional[Kernels]) -> bool:
     return False
 
 
+def require_kernel_dtype(op: str, dtype: torch.dtype, backend: str,
+                         table: Dict[str, Tuple[torch.dtype, ...]]) -> None:
+    """``backend`` has ``op``'s kernels for ``dtype`` (``table``: the op's backend -> dtypes),
+    and on Metal a bfloat16 kernel has the MSL 3.1 it needs: ValueError naming ``op``."""
+    from ._validation import check_kernel_dtype
+    check_kernel_dtype(op, dtype, backend, table=table)
+    if backend == "metal" and dtype == torch.bfloat16:
+        from ._metal_backend import require_bfloat
+        require_bfloat(op)
+
+
 def kernels_or_reference(op: str, backend: str, on_kernels: Callable[[], T],
                          on_reference: Callable[[], T]) -> T:
     """``on_kernels()`` on a kernel backend, ``on_reference()`` on the reference, and under

@@ -32,9 +32,11 @@ call it directly (no attribute lookups per call).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Union
 
 import torch
+
+from . import _autocast
 
 NAMESPACE = "torch_sparse_metal"
 _LIBRARY = torch.library.Library(NAMESPACE, "DEF")
@@ -46,14 +48,18 @@ _BACKEND_KEYS = (("emulator", "CPU"), ("metal", "MPS"))
 
 def define(schema: str, kernel: Callable[..., Any], fake: Callable[..., Any], *,
            backward: Optional[Callable[..., Any]] = None,
-           setup_context: Optional[Callable[..., Any]] = None) -> torch._ops.OpOverload:
+           setup_context: Optional[Callable[..., Any]] = None,
+           autocast: Union[bool, torch.dtype] = False) -> torch._ops.OpOverload:
     """Register ``torch_sparse_metal::<schema>`` and return its ``OpOverload``.
 
     ``kernel(*args, backend=...)`` runs the op's kernels on ``backend`` (``"emulator"`` for
     CPU tensors, ``"metal"`` for MPS tensors); ``fake(*args)`` returns outputs of the right
     shapes, dtypes and devices without touching data. ``backward`` / ``setup_context``: as
     ``torch.library.register_autograd`` takes them; omitted, the op is not differentiable and
-    a gradient through it raises (:func:`not_differentiable_kernel`).
+    a gradient through it raises (:func:`not_differentiable_kernel`). ``autocast``: under
+    ``torch.autocast`` the op's floating arguments are cast first, to the autocast dtype
+    (True) as torch's ``linear`` does, or to ``torch.float32`` as its ``cross_entropy``
+    does (:mod:`torch_sparse_metal._autocast`).
     """
     name = schema.split("(", 1)[0]
     _LIBRARY.define(schema)
@@ -65,6 +71,8 @@ def define(schema: str, kernel: Callable[..., Any], fake: Callable[..., Any], *,
     autograd = (not_differentiable_kernel(op) if backward is None
                 else autograd_kernel(op, backward, setup_context))
     _LIBRARY.impl(name, autograd, "Autograd", with_keyset=True)
+    if autocast is not False:
+        _autocast.register(_LIBRARY, name, op, None if autocast is True else autocast)
     return op
 
 

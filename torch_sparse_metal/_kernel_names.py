@@ -1,7 +1,7 @@
 """The one place kernel host names are built: ``<base>_<dtype>``, as the shaders register them."""
 from __future__ import annotations
 
-from typing import Iterable, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -27,10 +27,13 @@ def kernel_name(base: str, dtype: torch.dtype) -> str:
     return f"{base}_{dtype_suffix(dtype)}"
 
 
-def kernel_names_for(bases: Iterable[str], backend: str) -> Tuple[str, ...]:
+def kernel_names_for(bases: Iterable[str], backend: str, table: Optional[
+        Dict[str, Tuple[torch.dtype, ...]]] = None) -> Tuple[str, ...]:
     """Every ``<base>_<dtype>`` an op's host code can ask ``backend`` for: the ops' own
-    ``kernel_names()``, which the tests check against the compiled libraries."""
-    return tuple(kernel_name(base, dtype) for base in bases for dtype in KERNEL_DTYPES[backend])
+    ``kernel_names()``, which the tests check against the compiled libraries. ``table``:
+    the op's backend -> dtypes map (default :data:`KERNEL_DTYPES`)."""
+    dtypes = (KERNEL_DTYPES if table is None else table)[backend]
+    return tuple(kernel_name(base, dtype) for base in bases for dtype in dtypes)
 
 
 def library_kernels(shader: str, bases: Iterable[str], dtype: torch.dtype

@@ -21,6 +21,13 @@ KERNEL_DTYPES: Dict[str, Tuple[torch.dtype, ...]] = {
     "metal": (torch.float32,),
     "emulator": (torch.float32, torch.float64),  # Metal has no double; the emulator does
 }
+# The ops whose kernels are also instantiated for the 2-byte types (TSM_INSTANTIATE_ALL_DTYPES
+# in shaders/tsm_common.h). bfloat needs MSL 3.1 (macOS 14) on Metal: offered only when the
+# launcher compiles 3.1 or later (_metal_backend.require_bfloat).
+KERNEL_DTYPES_WITH_HALF: Dict[str, Tuple[torch.dtype, ...]] = {
+    "metal": (torch.float32, torch.float16, torch.bfloat16),
+    "emulator": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
+}
 
 
 def check_tensor(op: str, name: str, t: object) -> torch.Tensor:

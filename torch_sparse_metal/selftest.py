@@ -55,8 +55,8 @@ class Check:
 class Machine:
     backend: str           # "metal" or "emulator"
     device: torch.device
-    dtypes: Tuple[torch.dtype, ...]         # what the sparse / loss / optimizer kernels take
-    matmul_dtypes: Tuple[torch.dtype, ...]
+    dtypes: Tuple[torch.dtype, ...]            # what the k-means kernels take
+    dtypes_with_half: Tuple[torch.dtype, ...]  # the others' (matmul, sparse, loss, AdamW)
 
     def sync(self) -> None:
         if self.device.type == "mps":
@@ -64,15 +64,14 @@ class Machine:
 
 
 def machine() -> Machine:
-    from ._validation import KERNEL_DTYPES
-    from .ops.matmul import MATMUL_DTYPES
+    from ._validation import KERNEL_DTYPES, KERNEL_DTYPES_WITH_HALF
     if _metal_backend.is_available():
-        matmul = MATMUL_DTYPES["metal"]
+        with_half = KERNEL_DTYPES_WITH_HALF["metal"]
         if not _metal_backend.device_capabilities()["supports_bfloat"]:
-            matmul = tuple(d for d in matmul if d != torch.bfloat16)
-        return Machine("metal", torch.device("mps"), KERNEL_DTYPES["metal"], matmul)
+            with_half = tuple(d for d in with_half if d != torch.bfloat16)
+        return Machine("metal", torch.device("mps"), KERNEL_DTYPES["metal"], with_half)
     return Machine("emulator", torch.device("cpu"), KERNEL_DTYPES["emulator"],
-                   MATMUL_DTYPES["emulator"])
+                   KERNEL_DTYPES_WITH_HALF["emulator"])
 
 
 def bound(dtype: torch.dtype, reduction: int) -> float:
@@ -261,20 +260,22 @@ def _gradcheck(m: Machine) -> Tuple[float, float]:
 
 def checks(m: Machine, quick: bool) -> Iterator[Tuple[str, Callable[[], Tuple[float, float]]]]:
     from .ops.matmul import RUNGS, capabilities
-    for dtype in m.dtypes:
+    from .ops.sparse_linear import lanes_along_batch
+    for dtype in m.dtypes_with_half:
         name = str(dtype).replace("torch.", "")
-        for batch, deterministic, activation in ((2, False, "relu"), (40, False, "gelu"),
+        for batch, deterministic, activation in ((1, False, "relu"), (40, False, "gelu"),
                                                  (5, True, "tanh"), (3, False, None)):
             family = "deterministic" if deterministic else \
-                "batch lanes" if batch >= 3 else "lane per element"
+                "batch lanes" if lanes_along_batch(batch) else "lane per element"
             yield (f"sparse_linear {name} {family} batch {batch} {activation}",
                    lambda d=dtype, b=batch, a=activation, det=deterministic:
                    _sparse_linear(m, d, b, a, det))
         yield f"cross_entropy {name}", lambda d=dtype: _cross_entropy(m, d)
         yield f"AdamW {name}", lambda d=dtype: _adamw(m, d)
-        yield f"k-means {name}", lambda d=dtype: _kmeans(m, d)
+    for dtype in m.dtypes:
+        yield f"k-means {str(dtype).replace('torch.', '')}", lambda d=dtype: _kmeans(m, d)
     simdgroup = capabilities(m.backend)["supports_simdgroup_matrix"]
-    for dtype in m.matmul_dtypes:
+    for dtype in m.dtypes_with_half:
         for rung in RUNGS.values():
             if rung.needs_simdgroup_matrix and not simdgroup:
                 continue

@@ -113,6 +113,8 @@ def main(argv=None) -> int:
                     help="in_features x out_features (default 4096x4096)")
     sp.add_argument("--density", type=_density, default=0.01)
     sp.add_argument("--batch", type=POSITIVE, default=64)
+    sp.add_argument("--dtypes", nargs="+", choices=["float32", "float16", "bfloat16"],
+                    default=["float32", "float16"], help="default: float32 float16")
     sp.add_argument("--json", action="store_true", help="print the rows as JSON")
     _add_chip(sp, default=[_chip("m1-max"), _chip("m4-max")])
     ops = sub.add_parser("ops", help="per-call cost of each op registration style (direct, "
@@ -188,7 +190,7 @@ def main(argv=None) -> int:
         print(json.dumps(result, indent=2) if args.json else kmeans_bench.format_report(result))
     elif args.benchmark == "sparse":
         from . import sparse
-        rows = sparse.run(args.sizes, args.density, args.batch, args.chip)
+        rows = sparse.run(args.sizes, args.density, args.batch, args.chip, dtypes=args.dtypes)
         print(json.dumps(rows, indent=2) if args.json else sparse.format_table(rows, args.chip))
     elif args.benchmark == "emulator":
         from . import emulator

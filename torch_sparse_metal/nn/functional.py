@@ -16,7 +16,8 @@ import torch
 from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
-from .._backend import kernels_or_reference, resolve_backend
+from .._autocast import kernel_dtype
+from .._backend import kernels_or_reference, require_kernel_dtype, resolve_backend
 from .._kernel_names import kernel_name, kernel_names_for, library_kernels
 from ..checks import check_invariants, error_word
 from .._binding import SIMD_WIDTH
@@ -24,13 +25,17 @@ from .._binding import SIMD_WIDTH
 OP = "cross_entropy"
 SHADER = "cross_entropy.metal"
 KERNELS = ("cross_entropy_forward",)
+# float32, float16 and bfloat16 logits (bfloat16 from MSL 3.1), float64 on the emulator; the
+# softmax and the sums in float32 whatever the logits' type. Under torch.autocast the logits
+# are cast to float32 first, as torch's cross_entropy has them.
+DTYPES = V.KERNEL_DTYPES_WITH_HALF
 
 __all__ = ["cross_entropy"]
 
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
     """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
-    return kernel_names_for(KERNELS, backend)
+    return kernel_names_for(KERNELS, backend, DTYPES)
 
 
 def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
@@ -77,8 +82,9 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
                          "kernel's labels")
     ignore_index = int(ignore_index)
 
+    dtype = kernel_dtype(OP, {"logits": logits}, to=torch.float32)
     backend = resolve_backend(OP, (logits,),
-                              kernels=lambda: library_kernels(SHADER, KERNELS, logits.dtype))
+                              kernels=lambda: library_kernels(SHADER, KERNELS, dtype))
 
     def on_reference() -> torch.Tensor:
         # Inside a compiled graph the check cannot read the labels back: torch's own
@@ -88,7 +94,7 @@ def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, *,
         return torch.nn.functional.cross_entropy(logits, labels.long(), ignore_index=ignore_index)
 
     def on_kernels() -> torch.Tensor:
-        V.check_kernel_dtype(OP, logits.dtype, backend)
+        require_kernel_dtype(OP, dtype, backend, DTYPES)
         V.check_fits_uint32(OP, "batch * classes", batch * classes)
         need_grad = torch.is_grad_enabled() and logits.requires_grad
         loss, _ = _CROSS_ENTROPY(logits, labels, ignore_index, need_grad,
@@ -161,7 +167,13 @@ def _backward(ctx, grad_loss, grad_of_grad_logits):
     grad_logits, labels = ctx.saved_tensors
     # grad_logits = (softmax(logits) - onehot(label)) * weight, weight = 1 / count on the
     # rows that count and 0 on the others (the logits are not saved, as torch's
-    # cross_entropy does not save them).
+    # cross_entropy does not save them). Computed in float32 for 2-byte logits, as the
+    # kernel computes, and rounded once: the formula cancels at the label.
+    dtype = grad_logits.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        grad_logits = grad_logits.float()
+        grad_loss = None if grad_loss is None else grad_loss.float()
+        grad_of_grad_logits = None if grad_of_grad_logits is None else grad_of_grad_logits.float()
     counted = labels != ctx.ignore_index
     count = counted.sum()
     weight = (counted.to(grad_logits.dtype) / count.clamp(min=1))[:, None]
@@ -185,13 +197,13 @@ def _backward(ctx, grad_loss, grad_of_grad_logits):
         term = torch.ops.aten._softmax_backward_data(grad_of_grad_logits * weight, softmax, 1,
                                                      grad_logits.dtype)
         grad = term if grad is None else grad + term
-    return grad, None, None, None, None
+    return (None if grad is None else grad.to(dtype)), None, None, None, None
 
 
 _CROSS_ENTROPY = _custom_ops.define(
     "cross_entropy(Tensor logits, Tensor labels, int ignore_index, bool need_grad, "
     "bool strict) -> (Tensor, Tensor)", _kernel, _fake, backward=_backward,
-    setup_context=_setup_context)
+    setup_context=_setup_context, autocast=torch.float32)
 
 
 def _forward(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int, backend: str, *,

@@ -31,7 +31,7 @@ import torch
 from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
-from .._backend import kernels_or_reference, resolve_backend
+from .._backend import kernels_or_reference, require_kernel_dtype, resolve_backend
 from .._kernel_names import kernel_name
 from .._activations import ACTIVATION_CODES, check_activation
 from ..reference.activations import activation_backward_reference
@@ -45,16 +45,12 @@ EPILOGUE_SAVE_PREACT = 2
 EPILOGUE_ACT_SHIFT = 4
 VEC_A, VEC_B = 1, 2
 
-# alpha and beta are bound in the kernels' accumulator type (tsm_mm_acc<T>::type in
-# shaders/matmul.h): float, except double for the emulator-only double build.
+# alpha and beta are bound in the kernels' accumulator type (tsm_acc<T>::type in
+# shaders/tsm_common.h): float, except double for the emulator-only double build.
 ACC_SCALAR = {torch.float64: np.float64}
 
-# dtypes the kernels are instantiated for. bfloat needs MSL 3.1 (macOS 14) on Metal: offered
-# only when the launcher compiles 3.1 or later (_metal_backend.require_bfloat).
-MATMUL_DTYPES: Dict[str, Tuple[torch.dtype, ...]] = {
-    "metal": (torch.float32, torch.float16, torch.bfloat16),
-    "emulator": (torch.float32, torch.float16, torch.bfloat16, torch.float64),
-}
+# dtypes the kernels are instantiated for.
+MATMUL_DTYPES = V.KERNEL_DTYPES_WITH_HALF
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -322,10 +318,7 @@ def _launch_product(op: str, bias: Optional[torch.Tensor], a: torch.Tensor, b: t
                     kernel: Optional[str], backend: str) -> torch.Tensor:
     m, k = a.shape
     n = b.shape[1]
-    V.check_kernel_dtype(op, a.dtype, backend, table=MATMUL_DTYPES)
-    if backend == "metal" and a.dtype == torch.bfloat16:
-        from .._metal_backend import require_bfloat
-        require_bfloat(op)
+    require_kernel_dtype(op, a.dtype, backend, MATMUL_DTYPES)
     if kernel == "simdgroup":
         check_simdgroup(op, a.dtype, backend)
     for name, size in (("m", m), ("n", n), ("k", k)):
@@ -491,7 +484,7 @@ def launch_matmul(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]
     if save_preact:
         flags |= EPILOGUE_SAVE_PREACT
     vec = (VEC_A if A.vec_ok else 0) | (VEC_B if B.vec_ok else 0)
-    acc = ACC_SCALAR.get(a.dtype, np.float32)  # alpha, beta in tsm_mm_acc<T>::type
+    acc = ACC_SCALAR.get(a.dtype, np.float32)  # alpha, beta in tsm_acc<T>::type
     args = (A.flat, B.flat, bias_flat, out, preact if save_preact else placeholder,
             np.uint32(m), np.uint32(n), np.uint32(k), np.uint32(A.ld), np.uint32(B.ld),
             np.uint32(n), np.uint32(bias_rs), np.uint32(bias_cs),

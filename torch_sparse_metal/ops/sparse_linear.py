@@ -27,6 +27,7 @@ index arrays on every call, a graph break there.
 from __future__ import annotations
 
 import copy
+import functools
 from typing import NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,7 +36,8 @@ import torch
 from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
-from .._backend import kernels_or_reference, resolve_backend
+from .._autocast import cast_for_reference, kernel_dtype
+from .._backend import kernels_or_reference, require_kernel_dtype, resolve_backend
 from ..checks import check_invariants, error_word, watch_pattern
 from .._activations import ACTIVATION_CODES, check_activation
 from .._kernel_names import kernel_name, kernel_names_for, library_kernels
@@ -48,6 +50,9 @@ SHADER = "sparse_linear.metal"
 KERNELS = ("sparse_linear_forward", "sparse_linear_backward",
            "sparse_linear_backward_deterministic", "sparse_linear_forward_batch_lanes",
            "sparse_linear_backward_batch_lanes")
+# float32, float16 and bfloat16 on Metal (bfloat16 from MSL 3.1), float64 too on the emulator;
+# sums in float32 (float64 for float64) whatever the storage type.
+DTYPES = V.KERNEL_DTYPES_WITH_HALF
 # 8 SIMD-groups of 32: the seed engine's choice for these register-light kernels.
 GROUP_SIZE = 256
 SIMD_WIDTH = 32
@@ -55,10 +60,11 @@ SIMD_WIDTH = 32
 # (the *_batch_lanes kernels, activations in the (features, batch) layout) rather than
 # each lane its own row. Chosen by the emulator's transaction counters
 # (tests/test_sparse_linear_mapping.py): the batch-lanes kernels take about the same
-# transactions at any batch up to 32 (an edge's loads serve every lane), the lane-per-row
-# kernels a number proportional to the batch, fewer at batch 1 and 2 (their lanes' index
-# and value loads share segments, since consecutive rows' edges are consecutive).
-BATCH_LANES_FROM = 3
+# transactions at any batch up to 32 (a row's indices and values are loaded 32 edges at a
+# time for every lane), the lane-per-row kernels a number proportional to the batch, fewer
+# only at batch 1 (their lanes' index and value loads share segments, since consecutive
+# rows' edges are consecutive).
+BATCH_LANES_FROM = 2
 
 
 def lanes_along_batch(batch: int, deterministic: bool = False) -> bool:
@@ -70,7 +76,7 @@ def lanes_along_batch(batch: int, deterministic: bool = False) -> bool:
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
     """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
-    return kernel_names_for(KERNELS, backend)
+    return kernel_names_for(KERNELS, backend, DTYPES)
 
 
 class BySource(NamedTuple):
@@ -409,23 +415,24 @@ def apply_pattern(input: torch.Tensor, pattern: "CSRPattern | IndexArrays", valu
         deterministic = torch.are_deterministic_algorithms_enabled()
     elif not isinstance(deterministic, bool):
         raise TypeError(f"{op}: deterministic must be True, False or None, got {deterministic!r}")
-    V.check_same_dtype(op, {"input": input, "values": values, "bias": bias})
     V.check_same_device(op, {"input": input, "values": values, "bias": bias,
                              "indptr": pattern.indptr})
+    dtype = kernel_dtype(op, {"input": input, "values": values, "bias": bias})
     V.check_length(op, "values", values, pattern.nnz, "nnz = len(indices)")
     if bias is not None:
         V.check_length(op, "bias", bias, pattern.out_features, "out_features = len(indptr) - 1")
     x, lead = V.flat_batch(op, "input", input, pattern.in_features, contiguous=False)
 
     backend = resolve_backend(op, (input, values, bias),
-                              kernels=lambda: library_kernels(SHADER, KERNELS, input.dtype))
+                              kernels=lambda: library_kernels(SHADER, KERNELS, dtype))
 
     def on_reference() -> torch.Tensor:
-        return sparse_linear_reference(x, pattern.indptr, pattern.indices, values, bias,
+        return sparse_linear_reference(*cast_for_reference(x.device, x, pattern.indptr,
+                                                           pattern.indices, values, bias),
                                        activation=activation)
 
     def on_kernels() -> torch.Tensor:
-        V.check_kernel_dtype(op, input.dtype, backend)
+        require_kernel_dtype(op, dtype, backend, DTYPES)
         batch = x.shape[0]
         V.check_fits_uint32(op, "batch * in_features", batch * pattern.in_features)
         V.check_fits_uint32(op, "batch * out_features", batch * pattern.out_features)
@@ -673,7 +680,8 @@ _SPARSE_LINEAR = _custom_ops.define(
     "Tensor src_indptr, Tensor src_rows, Tensor src_perm, Tensor fingerprints, "
     "str? activation, bool deterministic, bool save_preact, bool verify, bool strict, "
     "bool features_major) -> (Tensor, Tensor)",
-    _forward_kernel, _forward_fake, backward=_backward_formula, setup_context=_setup_context)
+    _forward_kernel, _forward_fake, backward=_backward_formula, setup_context=_setup_context,
+    autocast=True)
 _SPARSE_LINEAR_BACKWARD = _custom_ops.define(
     "sparse_linear_backward(Tensor grad_output, Tensor? input, Tensor? values, "
     "Tensor? act_saved, Tensor indptr, Tensor indices, Tensor src_indptr, Tensor src_rows, "
@@ -744,8 +752,14 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
     batch = grad_out.shape[1 if features_major else 0]
     in_features, out_features = pattern.in_features, pattern.out_features
     empty = batch == 0 or pattern.nnz == 0
-    # The atomic kernels add into zeros; the deterministic one writes every element.
-    new = grad_out.new_zeros if empty or not deterministic else grad_out.new_empty
+    atomic = not empty and (features_major or not deterministic)
+    # The atomic kernels add into zeros of the accumulator type (float32 for the 2-byte
+    # types, rounded once below); the deterministic one writes every element.
+    if atomic:
+        acc_dtype = torch.float64 if grad_out.dtype == torch.float64 else torch.float32
+        new = functools.partial(torch.zeros, dtype=acc_dtype, device=grad_out.device)
+    else:
+        new = grad_out.new_zeros if empty else grad_out.new_empty
     grad_input = grad_out.new_empty((in_features, batch) if features_major
                                     else (batch, in_features)) if need_input else None
     grad_values = new(pattern.nnz) if need_values else None
@@ -802,4 +816,8 @@ def _backward(grad_out: torch.Tensor, x: Optional[torch.Tensor], values: Optiona
     args += (error_word(grad_out.device),)
     _launch.launch(SHADER, kernel_name(kernel, grad_out.dtype), args,
                    threads=threads, group_size=GROUP_SIZE, backend=backend)
-    return grad_input, grad_values, grad_bias
+    return grad_input, _to(grad_values, grad_out.dtype), _to(grad_bias, grad_out.dtype)
+
+
+def _to(t: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    return None if t is None else t.to(dtype)

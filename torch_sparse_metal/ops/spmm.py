@@ -14,6 +14,7 @@ from typing import Any, Optional
 import torch
 
 from .. import _validation as V
+from .._autocast import kernel_dtype
 from ..formats import sparse_weight_parts
 from .sparse_linear import CSRPattern, apply_pattern
 
@@ -43,7 +44,7 @@ def spmm(sparse: Any, dense: torch.Tensor, *,
     if dense.shape[0] != k:
         raise ValueError(f"{OP}: sparse is {(m, k)} and dense is {tuple(dense.shape)}; sparse's "
                          "columns must equal dense's rows")
-    V.check_same_dtype(OP, {"dense": dense, "the sparse matrix's values": values})
+    kernel_dtype(OP, {"dense": dense, "the sparse matrix's values": values})
     V.check_same_device(OP, {"dense": dense, "the sparse matrix": indptr})
     pattern = CSRPattern(indptr, indices, k, out_features=m, op=OP)
     product_t = apply_pattern(dense.t(), pattern, values, deterministic=deterministic, op=OP)

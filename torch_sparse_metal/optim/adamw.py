@@ -59,12 +59,19 @@ from .. import _custom_ops
 from .. import _launch
 from .. import _validation as V
 from .._metal_backend import require_native_float_atomics
-from .._backend import kernels_or_reference, resolve_backend
+from .._backend import kernels_or_reference, require_kernel_dtype, resolve_backend
 from .._kernel_names import kernel_name, kernel_names_for, library_kernels
 
 OP = "AdamW"
 SHADER = "adamw.metal"
 KERNELS = ("adamw_step",)
+# float32, float16 and bfloat16 parameters (bfloat16 from MSL 3.1); float64 on the emulator.
+DTYPES = V.KERNEL_DTYPES_WITH_HALF
+
+
+def _state_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The moments' dtype: float32 for 2-byte parameters (shaders/adamw.metal says why)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 GROUP_SIZE = 256
 CHUNK = 32  # elements per chunk = SIMD-group width (TSM_ADAMW_CHUNK in the shader)
 # Columns of the hyper-parameter table (TsmAdamwColumn in the shader).
@@ -82,7 +89,7 @@ _SLOT_ATTR = "_tsm_grad_sq_slot"
 
 def kernel_names(backend: str = "emulator") -> Tuple[str, ...]:
     """Every kernel name the host code can ask ``backend`` for (tests check they exist)."""
-    return kernel_names_for(KERNELS, backend)
+    return kernel_names_for(KERNELS, backend, DTYPES)
 
 
 def grad_norm_of(params) -> Optional[torch.Tensor]:
@@ -119,6 +126,11 @@ class AdamW(torch.optim.Optimizer):
 
     After a step, :meth:`grad_norms` holds each parameter's gradient norm, computed by the
     step kernel from the gradient it read.
+
+    float16 and bfloat16 parameters (a model in ``.half()``) keep their moments
+    (``state["exp_avg"]``, ...) and gradient norms in float32 and compute the update in
+    float32, rounding the parameter once per step; ``torch.optim.AdamW`` keeps them in the
+    parameter's dtype, where the squared gradients of small gradients underflow.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
@@ -181,11 +193,14 @@ class AdamW(torch.optim.Optimizer):
         total = int(offsets[-1])
         V.check_fits_uint32(OP, "total parameter elements (padded)", total)
         dtype, device = first.dtype, first.device
+        self._state_dtype = state_dtype = _state_dtype(dtype)
         any_amsgrad = any(g["amsgrad"] for g in self.param_groups)
 
         flat = {name: torch.zeros(total, dtype=dtype, device=device)
-                for name in ("param", "grad", "exp_avg", "exp_avg_sq")}
-        flat["max_exp_avg_sq"] = torch.zeros(total if any_amsgrad else 1, dtype=dtype,
+                for name in ("param", "grad")}
+        flat.update({name: torch.zeros(total, dtype=state_dtype, device=device)
+                     for name in ("exp_avg", "exp_avg_sq")})
+        flat["max_exp_avg_sq"] = torch.zeros(total if any_amsgrad else 1, dtype=state_dtype,
                                              device=device)
         views: Dict[str, List[torch.Tensor]] = {name: [] for name in flat}
         for p, n, off in zip(params, numels, offsets[:-1].tolist()):
@@ -210,7 +225,7 @@ class AdamW(torch.optim.Optimizer):
         # as this optimizer last wrote it: the host's copy of the count (see _advance_step).
         self._steps: Dict[int, Tuple[torch.Tensor, int, float]] = {}
         self._chunk_tensor = torch.from_numpy(chunk_tensor).to(device)
-        self._grad_sq = torch.zeros(2, len(params), dtype=dtype, device=device)
+        self._grad_sq = torch.zeros(2, len(params), dtype=state_dtype, device=device)
         self._parity = 0
         self._last_parity: Optional[int] = None
         self._zeros = torch.zeros(max(padded), dtype=dtype, device=device)
@@ -236,7 +251,7 @@ class AdamW(torch.optim.Optimizer):
         """
         if self._views["max_exp_avg_sq"][i] is None:
             params, total = self._params(), int(self._offsets[-1])
-            buf = self._flat["param"].new_zeros(total)
+            buf = self._flat["exp_avg"].new_zeros(total)
             views = [buf[off:off + n].view(p.shape) for p, n, off in
                      zip(params, self._numels, self._offsets[:-1].tolist())]
             for j, p in enumerate(params):
@@ -327,7 +342,7 @@ class AdamW(torch.optim.Optimizer):
             SHADER, KERNELS, flat["param"].dtype))
 
         def on_kernels() -> None:
-            V.check_kernel_dtype(OP, flat["param"].dtype, backend)
+            require_kernel_dtype(OP, flat["param"].dtype, backend, DTYPES)
             if backend == "metal":
                 # atomic_float adds the per-tensor gradient squares
                 require_native_float_atomics(OP, "Use torch.optim.AdamW, or "
@@ -373,8 +388,10 @@ class AdamW(torch.optim.Optimizer):
             if not active:
                 continue
             sl = slice(off, off + n)
-            g = flat["grad"][sl] * sign
-            p, m, v = flat["param"][sl], flat["exp_avg"][sl], flat["exp_avg_sq"][sl]
+            # In the moments' dtype (float32 for 2-byte parameters), rounded once at the end.
+            g = flat["grad"][sl].to(self._state_dtype) * sign
+            p = flat["param"][sl].to(self._state_dtype)
+            m, v = flat["exp_avg"][sl], flat["exp_avg_sq"][sl]
             self._grad_sq[self._parity, i] = (g * g).sum()
             p.mul_(decay)
             m.lerp_(g, w)
@@ -384,6 +401,7 @@ class AdamW(torch.optim.Optimizer):
                 torch.maximum(vm, v, out=vm)
                 v = vm
             p.addcdiv_(m, (v.sqrt() / bc2_sqrt).add_(eps), value=-step_size)
+            flat["param"][sl].copy_(p)
 
     # -- gradient statistics -------------------------------------------------------------
 
@@ -407,7 +425,7 @@ def _step_kernel(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, chunk_tensor,
     total)."""
     if backend == "metal":
         require_native_float_atomics(OP)
-    dtype = np.float64 if param.dtype == torch.float64 else np.float32
+    dtype = np.float64 if param.dtype == torch.float64 else np.float32  # the state's
     table = np.asarray(hyper, dtype=dtype).reshape(-1, len(HYPER_COLUMNS))
     n_tensors = table.shape[0]
     rows = SET_BYTES_LIMIT // table[0].nbytes

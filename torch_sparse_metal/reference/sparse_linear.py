@@ -31,8 +31,14 @@ def sparse_linear_reference(input: torch.Tensor, indptr: torch.Tensor, indices: 
                             activation: Optional[str] = None) -> torch.Tensor:
     """``input (*, in_features) -> (*, out_features)``; ``W`` has ``len(indptr) - 1`` rows.
 
-    Expects a valid pattern (the op validates before calling it).
+    Expects a valid pattern (the op validates before calling it). float16 and bfloat16 sum
+    in float32 and round the pre-activation once, as the kernels do; the activation then
+    runs in that dtype.
     """
+    dtype = input.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        input, values = input.float(), values.float()
+        bias = None if bias is None else bias.float()
     out_features = indptr.shape[0] - 1
     in_features = input.shape[-1]
     lead = input.shape[:-1]
@@ -42,4 +48,4 @@ def sparse_linear_reference(input: torch.Tensor, indptr: torch.Tensor, indices: 
     out = x.new_zeros(x.shape[0], out_features).index_add(1, rows, contributions)
     if bias is not None:
         out = out + bias
-    return apply_activation(out, activation).reshape(*lead, out_features)
+    return apply_activation(out.to(dtype), activation).reshape(*lead, out_features)
