@@ -21,10 +21,7 @@ using namespace metal;
 // back, which the hot path does not do (checks.py). So the kernels check every index they
 // follow against the buffers' sizes: such a write can only make the affected outputs NaN
 // and flag TSM_ERROR_BAD_PATTERN_INDEX, never read or write outside a buffer. The checks are
-// compares on values already loaded.
-inline bool tsm_edge_range_ok(int begin, int end, uint nnz) {
-  return begin >= 0 && begin <= end && uint(end) <= nnz;
-}
+// compares on values already loaded (tsm_edge_range_ok in tsm_common.h, and below).
 
 // d loss / d z of target `row` in batch row `g` (and `saved`, what the forward saved for
 // the activation's derivative), in the accumulator type.

@@ -76,3 +76,9 @@ enum TsmError : uint {
 inline void tsm_flag_error(device metal::atomic_uint* errors, uint bit) {
   metal::atomic_fetch_or_explicit(errors, bit, metal::memory_order_relaxed);
 }
+
+// Whether [begin, end) is a valid range of a compressed row (or column) of nnz entries: the
+// sparse kernels check the index arrays they follow, written behind torch's back or not.
+inline bool tsm_edge_range_ok(int begin, int end, uint nnz) {
+  return begin >= 0 && begin <= end && uint(end) <= nnz;
+}

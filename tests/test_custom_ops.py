@@ -132,7 +132,26 @@ def kmeans_cases():
     yield "kmeans_update_affected", (c, counts, sums, counts)
 
 
+def block_sparse_linear_cases():
+    """A 24 -> 16 layer of 8 x 8 blocks: block row 0 holds columns 2 and 0, row 1 none; both
+    kernel families, with and without bias, and the backward alone."""
+    from torch_sparse_metal.ops import BSRPattern
+    p = BSRPattern(torch.tensor([0, 2, 2], dtype=torch.int32),
+                   torch.tensor([2, 0], dtype=torch.int32), 24, 16, 8)
+    src = tuple(p.by_source())
+    for simdgroup in (True, False):
+        yield "block_sparse_linear", (leaf(9, 24), p.crow, p.col, leaf(2, 8, 8, seed=1),
+                                      leaf(16, seed=2), *src, simdgroup)
+        yield "block_sparse_linear", (leaf(3, 24, grad=False), p.crow, p.col,
+                                      leaf(2, 8, 8, seed=1), None, *src, simdgroup)
+        for need in ((1, 1, 1), (0, 1, 0), (1, 0, 1)):
+            yield "block_sparse_linear_backward", (
+                leaf(9, 16, grad=False), leaf(9, 24, grad=False), leaf(2, 8, 8, grad=False),
+                p.crow, p.col, *src, 24, *map(bool, need), simdgroup)
+
+
 CASES = ([("sparse_linear", args) for args in sparse_linear_cases()]
+         + list(block_sparse_linear_cases())
          + [("sparse_linear_backward", args) for args in sparse_linear_backward_cases()]
          + list(matmul_cases())
          + [("cross_entropy", args) for args in cross_entropy_cases()]

@@ -12,6 +12,7 @@ from .checks import InvalidInputError, check_errors, check_invariants
 from ._metal_backend import is_available as metal_available
 from .ops.sparse_linear import sparse_linear
 from .ops.spmm import spmm
+from .ops.block_sparse_linear import block_sparse_linear
 from . import formats
 from .ops.matmul import addmm, mm
 from . import nn
@@ -20,7 +21,7 @@ from . import optim
 
 __all__ = ["emulator", "record", "use_backend", "get_backend", "metal_available", "sparse_linear", "nn",
            "optim", "KMeans"]
-__all__ += ["mm", "addmm", "spmm", "formats", "syncs", "check_errors", "check_invariants",
+__all__ += ["mm", "addmm", "spmm", "block_sparse_linear", "formats", "syncs", "check_errors", "check_invariants",
             "InvalidInputError", "show_config"]
 
 

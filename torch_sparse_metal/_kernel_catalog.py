@@ -12,11 +12,11 @@ def kernels_by_shader(backend: str) -> Dict[str, Tuple[str, ...]]:
     # ops/__init__ exports the function sparse_linear under its module's name.
     sparse_linear = importlib.import_module(".ops.sparse_linear", __package__)
     from .nn import functional as cross_entropy
-    from .ops import kmeans, matmul
+    from .ops import block_sparse_linear, kmeans, matmul
     from .optim import adamw
 
     catalog: Dict[str, Tuple[str, ...]] = {}
-    for module in (sparse_linear, cross_entropy, adamw, kmeans):
+    for module in (sparse_linear, block_sparse_linear, cross_entropy, adamw, kmeans):
         catalog[module.SHADER] = module.kernel_names(backend)
     for rung in matmul.RUNGS.values():
         catalog[rung.shader] = tuple(name for name in matmul.kernel_names(backend)

@@ -138,31 +138,37 @@ def _check_index_dtype(op: str, name: str, t: torch.Tensor) -> None:
 
 
 def validate_csr(op: str, indptr: torch.Tensor, indices: torch.Tensor, *, n_cols: int,
-                 n_rows: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 n_rows: Optional[int] = None,
+                 names: Tuple[str, str, str, str] = ("indptr", "indices", "out_features",
+                                                     "in_features")
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Check a CSR pattern and return ``(indptr, indices)`` as contiguous int32 tensors.
 
     ``indptr`` has ``n_rows + 1`` entries (any length >= 1 when ``n_rows`` is None), starts
     at 0, never decreases and ends at ``nnz = len(indices)``; every index lies in
     ``[0, n_cols)``. int64 arrays are accepted and converted; values past 2**31 - 1 are an
-    error. The value checks read back one small tensor: a single device sync.
+    error. The value checks read back one small tensor: a single device sync. ``names``:
+    what the messages call the two arrays and the row and column counts (a block pattern's
+    are ``crow``, ``col`` and its block rows and columns).
     """
-    check_tensor(op, "indptr", indptr)
-    check_tensor(op, "indices", indices)
-    _check_index_dtype(op, "indptr", indptr)
-    _check_index_dtype(op, "indices", indices)
-    check_dim(op, "indptr", indptr, 1)
-    check_dim(op, "indices", indices, 1)
-    check_same_device(op, {"indptr": indptr, "indices": indices})
+    ptr_name, idx_name, rows_name, cols_name = names
+    check_tensor(op, ptr_name, indptr)
+    check_tensor(op, idx_name, indices)
+    _check_index_dtype(op, ptr_name, indptr)
+    _check_index_dtype(op, idx_name, indices)
+    check_dim(op, ptr_name, indptr, 1)
+    check_dim(op, idx_name, indices, 1)
+    check_same_device(op, {ptr_name: indptr, idx_name: indices})
     if indptr.shape[0] == 0:
-        raise ValueError(f"{op}: indptr is empty; it needs out_features + 1 >= 1 elements")
+        raise ValueError(f"{op}: {ptr_name} is empty; it needs {rows_name} + 1 >= 1 elements")
     if n_rows is not None and indptr.shape[0] != n_rows + 1:
-        raise ValueError(f"{op}: indptr has {indptr.shape[0]} elements but out_features + 1 "
+        raise ValueError(f"{op}: {ptr_name} has {indptr.shape[0]} elements but {rows_name} + 1 "
                          f"is {n_rows + 1}")
     nnz = indices.shape[0]
     if nnz > INT32_MAX:
         raise ValueError(f"{op}: nnz = {nnz} is past the int32 limit {INT32_MAX}")
     if n_cols > INT32_MAX:
-        raise ValueError(f"{op}: in_features = {n_cols} is past the int32 limit {INT32_MAX}")
+        raise ValueError(f"{op}: {cols_name} = {n_cols} is past the int32 limit {INT32_MAX}")
 
     # One read-back for every value check (each .item() would be a sync on MPS).
     p = indptr.long()
@@ -175,19 +181,20 @@ def validate_csr(op: str, indptr: torch.Tensor, indices: torch.Tensor, *, n_cols
     ]).tolist()
     first, last, p_min, p_max, n_decreasing, i_min, i_max = stats
 
-    for name, lo, hi in (("indptr", p_min, p_max), ("indices", i_min, i_max)):
+    for name, lo, hi in ((ptr_name, p_min, p_max), (idx_name, i_min, i_max)):
         if hi > INT32_MAX or lo < -INT32_MAX - 1:
             raise ValueError(f"{op}: {name} holds values past the int32 range (min {lo}, "
                              f"max {hi}, limit {INT32_MAX}); the kernels index with int32")
     if first != 0:
-        raise ValueError(f"{op}: indptr must start at 0, got {first}")
+        raise ValueError(f"{op}: {ptr_name} must start at 0, got {first}")
     if n_decreasing:
-        raise ValueError(f"{op}: indptr must not decrease, but it does in {n_decreasing} place(s)")
+        raise ValueError(f"{op}: {ptr_name} must not decrease, but it does in {n_decreasing} "
+                         "place(s)")
     if last != nnz:
-        raise ValueError(f"{op}: indptr must end at nnz = len(indices) = {nnz}, got {last}")
+        raise ValueError(f"{op}: {ptr_name} must end at nnz = len({idx_name}) = {nnz}, got {last}")
     if nnz and (i_min < 0 or i_max >= n_cols):
         bad = i_min if i_min < 0 else i_max
-        raise ValueError(f"{op}: indices must lie in [0, in_features) = [0, {n_cols}), "
+        raise ValueError(f"{op}: {idx_name} must lie in [0, {cols_name}) = [0, {n_cols}), "
                          f"found {bad}")
     return (indptr.to(torch.int32).contiguous(), indices.to(torch.int32).contiguous())
 

@@ -140,6 +140,24 @@ def _sparse_linear(m: Machine, dtype: torch.dtype, batch: int, activation: Optio
         lambda x, v, b: sparse_linear_reference(x, indptr, indices, v, b, activation=activation))
 
 
+def _block_sparse_linear(m: Machine, dtype: torch.dtype, block: int,
+                         kernel: str) -> Tuple[float, float]:
+    """A 2-block-column layer of three block rows (one empty), batch 11 (a partial tile)."""
+    from .ops.block_sparse_linear import block_sparse_linear, block_sparse_linear_reference
+    g = torch.Generator().manual_seed(block)
+    mask = torch.rand(3, 2, generator=g) < 0.7
+    mask[1] = False
+    crow = torch.cat([torch.zeros(1, dtype=torch.long), mask.sum(1).cumsum(0)]).int()
+    col = mask.nonzero()[:, 1].int()
+    x, values, bias = (torch.randn(*s, generator=g, dtype=torch.float64)
+                       for s in ((11, 2 * block), (col.numel(), block, block), (3 * block,)))
+    pattern = [t.to(m.device) for t in (crow, col)]
+    return compare_with_grads(
+        m, dtype, 2 * block + 1, leaves(m, dtype, x, values, bias),
+        lambda x, v, b: block_sparse_linear(x, *pattern, v, b, kernel=kernel),
+        lambda x, v, b: block_sparse_linear_reference(x, crow, col, v, b))
+
+
 def _matmul(m: Machine, dtype: torch.dtype, rung: str) -> Tuple[float, float]:
     """Each of the four transposes forward (a transposed view is read in place), and the
     gradients, which run the rung on flipped transposes."""
@@ -261,6 +279,7 @@ def _gradcheck(m: Machine) -> Tuple[float, float]:
 def checks(m: Machine, quick: bool) -> Iterator[Tuple[str, Callable[[], Tuple[float, float]]]]:
     from .ops.matmul import RUNGS, capabilities
     from .ops.sparse_linear import lanes_along_batch
+    simdgroup = capabilities(m.backend)["supports_simdgroup_matrix"]
     for dtype in m.dtypes_with_half:
         name = str(dtype).replace("torch.", "")
         for batch, deterministic, activation in ((1, False, "relu"), (40, False, "gelu"),
@@ -270,11 +289,14 @@ def checks(m: Machine, quick: bool) -> Iterator[Tuple[str, Callable[[], Tuple[fl
             yield (f"sparse_linear {name} {family} batch {batch} {activation}",
                    lambda d=dtype, b=batch, a=activation, det=deterministic:
                    _sparse_linear(m, d, b, a, det))
+        for block in (8, 16, 32):
+            for kernel in ("simdgroup", "shuffle") if simdgroup else ("shuffle",):
+                yield (f"block_sparse_linear {name} {kernel} block {block}",
+                       lambda d=dtype, b=block, k=kernel: _block_sparse_linear(m, d, b, k))
         yield f"cross_entropy {name}", lambda d=dtype: _cross_entropy(m, d)
         yield f"AdamW {name}", lambda d=dtype: _adamw(m, d)
     for dtype in m.dtypes:
         yield f"k-means {str(dtype).replace('torch.', '')}", lambda d=dtype: _kmeans(m, d)
-    simdgroup = capabilities(m.backend)["supports_simdgroup_matrix"]
     for dtype in m.dtypes_with_half:
         for rung in RUNGS.values():
             if rung.needs_simdgroup_matrix and not simdgroup:

@@ -427,7 +427,11 @@ def test_the_project_shaders_with_barriers_run_as_regions():
         "matmul_shuffle.metal": {"matmul_shuffle"},
         "adamw.metal": {"adamw_step"},
         "cross_entropy.metal": {"cross_entropy_forward"},
-        "sparse_linear.metal": {"sparse_linear_backward_batch_lanes"},
+        "sparse_linear.metal": {"sparse_linear_forward_batch_lanes",
+                                "sparse_linear_backward_batch_lanes"},
+        "block_sparse_linear.metal": {f"block_sparse_linear_{d}_{f}"
+                                      for d in ("forward", "backward")
+                                      for f in ("simdgroup", "shuffle")},
     }
     for shader, kernels in expected.items():
         assert _compiler.generated_cxx(SHADERS_DIR / shader).grouped == kernels, shader

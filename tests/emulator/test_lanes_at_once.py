@@ -459,7 +459,9 @@ def test_the_projects_kernels_with_simd_group_functions(tmp_path):
         lanes |= cxx.lanes
         reasons.update({k: v for k, v in not_lanes(cxx).items() if v != "no SIMD-group function"})
     assert lanes == {"matmul_shuffle", "matmul_simdgroup", "cross_entropy_forward", "adamw_step",
-                     "sparse_linear_backward_batch_lanes"}
+                     "sparse_linear_forward_batch_lanes", "sparse_linear_backward_batch_lanes",
+                     *(f"block_sparse_linear_{d}_{f}" for d in ("forward", "backward")
+                       for f in ("simdgroup", "shuffle"))}
     assert reasons == {}
 
 

@@ -332,7 +332,10 @@ def test_the_project_kernels_verdicts():
     said = {}
     for path in sorted(SHADERS_DIR.glob("*.metal")) + [SHADERS_DIR / "bench" / "barrier_heavy.metal"]:
         said.update(verdicts(_compiler.generated_cxx(path).text))
-    assert {k for k, v in said.items() if not v} == {"matmul_shuffle", "sparse_linear_backward_batch_lanes"}
+    assert {k for k, v in said.items() if not v} == {
+        "matmul_shuffle", "sparse_linear_forward_batch_lanes", "sparse_linear_backward_batch_lanes",
+        *(f"block_sparse_linear_{d}_{f}" for d in ("forward", "backward")
+          for f in ("simdgroup", "shuffle"))}
     assert {"tree_reduce", "tiled_matmul", "matmul_tiled", "matmul_simdgroup", "kmeans_assign"} <= set(said)
 
 

@@ -2,8 +2,9 @@
 from . import functional
 from .linear import Linear
 from .sparse_linear import SparseLinear, random_csr_pattern
+from .block_sparse_linear import BlockSparseLinear
 from .topology import edges_per_row, prune_and_regrow
 
 __all__ = ["SparseLinear", "random_csr_pattern", "functional", "prune_and_regrow",
            "edges_per_row"]
-__all__ += ["Linear"]
+__all__ += ["Linear", "BlockSparseLinear"]

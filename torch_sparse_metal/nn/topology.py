@@ -1,4 +1,5 @@
-"""Evolving sparse topology: ``prune_and_regrow`` (SET / RigL style) for ``SparseLinear``.
+"""Evolving sparse topology: ``prune_and_regrow`` (SET / RigL style) for ``SparseLinear``, and
+for ``BlockSparseLinear`` at block granularity.
 
 Every step is a torch op on the layer's device whose output size the host knows, so
 nothing is read back (no GPU sync on MPS), and the layer's tensors are rewritten in place
@@ -8,13 +9,15 @@ keeps working: its per-edge state is permuted along with the edges.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from .. import _validation as V
 from ..checks import check_invariants
+from ..ops.block_sparse_linear import BSRPattern
 from ..ops.sparse_linear import CSRPattern
+from .block_sparse_linear import BlockSparseLinear
 from .sparse_linear import SparseLinear
 
 OP = "prune_and_regrow"
@@ -22,11 +25,13 @@ MODES = ("magnitude", "random", "gradient")
 
 
 @torch.no_grad()
-def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitude", *,
+def prune_and_regrow(layer: Union[SparseLinear, BlockSparseLinear], fraction: float,
+                     mode: str = "magnitude", *,
                      optimizer: Optional[torch.optim.Optimizer] = None,
                      dense_grad: Optional[torch.Tensor] = None,
                      generator: Optional[torch.Generator] = None) -> int:
-    """Remove ``round(fraction * nnz)`` edges of ``layer`` and grow as many new ones.
+    """Remove ``round(fraction * nnz)`` edges of ``layer`` and grow as many new ones; for a
+    :class:`BlockSparseLinear`, ``round(fraction * nnzb)`` blocks.
 
     Modes:
         ``"magnitude"`` (SET): drop the edges of smallest ``|weight|``, grow random empty
@@ -34,6 +39,8 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
         ``"gradient"`` (RigL): drop the edges of smallest ``|weight|``, grow the empty cells
         of largest ``|dense_grad|``, where ``dense_grad`` is ``d loss / d W`` as a dense
         ``(out_features, in_features)`` tensor, e.g. ``grad_output.T @ input`` of a batch.
+        At block granularity the magnitude of a block is its Frobenius norm, and a cell's
+        gradient the norm of ``dense_grad`` over the block.
 
     New edges start at weight 0 (as in RigL), so the layer's function is unchanged except
     for the dropped edges. They are grown only in cells empty before the drop (a dropped
@@ -44,15 +51,16 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
     permuted with the edges, new edges getting zeros; scalar state (``step``) is kept.
     ``layer.weight.grad``, if any, is permuted the same way.
 
-    Returns the number of edges replaced. No read-back: the count of empty cells comes from
-    the host's knowledge of the pattern (nnz, for a pattern without duplicate entries, which
-    ``SparseLinear(density=...)`` and every regrown pattern are), except the first time for
-    a pattern given with explicit indices, or always for one with duplicate entries (one
-    read-back then). A generator on another device than the layer's costs one copy of the
-    random scores to the device.
+    Returns the number of edges (blocks) replaced. No read-back: the count of empty cells
+    comes from the host's knowledge of the pattern (nnz, for a pattern without duplicate
+    entries, which ``SparseLinear(density=...)`` and every regrown pattern are), except the
+    first time for a pattern given with explicit indices, or always for one with duplicate
+    entries (one read-back then). A generator on another device than the layer's costs one
+    copy of the random scores to the device.
     """
-    if not isinstance(layer, SparseLinear):
-        raise TypeError(f"{OP}: layer must be a SparseLinear, got {type(layer).__name__}")
+    if not isinstance(layer, (SparseLinear, BlockSparseLinear)):
+        raise TypeError(f"{OP}: layer must be a SparseLinear or a BlockSparseLinear, got "
+                        f"{type(layer).__name__}")
     if mode not in MODES:
         raise ValueError(f"{OP}: mode must be one of {list(MODES)}, got {mode!r}")
     fraction = V.check_number(OP, "fraction", fraction, minimum=0, maximum=1)
@@ -65,27 +73,37 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
             raise ValueError(f"{OP}: dense_grad has shape {tuple(dense_grad.shape)}, expected "
                              f"(out_features, in_features) = ({out_f}, {in_f})")
 
-    pattern = layer._current_pattern(read_back=check_invariants.is_enabled())
     weight = layer.weight
     device = weight.device
-    nnz = pattern.nnz
-    cells_total = out_f * in_f
-    cells = pattern.row_ids().to(device) * in_f + pattern.indices.to(device).long()
+    if isinstance(layer, BlockSparseLinear):
+        B = layer.block
+        pattern = layer.pattern()
+        rows_of, cols_of, n = pattern.block_rows(), pattern.col, pattern.nnzb
+        grid = (out_f // B, in_f // B)
+        distinct = pattern.distinct_blocks()
+        magnitude = weight.detach().float().square().sum((1, 2))  # the norm's order
+        if mode == "gradient":
+            dense_grad = dense_grad.detach().float().reshape(grid[0], B, grid[1], B)
+            dense_grad = dense_grad.square().sum((1, 3))
+    else:
+        pattern = layer._current_pattern(read_back=check_invariants.is_enabled())
+        rows_of, cols_of, n = pattern.row_ids(), pattern.indices, pattern.nnz
+        grid = (out_f, in_f)
+        distinct = pattern.distinct_cells()
+        magnitude = weight.detach().abs().float()
+    cells_total = grid[0] * grid[1]
+    cells = rows_of.to(device) * grid[1] + cols_of.to(device).long()
     occupied = torch.zeros(cells_total, dtype=torch.bool, device=device).index_fill_(0, cells, True)
-    distinct = pattern.distinct_cells()
-    k = min(round(fraction * nnz), cells_total - distinct)
+    k = min(round(fraction * n), cells_total - distinct)
     if k == 0:
         return 0
 
     # Drop: the k weakest edges, or k random ones. The kept ones in edge order come first
     # in a stable sort on the drop flag (nonzero() would size its output from the data).
-    if mode == "random":
-        drop_score = _uniform(nnz, generator, device)
-    else:
-        drop_score = weight.detach().abs().float()
+    drop_score = _uniform(n, generator, device) if mode == "random" else magnitude
     drop = torch.topk(drop_score, k, largest=False).indices
-    dropped = torch.zeros(nnz, dtype=torch.int32, device=device).index_fill_(0, drop, 1)
-    kept = torch.sort(dropped, stable=True).indices[:nnz - k]
+    dropped = torch.zeros(n, dtype=torch.int32, device=device).index_fill_(0, drop, 1)
+    kept = torch.sort(dropped, stable=True).indices[:n - k]
 
     # Grow: among cells empty before the drop. Scores are float32 (MPS has no float64).
     if mode == "gradient":
@@ -101,11 +119,11 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
     # of the old pattern keep their order). indptr[r] counts the edges of rows before r.
     new_cells = torch.cat([cells[kept], grown])
     new_cells, order = torch.sort(new_cells, stable=True)
-    rows = torch.div(new_cells, in_f, rounding_mode="floor")
-    indptr = torch.searchsorted(rows, torch.arange(out_f + 1, device=device))
+    rows = torch.div(new_cells, grid[1], rounding_mode="floor")
+    indptr = torch.searchsorted(rows, torch.arange(grid[0] + 1, device=device))
 
     def moved(t: torch.Tensor) -> torch.Tensor:
-        return torch.cat([t[kept], t.new_zeros(k)])[order]
+        return torch.cat([t[kept], t.new_zeros(k, *t.shape[1:])])[order]
 
     weight.copy_(moved(weight))
     if weight.grad is not None:
@@ -117,10 +135,17 @@ def prune_and_regrow(layer: SparseLinear, fraction: float, mode: str = "magnitud
     # In place (same nnz, same tensors), so a compiled model's graph keeps reading them.
     # The new pattern is valid by construction: no validation, no read-back; grown cells
     # were empty, so duplicates are only those the kept edges had.
-    layer.indices.copy_((new_cells - rows * in_f).to(layer.indices.dtype))
-    layer.indptr.copy_(indptr.to(layer.indptr.dtype))
-    layer._adopt_pattern(CSRPattern.trusted(
-        layer.indptr, layer.indices, in_f, distinct_cells=nnz if distinct == nnz else None))
+    known = n if distinct == n else None
+    if isinstance(layer, BlockSparseLinear):
+        layer.col.copy_((new_cells - rows * grid[1]).to(layer.col.dtype))
+        layer.crow.copy_(indptr.to(layer.crow.dtype))
+        layer._adopt_pattern(BSRPattern.trusted(layer.crow, layer.col, in_f, out_f, layer.block,
+                                                distinct_blocks=known))
+    else:
+        layer.indices.copy_((new_cells - rows * in_f).to(layer.indices.dtype))
+        layer.indptr.copy_(indptr.to(layer.indptr.dtype))
+        layer._adopt_pattern(CSRPattern.trusted(layer.indptr, layer.indices, in_f,
+                                                distinct_cells=known))
     return k
 
 

@@ -140,9 +140,7 @@ class CSRPattern:
         duplicate entries. Counted on the device with one read-back the first time, unless
         known from how the pattern was made."""
         if self._distinct_cells is None:
-            cells, _ = torch.sort(self.row_ids() * max(self.in_features, 1) + self.indices.long())
-            repeats = (cells[1:] == cells[:-1]).sum() if self.nnz > 1 else torch.zeros(())
-            self._distinct_cells = self.nnz - int(repeats)
+            self._distinct_cells = count_distinct(self.row_ids(), self.indices, self.in_features)
         return self._distinct_cells
 
     @property
@@ -291,6 +289,14 @@ def fingerprints(indptr: torch.Tensor, indices: torch.Tensor,
     if source is not None:
         parts.append(_fingerprint(source))
     return torch.stack(parts)
+
+
+def count_distinct(rows: torch.Tensor, cols: torch.Tensor, n_cols: int) -> int:
+    """How many distinct (row, column) cells the entries ``(rows[e], cols[e])`` hold: one
+    sort on the device and one read-back."""
+    cells, _ = torch.sort(rows.long() * max(n_cols, 1) + cols.long())
+    repeats = (cells[1:] == cells[:-1]).sum() if cells.numel() > 1 else torch.zeros(())
+    return cells.numel() - int(repeats)
 
 
 def _build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: int) -> BySource:
