@@ -3,6 +3,7 @@
     python examples/train_sparse_mlp.py                    # kernels on the CPU emulator
     python examples/train_sparse_mlp.py --backend auto     # MPS on a Mac, else plain torch
     python examples/train_sparse_mlp.py --backend reference
+    python examples/train_sparse_mlp.py --block 8          # 8x8 blocks (BlockSparseLinear)
 
 Every training step is 2L + 2 kernel dispatches for L layers: L fused forward kernels
 (activation inside), one fused softmax-cross-entropy kernel (loss and gradient), L fused
@@ -11,6 +12,13 @@ backward kernels and one AdamW kernel for all parameters. Every ``--regrow-every
 fraction of each layer's edges that decays to 0 over training, moving the optimizer state
 with the edges. At the end a PNG of the loss and accuracy curves and of each layer's
 edges over time is written, and its path printed.
+
+With ``--block B`` the hidden-to-hidden layers are ``BlockSparseLinear`` of ``B x B``
+blocks (``--density`` is then their fraction of blocks; ``prune_and_regrow`` moves whole
+blocks), with the activation a torch module after them (one more dispatch each way). The
+first and last layers stay CSR: 64 pixels and 10 classes are too narrow for blocks, whose
+outputs would each see 8 consecutive pixels (one row of the image) and whose last layer
+would be a handful of blocks feeding 8 classes each.
 
 The digits data (1,797 8x8 images) ships inside scikit-learn: nothing is downloaded.
 """
@@ -49,6 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--regrow-fraction", type=float, default=0.2,
                    help="fraction of edges replaced at the first update (decays to 0, cosine)")
     p.add_argument("--plot", type=Path, default=Path("sparse_mlp_digits.png"))
+    p.add_argument("--block", type=int, choices=[8, 16, 32], default=None,
+                   help="BlockSparseLinear layers of BxB blocks (default: SparseLinear, CSR)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args(argv)
@@ -63,14 +73,28 @@ def load_data(device: torch.device, seed: int):
     return [t.to(device) for t in (x_train, y_train, x_test, y_test)]
 
 
+ACTIVATIONS = {"relu": torch.nn.ReLU, "gelu": lambda: torch.nn.GELU(approximate="tanh"),
+               "tanh": torch.nn.Tanh}
+
+
 def build_model(hidden, density: float, activation: str, device: torch.device,
-                seed: int) -> torch.nn.Sequential:
+                seed: int, block=None) -> torch.nn.Sequential:
     g = torch.Generator().manual_seed(seed)
     widths = [64, *hidden, 10]
-    return torch.nn.Sequential(*[
-        tsm.nn.SparseLinear(a, b, density=density, generator=g, device=device,
-                            activation=activation if i < len(widths) - 2 else None)
-        for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))])
+    modules = []
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        act = activation if i < len(widths) - 2 else None
+        if block is not None and 0 < i < len(widths) - 2:  # hidden to hidden
+            modules += [tsm.nn.BlockSparseLinear(a, b, block, density=density, generator=g,
+                                                 device=device), ACTIVATIONS[act]()]
+        else:
+            modules.append(tsm.nn.SparseLinear(a, b, density=density, generator=g,
+                                               device=device, activation=act))
+    return torch.nn.Sequential(*modules)
+
+
+def sparse_layers(model: torch.nn.Module) -> list:
+    return [m for m in model if isinstance(m, (tsm.nn.SparseLinear, tsm.nn.BlockSparseLinear))]
 
 
 @torch.no_grad()
@@ -121,8 +145,9 @@ def main(argv=None) -> float:
     on_mps = args.backend == "auto" and tsm.metal_available()
     device = torch.device("mps" if on_mps else "cpu")
     x_train, y_train, x_test, y_test = load_data(device, args.seed)
-    model = build_model(args.hidden, args.density, args.activation, device, args.seed)
-    layers = list(model)
+    model = build_model(args.hidden, args.density, args.activation, device, args.seed,
+                        args.block)
+    layers = sparse_layers(model)
     opt = tsm.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     runs_on = "Metal (MPS)" if on_mps else {"auto": "plain torch (no MPS)",
                                             "emulator": "the Metal emulator (CPU)",
@@ -164,7 +189,8 @@ def main(argv=None) -> float:
                 if step % args.regrow_every == 0 and step < total_steps:
                     fraction = args.regrow_fraction * 0.5 * (1 + math.cos(math.pi * step / total_steps))
                     for i, layer in enumerate(layers):
-                        replaced[i] += tsm.nn.prune_and_regrow(
+                        # A block layer replaces whole blocks: count their edges.
+                        replaced[i] += getattr(layer, "block", 1) ** 2 * tsm.nn.prune_and_regrow(
                             layer, fraction, "magnitude", optimizer=opt, generator=regrow_gen)
                     record_topology(step)
             model.eval()

@@ -23,10 +23,11 @@
 //   hands each element to the lanes that need it.
 //
 // Work is per SIMD-group ("task"): the grid is tasks x 32 threads, whole SIMD-groups, so
-// every lane of a task reaches its collectives. The forward's task is (block row r, 8 batch
-// rows); the backward's tasks are three ranges, each present only when its gradient is
-// needed (as sparse_linear_backward_deterministic's): (block column c, 8 batch rows) for
-// grad_input through the by-source twin; one block (by-source position p) for its
+// every lane of a task reaches its collectives. The forward's task is (block row r, a tile
+// of batch rows: 32 for the simdgroup kernels, so that each weight fragment feeds 4
+// products, 8 for the shuffle kernels); the backward's tasks are three ranges, each present
+// only when its gradient is needed (as sparse_linear_backward_deterministic's): (block
+// column c, a tile of batch rows) for grad_input through the by-source twin; one block (by-source position p) for its
 // grad_values, the B x B sum over the batch; 32 output features for grad_bias. Every output
 // has one writer: no atomics, no zero-fill, and the same bits every run.
 //
@@ -46,6 +47,26 @@ struct TsmFragmentLane {
       : row(((lane / 4) & 4u) + (lane / 2) % 4), col(((lane / 4) & 2u) * 2 + (lane % 2) * 2) {}
 };
 
+// Batch rows per task of the simdgroup kernels' forward and grad_input: 4 fragments, so each
+// weight fragment loaded feeds 4 products (the shuffle kernels take 8: one per lane group).
+constant constexpr uint TSM_BLOCK_TASK_ROWS = 32;
+
+// Copies rows of COLS elements (ld apart, rows_left of them valid, zeros after) of a device
+// matrix into threadgroup memory, COUNT elements a lane: consecutive lanes read consecutive
+// elements of a row, so a SIMD-group instruction reads whole rows (the 128-byte segments
+// that fragment loads, 8 rows of 2 elements each, would touch 8 of). The simdgroup kernels
+// run one SIMD-group per threadgroup (the host launches groups of 32 threads) and take their
+// task from the threadgroup's position, so each stages its own tiles and every barrier is
+// reached by the whole threadgroup.
+template <uint COUNT, uint COLS, typename Acc, typename T>
+inline void tsm_stage_rows(threadgroup Acc* dst, device const T* src, uint ld, uint rows_left,
+                           uint lane) {
+  for (uint n = 0; n < COUNT; ++n) {
+    const uint e = lane + 32 * n, r = e / COLS, c = e % COLS;
+    dst[e] = r < rows_left ? Acc(src[r * ld + c]) : Acc(0);
+  }
+}
+
 template <typename T, uint B>
 [[kernel]] void block_sparse_linear_forward_simdgroup(
     device const T* input          [[buffer(0)]],   // (batch, in_features)
@@ -60,25 +81,30 @@ template <typename T, uint B>
     constant uint& has_bias        [[buffer(9)]],
     constant uint& nnzb            [[buffer(10)]],
     device atomic_uint* errors     [[buffer(11)]],
-    uint gid                       [[thread_position_in_grid]],
+    uint task                      [[threadgroup_position_in_grid]],  // a SIMD-group each
     uint lane                      [[thread_index_in_simdgroup]]) {
   using Acc = typename tsm_acc<T>::type;
   constexpr uint F = B / 8;  // fragments along a block's side
-  const uint tiles = (batch + 7) / 8, task = gid / 32;
-  const uint r = task / tiles, b0 = (task % tiles) * 8;
+  const uint tiles = (batch + TSM_BLOCK_TASK_ROWS - 1) / TSM_BLOCK_TASK_ROWS;
+  const uint r = task / tiles, b0 = (task % tiles) * TSM_BLOCK_TASK_ROWS;
   if (r >= out_features / B) {
     return;  // a whole SIMD-group: tasks are SIMD-group-sized
   }
   const TsmFragmentLane at(lane);
-  const uint row = b0 + at.row;
-  const bool row_ok = row < batch;
+  constexpr uint BT = TSM_BLOCK_TASK_ROWS / 8;  // 8-row fragments of the batch per task
+  threadgroup Acc xs[TSM_BLOCK_TASK_ROWS * B];  // the task's rows of x in the block's columns
+  threadgroup Acc ws[B * B];                    // the block
 
-  // acc[i]: outputs (b0 .. b0 + 8) x (r B + 8 i .. + 8), starting from the bias.
-  simdgroup_matrix<Acc, 8, 8> acc[F];
+  // acc[t][i]: outputs (b0 + 8 t .. + 8) x (r B + 8 i .. + 8), starting from the bias.
+  simdgroup_matrix<Acc, 8, 8> acc[BT][F];
   for (uint i = 0; i < F; ++i) {
     const uint o = r * B + 8 * i + at.col;
-    acc[i].thread_elements()[0] = has_bias != 0 ? Acc(bias[o]) : Acc(0);
-    acc[i].thread_elements()[1] = has_bias != 0 ? Acc(bias[o + 1]) : Acc(0);
+    const Acc b_0 = has_bias != 0 ? Acc(bias[o]) : Acc(0);
+    const Acc b_1 = has_bias != 0 ? Acc(bias[o + 1]) : Acc(0);
+    for (uint t = 0; t < BT; ++t) {
+      acc[t][i].thread_elements()[0] = b_0;
+      acc[t][i].thread_elements()[1] = b_1;
+    }
   }
   const int begin = crow[r], end = crow[r + 1];
   bool bad = !tsm_edge_range_ok(begin, end, nnzb);
@@ -88,31 +114,43 @@ template <typename T, uint B>
       bad = true;
       break;
     }
-    device const T* block = values + uint(k) * B * B;
-    device const T* x = input + row * in_features + uint(c) * B;
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // the last block's fragments are read
+    tsm_stage_rows<B * B / 32, B * B>(ws, values + uint(k) * B * B, B * B, 1, lane);
+    tsm_stage_rows<TSM_BLOCK_TASK_ROWS * B / 32, B>(xs, input + b0 * in_features + uint(c) * B,
+                                                    in_features, batch - b0, lane);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
     for (uint j = 0; j < F; ++j) {
-      // x fragment (p, q) = input[b0 + p, c B + 8 j + q]
-      simdgroup_matrix<Acc, 8, 8> xf;
-      xf.thread_elements()[0] = row_ok ? Acc(x[8 * j + at.col]) : Acc(0);
-      xf.thread_elements()[1] = row_ok ? Acc(x[8 * j + at.col + 1]) : Acc(0);
+      // x fragments (p, q) = input[b0 + 8 t + p, c B + 8 j + q]
+      simdgroup_matrix<Acc, 8, 8> xf[BT];
+      for (uint t = 0; t < BT; ++t) {
+        threadgroup const Acc* x = xs + (8 * t + at.row) * B + 8 * j + at.col;
+        xf[t].thread_elements()[0] = x[0];
+        xf[t].thread_elements()[1] = x[1];
+      }
       for (uint i = 0; i < F; ++i) {
-        // W^T fragment (p, q) = W[r B + 8 i + q, c B + 8 j + p] = block[8 i + q][8 j + p]
+        // W^T fragment (p, q) = W[r B + 8 i + q, c B + 8 j + p] = block[8 i + q][8 j + p],
+        // read once for the task's BT batch fragments.
         simdgroup_matrix<Acc, 8, 8> wf;
-        wf.thread_elements()[0] = Acc(block[(8 * i + at.col) * B + 8 * j + at.row]);
-        wf.thread_elements()[1] = Acc(block[(8 * i + at.col + 1) * B + 8 * j + at.row]);
-        simdgroup_multiply_accumulate(acc[i], xf, wf, acc[i]);
+        wf.thread_elements()[0] = ws[(8 * i + at.col) * B + 8 * j + at.row];
+        wf.thread_elements()[1] = ws[(8 * i + at.col + 1) * B + 8 * j + at.row];
+        for (uint t = 0; t < BT; ++t) {
+          simdgroup_multiply_accumulate(acc[t][i], xf[t], wf, acc[t][i]);
+        }
       }
     }
   }
   if (bad) {
     tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
   }
-  if (row_ok) {
-    const T nan = T(numeric_limits<Acc>::quiet_NaN());
-    for (uint i = 0; i < F; ++i) {
-      device T* y = output + row * out_features + r * B + 8 * i + at.col;
-      y[0] = bad ? nan : T(acc[i].thread_elements()[0]);
-      y[1] = bad ? nan : T(acc[i].thread_elements()[1]);
+  const T nan = T(numeric_limits<Acc>::quiet_NaN());
+  for (uint t = 0; t < BT; ++t) {
+    const uint row = b0 + 8 * t + at.row;
+    if (row < batch) {
+      for (uint i = 0; i < F; ++i) {
+        device T* y = output + row * out_features + r * B + 8 * i + at.col;
+        y[0] = bad ? nan : T(acc[t][i].thread_elements()[0]);
+        y[1] = bad ? nan : T(acc[t][i].thread_elements()[1]);
+      }
     }
   }
 }
@@ -145,8 +183,9 @@ inline uint tsm_source_column(device const int* src_ptr, int p, uint block_cols)
 struct TsmBackwardTasks {
   uint input, values, bias;
   TsmBackwardTasks(uint batch, uint in_features, uint out_features, uint nnzb, uint block,
-                   uint need_input, uint need_values, uint need_bias)
-      : input(need_input != 0 ? (in_features / block) * ((batch + 7) / 8) : 0u),
+                   uint need_input, uint need_values, uint need_bias, uint task_rows)
+      : input(need_input != 0 ? (in_features / block) * ((batch + task_rows - 1) / task_rows)
+                              : 0u),
         values(need_values != 0 ? nnzb : 0u),
         bias(need_bias != 0 ? (out_features + 31) / 32 : 0u) {}
 };
@@ -184,25 +223,32 @@ inline void tsm_block_grad_bias(device const T* grad_output, device T* grad_bias
   uint gid [[thread_position_in_grid]], uint lane [[thread_index_in_simdgroup]]
 
 template <typename T, uint B>
-[[kernel]] void block_sparse_linear_backward_simdgroup(TSM_BLOCK_BACKWARD_PARAMS) {
+[[kernel]] void block_sparse_linear_backward_simdgroup(
+    TSM_BLOCK_BACKWARD_PARAMS, uint group [[threadgroup_position_in_grid]]) {
   using Acc = typename tsm_acc<T>::type;
   constexpr uint F = B / 8;
+  constexpr uint BT = TSM_BLOCK_TASK_ROWS / 8;
   const TsmBackwardTasks tasks(batch, in_features, out_features, nnzb, B, need_input,
-                               need_values, need_bias);
+                               need_values, need_bias, TSM_BLOCK_TASK_ROWS);
   const uint block_rows = out_features / B, block_cols = in_features / B;
   const T nan = T(numeric_limits<Acc>::quiet_NaN());
   const TsmFragmentLane at(lane);
-  uint task = gid / 32;
+  // Staged tiles (one task per threadgroup): grad_output's rows and the block for
+  // grad_input; grad_output's and input's rows for grad_values. B <= 32, so B x B fits tb.
+  threadgroup Acc ta[TSM_BLOCK_TASK_ROWS * B];
+  threadgroup Acc tb[TSM_BLOCK_TASK_ROWS * B];
+  uint task = group;  // threadgroups of one SIMD-group: the barriers below are uniform
 
   if (task < tasks.input) {
-    // grad_input[b0 .. + 8, c B .. + B] = sum over the column's blocks (r, k) of
-    // grad_output[b0 .. + 8, r B .. + B] @ W block k.
-    const uint tiles = (batch + 7) / 8;
-    const uint c = task / tiles, b0 = (task % tiles) * 8, row = b0 + at.row;
-    const bool row_ok = row < batch;
-    simdgroup_matrix<Acc, 8, 8> acc[F];
-    for (uint j = 0; j < F; ++j) {
-      acc[j] = make_filled_simdgroup_matrix<Acc, 8, 8>(Acc(0));
+    // grad_input[b0 .. + 32, c B .. + B] = sum over the column's blocks (r, k) of
+    // grad_output[b0 .. + 32, r B .. + B] @ W block k.
+    const uint tiles = (batch + TSM_BLOCK_TASK_ROWS - 1) / TSM_BLOCK_TASK_ROWS;
+    const uint c = task / tiles, b0 = (task % tiles) * TSM_BLOCK_TASK_ROWS;
+    simdgroup_matrix<Acc, 8, 8> acc[BT][F];
+    for (uint t = 0; t < BT; ++t) {
+      for (uint j = 0; j < F; ++j) {
+        acc[t][j] = make_filled_simdgroup_matrix<Acc, 8, 8>(Acc(0));
+      }
     }
     const int begin = src_ptr[c], end = src_ptr[c + 1];
     bool bad = !tsm_edge_range_ok(begin, end, nnzb);
@@ -212,28 +258,40 @@ template <typename T, uint B>
         bad = true;
         break;
       }
-      device const T* g = grad_output + row * out_features + r * B;
-      device const T* block = values + k * B * B;
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      tsm_stage_rows<TSM_BLOCK_TASK_ROWS * B / 32, B>(
+          ta, grad_output + b0 * out_features + r * B, out_features, batch - b0, lane);
+      tsm_stage_rows<B * B / 32, B * B>(tb, values + k * B * B, B * B, 1, lane);
+      threadgroup_barrier(mem_flags::mem_threadgroup);
       for (uint i = 0; i < F; ++i) {
-        simdgroup_matrix<Acc, 8, 8> gf;  // (p, q) = grad_output[b0 + p, r B + 8 i + q]
-        gf.thread_elements()[0] = row_ok ? Acc(g[8 * i + at.col]) : Acc(0);
-        gf.thread_elements()[1] = row_ok ? Acc(g[8 * i + at.col + 1]) : Acc(0);
+        simdgroup_matrix<Acc, 8, 8> gf[BT];  // (p, q) = grad_output[b0 + 8 t + p, r B + 8 i + q]
+        for (uint t = 0; t < BT; ++t) {
+          threadgroup const Acc* g = ta + (8 * t + at.row) * B + 8 * i + at.col;
+          gf[t].thread_elements()[0] = g[0];
+          gf[t].thread_elements()[1] = g[1];
+        }
         for (uint j = 0; j < F; ++j) {
           simdgroup_matrix<Acc, 8, 8> wf;  // (p, q) = block[8 i + p][8 j + q]
-          wf.thread_elements()[0] = Acc(block[(8 * i + at.row) * B + 8 * j + at.col]);
-          wf.thread_elements()[1] = Acc(block[(8 * i + at.row) * B + 8 * j + at.col + 1]);
-          simdgroup_multiply_accumulate(acc[j], gf, wf, acc[j]);
+          threadgroup const Acc* w = tb + (8 * i + at.row) * B + 8 * j + at.col;
+          wf.thread_elements()[0] = w[0];
+          wf.thread_elements()[1] = w[1];
+          for (uint t = 0; t < BT; ++t) {
+            simdgroup_multiply_accumulate(acc[t][j], gf[t], wf, acc[t][j]);
+          }
         }
       }
     }
     if (bad) {
       tsm_flag_error(errors, TSM_ERROR_BAD_PATTERN_INDEX);
     }
-    if (row_ok) {
-      for (uint j = 0; j < F; ++j) {
-        device T* out = grad_input + row * in_features + c * B + 8 * j + at.col;
-        out[0] = bad ? nan : T(acc[j].thread_elements()[0]);
-        out[1] = bad ? nan : T(acc[j].thread_elements()[1]);
+    for (uint t = 0; t < BT; ++t) {
+      const uint row = b0 + 8 * t + at.row;
+      if (row < batch) {
+        for (uint j = 0; j < F; ++j) {
+          device T* out = grad_input + row * in_features + c * B + 8 * j + at.col;
+          out[0] = bad ? nan : T(acc[t][j].thread_elements()[0]);
+          out[1] = bad ? nan : T(acc[t][j].thread_elements()[1]);
+        }
       }
     }
     return;
@@ -264,24 +322,30 @@ template <typename T, uint B>
         acc[i][j] = make_filled_simdgroup_matrix<Acc, 8, 8>(Acc(0));
       }
     }
-    for (uint b0 = 0; b0 < batch; b0 += 8) {
-      // grad_output^T fragment (p, q) = grad_output[b0 + q, r B + 8 i + p]: this lane's
-      // two elements are batch rows b0 + col and b0 + col + 1 of feature 8 i + row.
-      const uint g0 = b0 + at.col, g1 = g0 + 1, xrow = b0 + at.row;
-      simdgroup_matrix<Acc, 8, 8> gf[F], xf[F];
-      for (uint i = 0; i < F; ++i) {
-        const uint o = r * B + 8 * i + at.row;
-        gf[i].thread_elements()[0] = g0 < batch ? Acc(grad_output[g0 * out_features + o]) : Acc(0);
-        gf[i].thread_elements()[1] = g1 < batch ? Acc(grad_output[g1 * out_features + o]) : Acc(0);
-      }
-      for (uint j = 0; j < F; ++j) {  // input fragment (p, q) = input[b0 + p, c B + 8 j + q]
-        device const T* x = input + xrow * in_features + c * B + 8 * j + at.col;
-        xf[j].thread_elements()[0] = xrow < batch ? Acc(x[0]) : Acc(0);
-        xf[j].thread_elements()[1] = xrow < batch ? Acc(x[1]) : Acc(0);
-      }
-      for (uint i = 0; i < F; ++i) {
-        for (uint j = 0; j < F; ++j) {
-          simdgroup_multiply_accumulate(acc[i][j], gf[i], xf[j], acc[i][j]);
+    for (uint b0 = 0; b0 < batch; b0 += TSM_BLOCK_TASK_ROWS) {
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      tsm_stage_rows<TSM_BLOCK_TASK_ROWS * B / 32, B>(
+          ta, grad_output + b0 * out_features + r * B, out_features, batch - b0, lane);
+      tsm_stage_rows<TSM_BLOCK_TASK_ROWS * B / 32, B>(
+          tb, input + b0 * in_features + c * B, in_features, batch - b0, lane);
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      for (uint s = 0; s < TSM_BLOCK_TASK_ROWS; s += 8) {
+        // grad_output^T fragment (p, q) = grad_output[b0 + s + q, r B + 8 i + p]: this
+        // lane's two elements are rows s + col, s + col + 1 of the tile, feature 8 i + row.
+        simdgroup_matrix<Acc, 8, 8> gf[F], xf[F];
+        for (uint i = 0; i < F; ++i) {
+          gf[i].thread_elements()[0] = ta[(s + at.col) * B + 8 * i + at.row];
+          gf[i].thread_elements()[1] = ta[(s + at.col + 1) * B + 8 * i + at.row];
+        }
+        for (uint j = 0; j < F; ++j) {  // input fragment (p, q) = input[b0 + s + p, c B + 8 j + q]
+          threadgroup const Acc* x = tb + (s + at.row) * B + 8 * j + at.col;
+          xf[j].thread_elements()[0] = x[0];
+          xf[j].thread_elements()[1] = x[1];
+        }
+        for (uint i = 0; i < F; ++i) {
+          for (uint j = 0; j < F; ++j) {
+            simdgroup_multiply_accumulate(acc[i][j], gf[i], xf[j], acc[i][j]);
+          }
         }
       }
     }
@@ -301,7 +365,7 @@ template <typename T, uint B>
   }
 }
 
-// The fallback without simdgroup_matrix. The forward's tile is the same 8 batch rows x B
+// The fallback without simdgroup_matrix. The forward's tile is 8 batch rows x B
 // outputs; lane l owns output o = l % B of batch rows l / B + s (32 / B), s < 8 B / 32.
 // A row of x restricted to block column c is loaded a lane per element (lane l: element
 // l % B of its row) and simd_shuffle brings element j to every lane of the row's group.
@@ -368,7 +432,7 @@ template <typename T, uint B>
   using Acc = typename tsm_acc<T>::type;
   constexpr uint ROWS = 8 * B / 32, STEP = 32 / B, CELLS = B * B / 32;
   const TsmBackwardTasks tasks(batch, in_features, out_features, nnzb, B, need_input,
-                               need_values, need_bias);
+                               need_values, need_bias, 8);
   const uint block_rows = out_features / B, block_cols = in_features / B;
   const T nan = T(numeric_limits<Acc>::quiet_NaN());
   const uint o = lane % B, first = lane / B, group = first * B;

@@ -105,3 +105,28 @@ def test_table_says_it_is_a_bound_not_a_measurement():
     assert "bound us M1 Max" in table and "bound us M4 Max" in table
     assert "a lower bound, not a measurement" in table
     assert "third-party estimate" in table  # the M4 Max's FP32 figure
+
+
+def test_block_rows_set_each_sparsity_against_the_dense_layer(capsys):
+    assert bench_cli.main(["block", "--size", "64", "--batch", "8", "--block", "16",
+                           "--sparsities", "0.5", "0.75", "--chip", "m1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["form"], r["sparsity"], r["phase"]) for r in rows] == [
+        ("dense", 0.0, "forward"), ("dense", 0.0, "backward"),
+        ("block 16", 0.5, "forward"), ("block 16", 0.5, "backward"),
+        ("block 16", 0.75, "forward"), ("block 16", 0.75, "backward")]
+    for r in rows:
+        # The block layer's FMAs are its blocks' (nnzb x 16 x 16 per batch row, twice in the
+        # backward); the dense layer's, the products' own.
+        nnzb = round((1 - r["sparsity"]) * 16)
+        fmas = 64 * 64 * 8 if r["form"] == "dense" else nnzb * 16 * 16 * 8
+        assert r["counters"]["fmas"] >= fmas * (1 if r["phase"] == "forward" else 2)
+        assert r["against_dense"][0] == pytest.approx(
+            r["bounds"][0]["bound_us"] / rows[0 if r["phase"] == "forward" else 1]["bounds"][0]["bound_us"])
+    assert rows[2]["kernels"] == ["block_sparse_linear_forward_simdgroup_b16_float"]
+
+
+def test_block_size_must_divide_the_layer(capsys):
+    with pytest.raises(SystemExit):
+        bench_cli.main(["block", "--size", "40", "--block", "16"])
+    assert "40 is not a multiple of --block 16" in capsys.readouterr().err

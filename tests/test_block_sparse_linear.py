@@ -321,3 +321,19 @@ def test_a_kernel_can_be_named(monkeypatch):
         tsm.block_sparse_linear(x, crow, col, values, bias, kernel="simdgroup")
     with pytest.raises(ValueError, match="kernel must be None, 'simdgroup' or 'shuffle'"):
         tsm.block_sparse_linear(x, crow, col, values, bias, kernel="tiled")
+
+
+@settings(max_examples=20, deadline=None)
+@given(rows=st.integers(1, 9), cols=st.integers(1, 9), density=st.floats(0, 1),
+       seed=st.integers(0, 2**16))
+def test_random_block_patterns_spread_over_the_rows(rows, cols, density, seed):
+    from torch_sparse_metal.nn.block_sparse_linear import balanced_block_pattern
+    crow, col = balanced_block_pattern(rows, cols, density,
+                                       generator=torch.Generator().manual_seed(seed))
+    per_row = (crow[1:] - crow[:-1]).tolist()
+    assert sum(per_row) == round(density * rows * cols) == col.numel()
+    assert max(per_row) - min(per_row) <= 1
+    for r in range(rows):
+        cells = col[crow[r]:crow[r + 1]].tolist()
+        assert cells == sorted(set(cells)) and all(0 <= c < cols for c in cells)
+    BSRPattern(crow, col, cols * 8, rows * 8, 8)  # valid

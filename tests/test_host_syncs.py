@@ -116,7 +116,7 @@ def test_prune_and_regrow_counts_a_given_patterns_cells(indices, reads):
         with tsm.syncs.watch() as syncs:
             prune_and_regrow(layer, 0.5)
         assert len(syncs.events) == expected, syncs.report()
-        assert all("in distinct_cells" in e.where for e in syncs.events)
+        assert all("in count_distinct" in e.where for e in syncs.events)
 
 
 # ---- the watcher sees each kind of sync, in the step itself --------------------------------

@@ -460,9 +460,13 @@ def test_the_projects_kernels_with_simd_group_functions(tmp_path):
         reasons.update({k: v for k, v in not_lanes(cxx).items() if v != "no SIMD-group function"})
     assert lanes == {"matmul_shuffle", "matmul_simdgroup", "cross_entropy_forward", "adamw_step",
                      "sparse_linear_forward_batch_lanes", "sparse_linear_backward_batch_lanes",
-                     *(f"block_sparse_linear_{d}_{f}" for d in ("forward", "backward")
-                       for f in ("simdgroup", "shuffle"))}
-    assert reasons == {}
+                     "block_sparse_linear_forward_shuffle", "block_sparse_linear_backward_shuffle"}
+    # Their barriers sit in loops over a block row's blocks, whose bounds and exits come from
+    # the index arrays in device memory: uniform in fact (every lane reads the same word, and
+    # a threadgroup is one task), not provably so to the analysis. They run as regions.
+    assert reasons == dict.fromkeys(["block_sparse_linear_forward_simdgroup",
+                                     "block_sparse_linear_backward_simdgroup"],
+                                    "a barrier where threads may go different ways")
 
 
 def test_simd_group_functions_go_inline_into_the_loops_over_threads():

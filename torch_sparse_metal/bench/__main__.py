@@ -117,6 +117,16 @@ def main(argv=None) -> int:
                     default=["float32", "float16"], help="default: float32 float16")
     sp.add_argument("--json", action="store_true", help="print the rows as JSON")
     _add_chip(sp, default=[_chip("m1-max"), _chip("m4-max")])
+    bl = sub.add_parser("block", help="BlockSparseLinear at several block sparsities against "
+                                      "the dense layer: emulator counters, a roofline per chip")
+    bl.add_argument("--size", type=POSITIVE, default=1024, help="in = out features (default 1024)")
+    bl.add_argument("--batch", type=POSITIVE, default=64)
+    bl.add_argument("--block", type=int, choices=[8, 16, 32], default=16)
+    bl.add_argument("--sparsities", type=_density, nargs="+", default=[0.5, 0.75, 0.9, 0.95],
+                    help="fractions of the blocks left empty (default 0.5 0.75 0.9 0.95)")
+    bl.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32")
+    bl.add_argument("--json", action="store_true", help="print the rows as JSON")
+    _add_chip(bl, default=[_chip("m1-max"), _chip("m4-max")])
     ops = sub.add_parser("ops", help="per-call cost of each op registration style (direct, "
                                      "autograd.Function, custom_op, Library.define) around a "
                                      "no-op kernel")
@@ -192,6 +202,13 @@ def main(argv=None) -> int:
         from . import sparse
         rows = sparse.run(args.sizes, args.density, args.batch, args.chip, dtypes=args.dtypes)
         print(json.dumps(rows, indent=2) if args.json else sparse.format_table(rows, args.chip))
+    elif args.benchmark == "block":
+        from . import block
+        if args.size % args.block:
+            parser.error(f"argument --size: {args.size} is not a multiple of --block {args.block}")
+        rows = block.run(args.size, args.batch, args.block, args.sparsities, args.dtype,
+                         args.chip)
+        print(json.dumps(rows, indent=2) if args.json else block.format_table(rows, args.chip))
     elif args.benchmark == "emulator":
         from . import emulator
         result, table = emulator.main(args)

@@ -56,7 +56,7 @@ def coalescing_columns(counters: Mapping[str, int]) -> Dict[str, object]:
 
 def header(chips: Sequence[Chip]) -> str:
     return (f"{'transactions':>13}{'min':>11}{'coalesced':>10}{'lanes':>7}"
-            + "".join(f"{'bound us ' + _short(c):>18}" for c in chips))
+            + "".join(f"{'bound us ' + short_name(c):>18}" for c in chips))
 
 
 def cells(counters: Mapping[str, int], chips: Sequence[Chip]) -> str:
@@ -82,5 +82,5 @@ def footnote(chips: Sequence[Chip]) -> List[str]:
     return lines
 
 
-def _short(c: Chip) -> str:
+def short_name(c: Chip) -> str:
     return c.name.replace("Apple ", "")

@@ -1,7 +1,7 @@
 """``BlockSparseLinear``: ``nn.Linear`` with a weight of ``B x B`` blocks in BSR form."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import nn
@@ -9,9 +9,31 @@ from torch import nn
 from .. import _validation as V
 from ..ops.block_sparse_linear import (BSRPattern, BySource, apply_block_pattern,
                                        check_block)
-from .sparse_linear import random_csr_pattern
 
 _MODULE = "BlockSparseLinear"
+
+
+def balanced_block_pattern(block_rows: int, block_cols: int, density: float, *,
+                           generator: Optional[torch.Generator] = None
+                           ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``round(density * block_rows * block_cols)`` distinct blocks, spread over the block
+    rows as evenly as they divide (random rows get the remainder's one more), uniform among
+    a row's columns. A block row without blocks is ``block`` dead outputs, which a uniform
+    draw leaves often at low density (a 16-output last layer of 8x8 blocks at 10% has
+    three blocks for two rows). Returns ``(crow, col)`` int32 on the generator's device
+    (CPU by default), columns sorted within each row."""
+    density = V.check_number(_MODULE, "density", density, minimum=0, maximum=1)
+    device = generator.device if generator is not None else torch.device("cpu")
+    n = round(density * block_rows * block_cols)
+    base, extra = divmod(n, max(block_rows, 1))
+    per_row = torch.full((block_rows,), base, dtype=torch.long, device=device)
+    per_row[torch.randperm(block_rows, generator=generator, device=device)[:extra]] += 1
+    # Each cell's rank in its row under random scores: a row keeps its per_row lowest.
+    scores = torch.rand(block_rows, block_cols, generator=generator, device=device)
+    rank = scores.argsort(1).argsort(1)
+    col = (rank < per_row[:, None]).nonzero()[:, 1]  # row-major: columns sorted per row
+    crow = torch.cat([per_row.new_zeros(1), per_row.cumsum(0)])
+    return crow.to(torch.int32), col.to(torch.int32)
 
 
 class BlockSparseLinear(nn.Module):
@@ -22,8 +44,9 @@ class BlockSparseLinear(nn.Module):
     without them); float32, float16 and bfloat16 on Metal, and float64 on the emulator;
     ``torch.autocast`` as ``nn.Linear``.
 
-    Give exactly one of ``density`` (a random pattern with that fraction of the blocks) or
-    ``crow`` + ``col`` (block indices: ``crow`` has ``out_features / block + 1`` entries).
+    Give exactly one of ``density`` (a random pattern with that fraction of the blocks,
+    spread evenly over the block rows: :func:`balanced_block_pattern`) or ``crow`` + ``col``
+    (block indices: ``crow`` has ``out_features / block + 1`` entries).
 
     Attributes:
         weight: ``(nnzb, block, block)``: ``weight[k][i][j] = W[r block + i, c block + j]``
@@ -59,8 +82,8 @@ class BlockSparseLinear(nn.Module):
                 raise ValueError(f"{_MODULE}: {name} = {n} is not a multiple of the block "
                                  f"size {block}")
         if density is not None:
-            crow, col = random_csr_pattern(in_features // block, out_features // block,
-                                           density, generator=generator)
+            crow, col = balanced_block_pattern(out_features // block, in_features // block,
+                                               density, generator=generator)
             pattern = BSRPattern.trusted(crow, col, in_features, out_features, block,
                                          distinct_blocks=col.shape[0])
         else:
@@ -103,6 +126,13 @@ class BlockSparseLinear(nn.Module):
         self.crow, self.col = pattern.crow, pattern.col
         self.src_ptr, self.src_rows, self.src_perm = src
         self._pattern, self._pattern_key = pattern, self._buffers_key()
+
+    @property
+    def grad_norm(self) -> Optional[torch.Tensor]:
+        """L2 norm of this layer's gradients as the last :class:`torch_sparse_metal.optim.AdamW`
+        step read them (see ``SparseLinear.grad_norm``), or None before such a step."""
+        from ..optim.adamw import grad_norm_of
+        return grad_norm_of(p for p in (self.weight, self.bias) if p is not None)
 
     @property
     def nnzb(self) -> int:
@@ -226,4 +256,4 @@ class BlockSparseLinear(nn.Module):
         return layer
 
 
-__all__ = ["BlockSparseLinear"]
+__all__ = ["BlockSparseLinear", "balanced_block_pattern"]

@@ -39,8 +39,13 @@ SHADER = "block_sparse_linear.metal"
 BLOCKS = (8, 16, 32)
 DTYPES = V.KERNEL_DTYPES_WITH_HALF
 FAMILIES = ("simdgroup", "shuffle")
-GROUP_SIZE = 256  # 8 SIMD-groups, each a task of its own
+# Threads per threadgroup: the simdgroup kernels stage each task's tiles in threadgroup
+# memory, one SIMD-group (a task) per threadgroup; the shuffle kernels share none.
+GROUP_SIZE = {"simdgroup": 32, "shuffle": 256}
 SIMD_WIDTH = 32
+# Batch rows per task of the forward and of grad_input (TSM_BLOCK_TASK_ROWS in the shader
+# for the simdgroup kernels; the shuffle kernels' tile is 8 rows).
+TASK_ROWS = {"simdgroup": 32, "shuffle": 8}
 _NAMES = ("crow", "col", "out_features / block", "in_features / block")
 
 
@@ -281,15 +286,15 @@ def _forward_kernel(input, crow, col, values, bias, src_ptr, src_rows, src_perm,
         if bias is not None:
             out += bias
         return out
-    tasks = (out_features // B) * -(-batch // 8)
-    V.check_fits_uint32(OP, "tasks * 32", tasks * SIMD_WIDTH)
     family = "simdgroup" if simdgroup else "shuffle"
+    tasks = (out_features // B) * -(-batch // TASK_ROWS[family])
+    V.check_fits_uint32(OP, "tasks * 32", tasks * SIMD_WIDTH)
     args = (input, crow, col, values,
             bias.contiguous() if bias is not None else _placeholder(input), out,
             np.uint32(batch), np.uint32(in_features), np.uint32(out_features),
             np.uint32(bias is not None), np.uint32(values.shape[0]), error_word(input.device))
     _launch.launch(SHADER, kernel_name(kernel_base("forward", family, B), input.dtype), args,
-                   threads=tasks * SIMD_WIDTH, group_size=GROUP_SIZE, backend=backend)
+                   threads=tasks * SIMD_WIDTH, group_size=GROUP_SIZE[family], backend=backend)
     return out
 
 
@@ -334,10 +339,10 @@ def _backward_kernel(grad_output, input, values, crow, col, src_ptr, src_rows, s
     grads = (grad_output.new_empty(batch, in_features) if need_input else None,
              grad_output.new_empty(nnzb, B, B) if need_values else None,
              grad_output.new_empty(out_features) if need_bias else None)
-    tasks = ((in_features // B) * -(-batch // 8) * need_input + nnzb * need_values
-             + -(-out_features // SIMD_WIDTH) * need_bias)
-    V.check_fits_uint32(OP, "backward tasks * 32", tasks * SIMD_WIDTH)
     family = "simdgroup" if simdgroup else "shuffle"
+    tasks = ((in_features // B) * -(-batch // TASK_ROWS[family]) * need_input
+             + nnzb * need_values + -(-out_features // SIMD_WIDTH) * need_bias)
+    V.check_fits_uint32(OP, "backward tasks * 32", tasks * SIMD_WIDTH)
     args = (grad_output, input.contiguous() if need_values else placeholder,
             values.contiguous() if need_input else placeholder, src_ptr, src_rows, src_perm,
             *(g if g is not None else placeholder for g in grads), np.uint32(batch),
@@ -345,7 +350,8 @@ def _backward_kernel(grad_output, input, values, crow, col, src_ptr, src_rows, s
             np.uint32(need_input), np.uint32(need_values), np.uint32(need_bias),
             error_word(grad_output.device))
     _launch.launch(SHADER, kernel_name(kernel_base("backward", family, B), grad_output.dtype),
-                   args, threads=tasks * SIMD_WIDTH, group_size=GROUP_SIZE, backend=backend)
+                   args, threads=tasks * SIMD_WIDTH, group_size=GROUP_SIZE[family],
+                   backend=backend)
     return grads
 
 
