@@ -98,22 +98,45 @@ def test_matches_torchs_bsr_tensor(block, rows, cols, density, batch, bias, shuf
         torch.testing.assert_close(bs.grad, grad.sum(0), rtol=1e-12, atol=1e-12)
 
 
+def _rounded(dtype, want, off):
+    """A result within ``off`` of ``want`` before its one rounding to ``dtype``."""
+    finfo = torch.finfo(dtype)
+    return finfo.eps / 2 * (want.abs() + off) + finfo.smallest_normal * finfo.eps / 2 + off
+
+
+def _gamma(n):
+    u32 = torch.finfo(torch.float32).eps / 2
+    return n * u32 / (1 - n * u32)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_lower_precisions_against_float64(family, dtype):
-    """Sums in float32, each result rounded once: within u_T |want| + gamma_n sum |terms|."""
+    """Forward and every gradient: sums in float32, each result rounded once, so within
+    u_T (|want| + e) + e with e = gamma_n sum |terms| for a sum of n terms (the forward's
+    row: its blocks' columns and the bias; grad_input's: the column's blocks' rows;
+    grad_values' and grad_bias': the batch)."""
     crow, col, values, bias, x = bsr_problem(4, 3, 16, 0.6, batch=21, dtype=torch.float32)
-    values, bias, x = (t.to(dtype) for t in (values, bias, x))
+    grad = torch.randn(21, 64, generator=torch.Generator().manual_seed(9)).to(dtype)
+    values, bias, x = (t.to(dtype).requires_grad_() for t in (values, bias, x))
     with tsm.use_backend("emulator"):
         y = tsm.block_sparse_linear(x, crow, col, values, bias)
-    assert y.dtype == dtype
-    dense = torch_bsr(crow, col, values.double(), (64, 48)).to_dense()
-    want = x.double() @ dense.t() + bias.double()
-    terms = x.double().abs() @ dense.abs().t() + bias.double().abs()
-    n = 3 * 16 + 1
-    u32, finfo = torch.finfo(torch.float32).eps / 2, torch.finfo(dtype)
-    off = n * u32 / (1 - n * u32) * terms
-    bound = finfo.eps / 2 * (want.abs() + off) + finfo.smallest_normal * finfo.eps / 2 + off
-    assert bool(((y.double() - want).abs() <= bound).all())
+        y.backward(grad)
+    assert {t.dtype for t in (y, x.grad, values.grad, bias.grad)} == {dtype}
+    v64, x64, g64 = values.detach().double(), x.detach().double(), grad.double()
+    dense = torch_bsr(crow, col, v64, (64, 48)).to_dense()
+    checks = [
+        ("output", y, x64 @ dense.t() + bias.detach().double(),
+         _gamma(3 * 16 + 1) * (x64.abs() @ dense.abs().t() + bias.detach().double().abs())),
+        ("grad_input", x.grad, g64 @ dense, _gamma(4 * 16) * (g64.abs() @ dense.abs())),
+        ("grad_bias", bias.grad, g64.sum(0), _gamma(21) * g64.abs().sum(0)),
+    ]
+    full, full_abs = g64.t() @ x64, g64.abs().t() @ x64.abs()
+    r = torch.repeat_interleave(torch.arange(4), (crow[1:] - crow[:-1]).long())
+    blocks = lambda m: m.reshape(4, 16, 3, 16).permute(0, 2, 1, 3)[r, col.long()]  # noqa: E731
+    checks.append(("grad_values", values.grad, blocks(full), _gamma(21) * blocks(full_abs)))
+    for what, got, want, off in checks:
+        err = (got.detach().double() - want).abs()
+        assert bool((err <= _rounded(dtype, want, off)).all()), (what, float(err.max()))
 
 
 def test_one_dispatch_each_way_and_the_family_follows_the_gpu(monkeypatch):
