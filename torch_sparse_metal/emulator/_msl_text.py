@@ -146,8 +146,29 @@ def _param_attributes(piece: str) -> List[Tuple[str, str]]:
     return entries
 
 
+# The highest index of a kernel's buffer and threadgroup argument tables: Apple's compiler
+# rejects [[buffer(31)]] with "'buffer' attribute parameter is out of bounds: must be between
+# 0 and 30" (31 slots each; Metal's feature set tables list 31 buffers per stage).
+MAX_BINDING_INDEX = 30
+
+
+def _check_binding(kernel: str, table: str, index: int, piece: str,
+                   explicit: Dict[Tuple[str, int], str], offset: int) -> None:
+    """A ``[[buffer(n)]]`` or ``[[threadgroup(n)]]`` within its table and not already taken
+    by another parameter's attribute, as Apple's compiler requires."""
+    if index > MAX_BINDING_INDEX:
+        raise ParseError(f"kernel {kernel}: '{table}' attribute parameter is out of bounds: must "
+                         f"be between 0 and {MAX_BINDING_INDEX} (parameter `{piece}`)", offset)
+    if (table, index) in explicit:
+        raise ParseError(f"kernel {kernel}: cannot reserve '{table}' resource location at index "
+                         f"{index}: parameters `{explicit[table, index]}` and `{piece}` both ask "
+                         "for it", offset)
+    explicit[table, index] = piece
+
+
 def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
     params: List[Param] = []
+    explicit: Dict[Tuple[str, int], str] = {}  # (table, index) -> the parameter bound there
     next_buffer = next_tg = 0
     for raw in _split_top_level(text):
         piece = " ".join(raw.split())
@@ -170,6 +191,8 @@ def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
                 next_buffer += 1
             continue
         name, idx = attr
+        if name in ("buffer", "threadgroup") and idx.isdigit():
+            _check_binding(kernel, name, int(idx), piece, explicit, offset)
         if len(attrs) > 1 or (name in ("buffer", "threadgroup") and not idx.isdigit()) or \
                 (name in BUILTINS and idx):
             raise ParseError(f"kernel {kernel}: parameter attributes {' '.join(_ATTRIBUTE.findall(piece))} "
