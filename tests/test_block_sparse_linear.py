@@ -11,6 +11,7 @@ from hypothesis import given, settings, strategies as st
 import torch_sparse_metal as tsm
 from torch_sparse_metal.ops.block_sparse_linear import (BSRPattern, apply_block_pattern,
                                                         block_sparse_linear_reference)
+from test_sparse_linear_half import gamma, rounded
 
 F64 = torch.float64
 FAMILIES = {"simdgroup": "0", "shuffle": "1"}  # TSM_FORCE_NO_SIMDGROUP_MATRIX
@@ -98,17 +99,6 @@ def test_matches_torchs_bsr_tensor(block, rows, cols, density, batch, bias, shuf
         torch.testing.assert_close(bs.grad, grad.sum(0), rtol=1e-12, atol=1e-12)
 
 
-def _rounded(dtype, want, off):
-    """A result within ``off`` of ``want`` before its one rounding to ``dtype``."""
-    finfo = torch.finfo(dtype)
-    return finfo.eps / 2 * (want.abs() + off) + finfo.smallest_normal * finfo.eps / 2 + off
-
-
-def _gamma(n):
-    u32 = torch.finfo(torch.float32).eps / 2
-    return n * u32 / (1 - n * u32)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_lower_precisions_against_float64(family, dtype):
     """Forward and every gradient: sums in float32, each result rounded once, so within
@@ -126,17 +116,17 @@ def test_lower_precisions_against_float64(family, dtype):
     dense = torch_bsr(crow, col, v64, (64, 48)).to_dense()
     checks = [
         ("output", y, x64 @ dense.t() + bias.detach().double(),
-         _gamma(3 * 16 + 1) * (x64.abs() @ dense.abs().t() + bias.detach().double().abs())),
-        ("grad_input", x.grad, g64 @ dense, _gamma(4 * 16) * (g64.abs() @ dense.abs())),
-        ("grad_bias", bias.grad, g64.sum(0), _gamma(21) * g64.abs().sum(0)),
+         gamma(3 * 16 + 1) * (x64.abs() @ dense.abs().t() + bias.detach().double().abs())),
+        ("grad_input", x.grad, g64 @ dense, gamma(4 * 16) * (g64.abs() @ dense.abs())),
+        ("grad_bias", bias.grad, g64.sum(0), gamma(21) * g64.abs().sum(0)),
     ]
     full, full_abs = g64.t() @ x64, g64.abs().t() @ x64.abs()
     r = torch.repeat_interleave(torch.arange(4), (crow[1:] - crow[:-1]).long())
     blocks = lambda m: m.reshape(4, 16, 3, 16).permute(0, 2, 1, 3)[r, col.long()]  # noqa: E731
-    checks.append(("grad_values", values.grad, blocks(full), _gamma(21) * blocks(full_abs)))
+    checks.append(("grad_values", values.grad, blocks(full), gamma(21) * blocks(full_abs)))
     for what, got, want, off in checks:
         err = (got.detach().double() - want).abs()
-        assert bool((err <= _rounded(dtype, want, off)).all()), (what, float(err.max()))
+        assert bool((err <= rounded(dtype, want, off)).all()), (what, float(err.max()))
 
 
 def test_one_dispatch_each_way_and_the_family_follows_the_gpu(monkeypatch):

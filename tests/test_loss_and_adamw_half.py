@@ -9,14 +9,7 @@ import torch.nn.functional as F
 
 import torch_sparse_metal as tsm
 
-HALF_TYPES = (torch.float16, torch.bfloat16)
-U32 = torch.finfo(torch.float32).eps / 2
-
-
-def rounded(dtype: torch.dtype, want: torch.Tensor, off: torch.Tensor) -> torch.Tensor:
-    """A result within ``off`` of ``want`` before its one rounding to ``dtype``."""
-    finfo = torch.finfo(dtype)
-    return finfo.eps / 2 * (want.abs() + off) + finfo.smallest_normal * finfo.eps / 2 + off
+from test_sparse_linear_half import HALF_TYPES, U32, rounded
 
 
 def _assert_within(what, got, want, bound):

@@ -101,7 +101,7 @@ class BlockSparseLinear(nn.Module):
         self.register_buffer("crow", pattern.crow)
         self.register_buffer("col", pattern.col)
         src = pattern.by_source()
-        self.register_buffer("src_ptr", src.ptr, persistent=False)
+        self.register_buffer("src_ptr", src.indptr, persistent=False)
         self.register_buffer("src_rows", src.rows, persistent=False)
         self.register_buffer("src_perm", src.perm, persistent=False)
         self._pattern, self._pattern_key = pattern, self._buffers_key()

@@ -18,7 +18,7 @@ derivative).
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 import torch
@@ -32,7 +32,7 @@ from .._kernel_names import kernel_name
 from ..checks import error_word
 from ..reference.sparse_linear import csr_row_ids
 from .matmul import capabilities, check_simdgroup
-from .sparse_linear import count_distinct
+from .sparse_linear import BySource, build_by_source, count_distinct
 
 OP = "block_sparse_linear"
 SHADER = "block_sparse_linear.metal"
@@ -70,14 +70,6 @@ def family_for(backend: str) -> str:
     """``simdgroup`` where the GPU has simdgroup_matrix, else ``shuffle``
     (``TSM_FORCE_NO_SIMDGROUP_MATRIX=1`` forces the fallback, as for the matmul)."""
     return "simdgroup" if capabilities(backend)["supports_simdgroup_matrix"] else "shuffle"
-
-
-class BySource(NamedTuple):
-    """The block pattern by block column (int32): ``ptr`` (in_features / B + 1), ``rows`` the
-    block row of each block in that order, ``perm`` its block id."""
-    ptr: torch.Tensor
-    rows: torch.Tensor
-    perm: torch.Tensor
 
 
 class BSRPattern:
@@ -133,13 +125,12 @@ class BSRPattern:
         return csr_row_ids(self.crow, self.nnzb)
 
     def by_source(self) -> BySource:
+        """The pattern by block column, built on the device as the CSR layer's is: ``indptr``
+        (in_features / B + 1), ``rows`` the block row of each block in that order, ``perm``
+        its block id."""
         if self._by_source is None:
-            # Stable: each column's blocks stay in block-row order (deterministic sums).
-            sorted_cols, perm = torch.sort(self.col.long(), stable=True)
-            bounds = torch.arange(self.in_features // self.block + 1, device=self.device)
-            self._by_source = BySource(
-                torch.searchsorted(sorted_cols, bounds).to(torch.int32),
-                self.block_rows()[perm].to(torch.int32), perm.to(torch.int32))
+            self._by_source = build_by_source(self.crow, self.col,
+                                               self.in_features // self.block)
         return self._by_source
 
 

@@ -163,7 +163,7 @@ class CSRPattern:
     def by_source(self) -> BySource:
         """The by-source CSR, built on the pattern's device from torch ops on first call."""
         if self._by_source is None:
-            self._by_source = _build_by_source(self.indptr, self.indices, self.in_features)
+            self._by_source = build_by_source(self.indptr, self.indices, self.in_features)
             self._fingerprints = fingerprints(self.indptr, self.indices, self._by_source)
             self._layout = _layout((self.indptr, self.indices, *self._by_source))
         return self._by_source
@@ -231,7 +231,7 @@ class IndexArrays(NamedTuple):
         return self.indptr.shape[0] - 1
 
     def by_source(self) -> BySource:
-        return self.source if self.source is not None else _build_by_source(
+        return self.source if self.source is not None else build_by_source(
             self.indptr, self.indices, self.in_features)
 
     def fingerprints(self, with_source: bool) -> torch.Tensor:
@@ -299,7 +299,7 @@ def count_distinct(rows: torch.Tensor, cols: torch.Tensor, n_cols: int) -> int:
     return cells.numel() - int(repeats)
 
 
-def _build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: int) -> BySource:
+def build_by_source(indptr: torch.Tensor, indices: torch.Tensor, in_features: int) -> BySource:
     # A stable sort keeps each source's edges in target-row order, so the by-source walk
     # reads grad_output rows in increasing order (and the result is deterministic).
     sorted_sources, perm = torch.sort(indices.long(), stable=True)
