@@ -19,9 +19,12 @@ from .errors import LaunchError
 
 # A parameter's kind (tsm_emu::ParamKind in csrc/emulator): what ParamInfo.kind holds, on both
 # backends.
-P_BUFFER, P_THREADGROUP, P_BUILTIN, P_ABSENT = 0, 1, 2, 3
+P_BUFFER, P_THREADGROUP, P_BUILTIN, P_ABSENT, P_TEXTURE, P_SAMPLER = 0, 1, 2, 3, 4, 5
 
 MAX_BUFFERS = 31
+# Metal's argument tables of textures and samplers (per stage, on macOS).
+MAX_TEXTURES = 128
+MAX_SAMPLERS = 16
 # Metal's limit, and the emulator's (it has no pipeline to ask).
 MAX_THREADS_PER_THREADGROUP = 1024
 # The SIMD-group width every kernel of the project assumes.
@@ -43,14 +46,15 @@ _TYPE_NAMES = {"f": "float", "d": "double", "h": "half", "b": "bfloat", "i": "si
 class ParamInfo:
     """One ``[[buffer(i)]]`` or ``[[threadgroup(i)]]`` parameter of a kernel.
 
-    ``size`` is the byte size of the pointee (or referenced type); ``scalar`` its kind:
+    ``size`` is the byte size of the pointee (or referenced type; of a texture, its kind and
+    access, see emulator/_textures.py); ``scalar`` its kind:
     ``f`` float, ``h`` half, ``b`` bfloat, ``d`` double, ``i``/``u`` signed/unsigned
     integer, ``o`` bool, ``s`` anything else (vectors, structs). ``text`` is the parameter
     as the source declares it (the emulator) or its name (Metal's reflection). ``used`` is
     False for a binding Metal's reflection reports the function never reads: its size and
     type may then be unreported (0, ``s``), and nothing is checked against them.
     """
-    kind: int      # P_BUFFER / P_THREADGROUP / P_BUILTIN
+    kind: int      # P_BUFFER / P_THREADGROUP / P_BUILTIN / P_TEXTURE / P_SAMPLER (emulator)
     index: int
     passing: int   # 0 pointer, 1 reference, 2 value
     size: int

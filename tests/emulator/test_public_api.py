@@ -12,7 +12,7 @@ import torch_sparse_metal.emulator as emulator
 
 PACKAGE = Path(tsm.__file__).resolve().parent
 DOC = PACKAGE.parent / "docs" / "emulator.md"
-PUBLIC = {"compile_shader", "load_shader_file", "Library", "Kernel", "record", "Launch",
+PUBLIC = {"compile_shader", "load_shader_file", "Library", "Kernel", "Sampler", "record", "Launch",
           "instrumented", "sanitize_by_default", "coalescing_efficiency", "lane_efficiency", "KernelFault",
           "LaunchError", "MetalCompileError", "UnknownKernelError", "LANGUAGE_VERSIONS",
           "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS", "DEFAULT_SEGMENT_BYTES",

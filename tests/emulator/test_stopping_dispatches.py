@@ -3,6 +3,9 @@
 * Ctrl-C (SIGINT) during a dispatch from the main thread stops it and raises
   KeyboardInterrupt, whatever the kernel is doing (an endless loop in plain code, in a
   fiber, in a sanitized build), with one worker or several;
+* any Python signal handler that raises (an alarm's, pytest-timeout's) stops a dispatch from
+  the main thread, and its exception comes out of the launch; one that does not raise
+  leaves the dispatch running;
 * ``timeout=`` (or ``$TSM_EMU_TIMEOUT``) stops a dispatch that runs too long with
   ``KernelFault("hang")``, also from other threads;
 * ``fork()`` while another thread is inside a dispatch gives a child that can dispatch
@@ -132,6 +135,42 @@ def test_ctrl_c_with_a_python_handler_that_does_not_raise():
         assert seen == [1], seen
         check_fill(lib)
     """)
+
+
+@pytest.mark.parametrize("workers", ["1", "3"])
+def test_a_python_signal_handler_that_raises_stops_a_dispatch(workers):
+    run_script("""
+        class Alarm(Exception):
+            pass
+
+        def on_alarm(signum, frame):
+            raise Alarm("too slow")
+
+        signal.signal(signal.SIGALRM, on_alarm)
+        for name, library in (("spin", lib), ("spin_fiber", lib), ("spin_registers", lib),
+                              ("spin_registers", sanitized)):
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            start = time.monotonic()
+            try:
+                launch(name, library)
+                raise AssertionError(name + " returned")
+            except Alarm as e:
+                took = time.monotonic() - start
+                assert 0.25 < took < 10, (name, took)
+                assert "while kernel " + name + " ran" in " ".join(e.__notes__), e.__notes__
+            check_fill(library)
+        # A handler that returns leaves the dispatch running (here until its time limit).
+        ticks = []
+        signal.signal(signal.SIGALRM, lambda *a: ticks.append(1))
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        try:
+            launch("spin", timeout=1.0)
+            raise AssertionError("returned")
+        except KernelFault as e:
+            assert e.kind == "hang", e
+        assert ticks == [1], ticks
+        check_fill(lib)
+    """, env={"TSM_EMU_WORKERS": workers})
 
 
 def test_an_ignored_sigint_does_not_stop_a_dispatch():

@@ -66,10 +66,11 @@ from ._compiler import compile_file, compile_source
 from ._cache import cache_dir
 from ._compiler import compiler as cxx_compiler
 from ._library import DEFAULT_SEGMENT_BYTES, Kernel, Library
+from ._textures import Sampler
 
 __all__ = ["compile_shader", "load_shader_file", "record", "instrumented", "sanitize_by_default",
            "coalescing_efficiency", "lane_efficiency", "Launch", "Library",
-           "Kernel", "KernelFault", "LaunchError", "MetalCompileError", "UnknownKernelError",
+           "Kernel", "Sampler", "KernelFault", "LaunchError", "MetalCompileError", "UnknownKernelError",
            "LANGUAGE_VERSIONS", "DEFAULT_LANGUAGE_VERSION", "LAUNCHER_LANGUAGE_VERSIONS",
            "DEFAULT_SEGMENT_BYTES", "cxx_compiler", "cache_dir"]
 

@@ -396,6 +396,66 @@ def _pointer_or_reference_at(masked: str, start: int) -> Optional[int]:
     return None
 
 
+def _thread_const_casts(src: str) -> List[Tuple[int, int, str]]:
+    """``const_cast<T thread &>(e)`` -> ``((T thread &)(e))``. Metal's thread is one address
+    space; here a reference says generic and a local variable is private, and const_cast
+    cannot change an address space (Tint's `const_cast<texture1d<float> thread &>(vars.t)`),
+    which the cast notation does with the const_cast."""
+    masked = _msl_text._mask_strings_and_directives(src)
+    edits = []
+    for m in re.finditer(r"\bconst_cast\s*<", masked):
+        try:
+            close = _msl_text._match_close(masked, m.end() - 1, "<", ">")
+        except _msl_text.ParseError:
+            continue
+        target = masked[m.end():close]
+        paren = close + 1
+        while paren < len(masked) and masked[paren].isspace():
+            paren += 1
+        if not re.search(r"\bthread\b", target) or paren >= len(masked) or masked[paren] != "(":
+            continue
+        try:
+            end = _msl_text._match_close(masked, paren, "(", ")")
+        except _msl_text.ParseError:
+            continue
+        edits += [(m.start(), close + 1, f"(({src[m.end():close]})"), (end + 1, end + 1, ")")]
+    return edits
+
+
+def _braced_copies(src: str) -> List[Tuple[int, int, str]]:
+    """``S<...>({a, b})`` -> ``S<...>{{a, b}}`` for a struct of the source: the copy of an
+    aggregate built from the braced list, which is ambiguous here between the copies from a
+    thread and from a constant object that _special_members declares (SPIRV-Cross's
+    ``spvUnsafeArray<Data, 2>({ Data{1.0, 2.0}, Data{3.0, 4.0} })``)."""
+    masked = _msl_text._mask_strings_and_directives(src)
+    names = {m.group(2) for m in _RECORD.finditer(masked)}
+    if not names:
+        return []
+    edits = []
+    for m in re.finditer(r"\b(?:" + "|".join(map(re.escape, sorted(names))) + r")\b\s*", masked):
+        paren = m.end()
+        try:
+            if masked.startswith("<", paren):  # template arguments, nested ones too
+                paren = _msl_text._match_close(masked, paren, "<", ">") + 1
+                while paren < len(masked) and masked[paren].isspace():
+                    paren += 1
+            if not masked.startswith("(", paren):
+                continue
+            brace = paren + 1
+            while brace < len(masked) and masked[brace].isspace():
+                brace += 1
+            if not masked.startswith("{", brace):
+                continue
+            brace_end = _msl_text._match_close(masked, brace, "{", "}")
+            paren_end = _msl_text._match_close(masked, paren, "(", ")")
+        except _msl_text.ParseError:
+            continue
+        if masked[brace_end + 1:paren_end].strip():
+            continue  # more than the braced list
+        edits += [(paren, paren + 1, "{"), (paren_end, paren_end + 1, "}")]
+    return edits
+
+
 def _constant_pointees_const(src: str) -> List[Tuple[int, int, str]]:
     """``constant T *p`` -> ``constant const T *p``: what a pointer or reference into the
     constant address space designates is read-only in Metal whether or not it says const,
@@ -447,6 +507,10 @@ def _special_members(src: str) -> List[Tuple[int, int, str]]:
                              r"\s*(?:<[^>]*>)?\s*&(?!&)", top)
         has_constant_copy = re.search(ctor + r"\s*(?:const\s+)?constant\b", top)
         has_assign = re.search(r"\boperator\s*=\s*\(", top)
+        if not has_ctor and re.search(r"[\w>&*\s]\s" + n + r"\s*(?:\[[^\]]*\]\s*)*;", top):
+            # A data member named like its struct (Tint's `struct a { int a; };`), which C++
+            # allows only in a class without user-declared constructors.
+            has_ctor = has_copy = has_constant_copy = True
         members = []
         if not has_ctor:
             members.append(f"{name}() = default;")
@@ -527,6 +591,8 @@ def _prepare(preprocessed: str) -> _Prepared:
                           (r"\bgoto\b", "`goto`")):
         for m in re.finditer(pattern, masked):
             lints.append((m.start(), f"Metal does not support {what}"))
+    source.apply(_msl_text.marked_include_edits(source.text))
+    source.apply(_msl_text.bare_coherent_edits(source.text))
     source.apply(_vector_constructors(source.text))  # first: the declarations below look like calls
     source.apply(_dependent_constructions(source.text))
     source.apply(_explicit_conversions(source.text))
@@ -535,6 +601,8 @@ def _prepare(preprocessed: str) -> _Prepared:
     source.apply(_template_function_pointers(source.text))
     source.apply(_constexpr_member_redeclarations(source.text))
     source.apply(_constant_pointees_const(source.text))
+    source.apply(_thread_const_casts(source.text))
+    source.apply(_braced_copies(source.text))
     masked = _msl_text._mask_strings_and_directives(source.text)
     bodies = [(d.body_open, d.body_close) for d in _msl_text._function_definitions(masked) if d.is_kernel]
     source.apply(_threadgroup_declarations(source.text, bodies))

@@ -314,6 +314,10 @@ class GeneratedCxx:
     lanes: Set[str] = frozenset()  # of those, the ones run lanes at once in plain dispatches (_lanes)
 
 
+def _with_marked_includes(cxx: str) -> str:
+    return _msl_text._apply(cxx, _msl_text.marked_include_edits(cxx))
+
+
 def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_version: str,
                command: Sequence[str] = (), regions: Optional[bool] = None) -> GeneratedCxx:
     """Check ``views`` against Metal's rules, then translate the emulator's view to C++
@@ -325,7 +329,7 @@ def _translate(views: _Views, path: Path, origin: str, sanitize: bool, language_
     emulated = _msl_text._apply(views.emulator, translation.edits)
     text = (("#define __TSM_SANITIZE__ 1\n" if sanitize else "") +
             ("" if lanes_enabled() else "#define __TSM_EMU_NO_LANES__ 1\n") + "#include <metal_stdlib>\n" +
-            _rewrite.rewrite(emulated, sanitize=sanitize) +
+            _with_marked_includes(_rewrite.rewrite(emulated, sanitize=sanitize)) +
             _rewrite.binding_table(views.kernels, translation.grouped, translation.synchronising,
                                    straight=regions))
     flags = compile_flags(command) + (sanitized_flags(tuple(command)) if sanitize else ())

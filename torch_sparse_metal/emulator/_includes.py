@@ -39,14 +39,16 @@ _DEPENDENCY_PRAGMA = re.compile(r"^[ \t]*(?:#|%:)[ \t]*pragma[ \t]+GCC[ \t]+depe
 _ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b")
 
 
-def _without_comments(text: str) -> str:
+def _without_comments(text: str, literals: bool = False) -> str:
+    """``text`` without its comments (and, with ``literals``, without the contents of its
+    string and character literals: a line marker's file name, say)."""
     text = text.replace("\\\r\n", "").replace("\\\n", "")  # line splices first, as the preprocessor
 
     def blank(m: re.Match) -> str:
         s = m.group(0)
         if s.startswith("/"):
             return " " + "\n" * s.count("\n")  # keep line numbers
-        return s
+        return s[0] + s[-1] if literals else s
 
     return _COMMENT_OR_LITERAL.sub(blank, text)
 
@@ -116,6 +118,6 @@ def check_preprocessed(text: str, origin: str) -> None:
                                 f"#{m.group(1)}, which Metal would not run; write it directly")
     if _DEPENDENCY_PRAGMA.search(text):
         raise MetalCompileError(f"{origin}: #pragma GCC dependency is not allowed")
-    m = _ASM.search(_without_comments(text))
+    m = _ASM.search(_without_comments(text, literals=True))  # not in a file name: `a.asm.metal`
     if m:
         raise MetalCompileError(f"{origin}: inline assembly ({m.group(0)}) is not Metal")

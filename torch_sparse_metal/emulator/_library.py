@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from .. import _binding
-from . import _cache, _msl_text
-from .._binding import (MAX_BUFFERS, MAX_THREADS_PER_THREADGROUP, ParamInfo, check_arguments,
+from . import _cache, _msl_text, _textures
+from .._binding import (MAX_BUFFERS, MAX_SAMPLERS, MAX_TEXTURES, MAX_THREADS_PER_THREADGROUP, ParamInfo, check_arguments,
                        check_group, check_threadgroup_memory, scalar_bytes)
 from ._compiler import CompiledLibrary
 from ..errors import FAULT_KINDS, KernelFault, LaunchError, UnknownKernelError
@@ -45,7 +45,28 @@ class _Launch(ctypes.Structure):
         ("time_limit_s", ctypes.c_double),
         ("segment_bytes", ctypes.c_uint32),
         ("count_instructions", ctypes.c_int32),
+        ("python", ctypes.c_void_p * 4),
+        ("raised", ctypes.c_void_p * 3),
+        ("textures", ctypes.c_void_p * MAX_TEXTURES),
+        ("samplers", ctypes.c_void_p * MAX_SAMPLERS),
     ]
+
+
+def _address(function) -> int:
+    return ctypes.cast(function, ctypes.c_void_p).value
+
+
+# Python runs a signal's handler only in its main thread, between bytecodes: never while
+# that thread waits in a dispatch. A dispatch from the main thread is given Python's C API
+# to run the pending handlers every few milliseconds (tsm_launch.python); a handler that
+# raises (an alarm's, pytest-timeout's) stops the dispatch, and the launch raises its
+# exception. (A Python function as the callback would not do: the handlers would run on
+# entering it, and ctypes swallows what a callback raises.)
+_PYTHON_API = tuple(_address(getattr(ctypes.pythonapi, name)) for name in
+                    ("PyGILState_Ensure", "PyGILState_Release", "PyErr_CheckSignals", "PyErr_Fetch"))
+_restore_error = ctypes.pythonapi.PyErr_Restore  # a PyDLL function: raises the error it restores
+_restore_error.argtypes = [ctypes.c_void_p] * 3
+_restore_error.restype = None
 
 
 # The bytes of one device memory transaction the counters count in (a GPU's cache line:
@@ -104,6 +125,7 @@ class Kernel:
         self._index = index
         self.name = name
         self.params = params
+        self._params = params
         self._buffers = {p.index: p for p in params if p.kind == _msl_text.P_BUFFER}
         self._threadgroup = {p.index: p for p in params if p.kind == _msl_text.P_THREADGROUP}
         self.num_buffer_args = max(self._buffers) + 1 if self._buffers else 0
@@ -118,12 +140,18 @@ class Kernel:
 
     def __call__(self, *args, threads=None, group_size=None,
                  threadgroup_memory: Optional[Sequence[int]] = None,
+                 textures: Optional[Sequence[Optional[torch.Tensor]]] = None,
+                 samplers: Optional[Sequence[Optional[_textures.Sampler]]] = None,
                  timeout: Optional[float] = None) -> None:
         """Dispatch the kernel; returns when every thread finished.
 
+        ``textures``, ``samplers``: the tensors bound to its ``[[texture(n)]]`` and the
+        :class:`Sampler` states bound to its ``[[sampler(n)]]`` parameters, by index (None
+        where it declares none); the tensor layouts are in docs/emulator.md.
         ``timeout``: seconds the dispatch may run before it is stopped with
         ``KernelFault("hang")`` (default: ``$TSM_EMU_TIMEOUT``, else no limit). Called from
-        the main thread, Ctrl-C stops the dispatch and raises ``KeyboardInterrupt``. Either
+        the main thread, Ctrl-C stops the dispatch and raises ``KeyboardInterrupt``, and so does
+        any Python signal handler that raises (its exception is raised from here). Either
         way the process and the library stay usable; what the kernel wrote is incomplete.
         """
         needs = self._library.needs_constants.get(self.name)
@@ -154,11 +182,15 @@ class Kernel:
         for n, nbytes in enumerate(tg):
             launch.threadgroup_bytes[n] = nbytes
         launch.num_threadgroup = len(tg)
+        keepalive += _textures.bind(self.name, self._params, textures, samplers, launch)
         launch.grid[:] = grid
         launch.group[:] = group
         launch.num_workers = _num_workers(grid[0] * grid[1] * grid[2])
         launch.sanitize = int(self._library.sanitize)
-        launch.interruptible = int(threading.current_thread() is threading.main_thread())
+        main_thread = threading.current_thread() is threading.main_thread()
+        launch.interruptible = int(main_thread)
+        if main_thread:
+            launch.python[:] = _PYTHON_API
         launch.time_limit_s = time_limit
         launch.segment_bytes = segment_bytes[-1]
         # The counters reach nobody outside a record() block.
@@ -176,6 +208,15 @@ class Kernel:
         del keepalive
         counters = dict(zip(COUNTERS, launch.counters)) if counting and rc == 0 else None
         record_launch(self.name, grid, group, "emulator", counters)
+        if launch.raised[0]:
+            try:
+                _restore_error(*launch.raised)  # steals the references PyErr_Fetch gave
+            except BaseException as raised:  # noqa: B902 -- KeyboardInterrupt and SystemExit too
+                if hasattr(raised, "add_note"):
+                    outcome = ("the dispatch was stopped, and what it wrote is incomplete" if rc != 0
+                               else "the dispatch had finished")
+                    raised.add_note(f"(raised by a signal handler while kernel {self.name} ran: {outcome})")
+                raise
         if rc != 0:
             kind, _, message = err.value.decode(errors="replace").partition("\t")
             if kind == "launch":

@@ -16,7 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .._binding import P_ABSENT, P_BUFFER, P_BUILTIN, P_THREADGROUP  # noqa: F401 (ParamKind)
+from .._binding import (MAX_SAMPLERS, MAX_TEXTURES, P_ABSENT, P_BUFFER, P_BUILTIN, P_SAMPLER,  # noqa: F401
+                        P_TEXTURE, P_THREADGROUP)
 from .._paths import EMULATOR_INCLUDE_DIR
 
 BUILTINS = (
@@ -27,6 +28,9 @@ BUILTINS = (
     "simdgroups_per_threadgroup", "dispatch_simdgroups_per_threadgroup",
     "thread_index_in_quadgroup", "quadgroup_index_in_threadgroup", "quadgroups_per_threadgroup",
     "dispatch_quadgroups_per_threadgroup",
+    # The stage-in region's origin and size: a dispatch here has no stage-in region of its
+    # own, so the whole grid (SPIRV-Cross's spvDispatchBase [[grid_origin]]).
+    "grid_origin", "grid_size",
 )
 
 
@@ -146,19 +150,27 @@ def _param_attributes(piece: str) -> List[Tuple[str, str]]:
     return entries
 
 
-# The highest index of a kernel's buffer and threadgroup argument tables: Apple's compiler
-# rejects [[buffer(31)]] with "'buffer' attribute parameter is out of bounds: must be between
-# 0 and 30" (31 slots each; Metal's feature set tables list 31 buffers per stage).
+# The highest index of each of a kernel's argument tables: Apple's compiler rejects
+# [[buffer(31)]] with "'buffer' attribute parameter is out of bounds: must be between 0 and
+# 30" (31 buffer and threadgroup slots; Metal's feature set tables list 31 buffers, 128
+# textures and 16 samplers per stage on macOS).
 MAX_BINDING_INDEX = 30
+MAX_INDEX = {"buffer": MAX_BINDING_INDEX, "threadgroup": MAX_BINDING_INDEX,
+             "texture": MAX_TEXTURES - 1, "sampler": MAX_SAMPLERS - 1}
+# A parameter of a texture or sampler type, which takes a slot of those tables.
+TEXTURE_TYPE = re.compile(r"\b(?:texture(?:1d|1d_array|2d|2d_array|3d|cube|cube_array|2d_ms|2d_ms_array|_buffer)"
+                          r"|depth(?:2d|2d_array|cube|cube_array|2d_ms|2d_ms_array))\s*<")
+SAMPLER_TYPE = re.compile(r"^(?:const\s+)?(?:metal::)?sampler\b")
 
 
 def _check_binding(kernel: str, table: str, index: int, piece: str,
                    explicit: Dict[Tuple[str, int], str], offset: int) -> None:
-    """A ``[[buffer(n)]]`` or ``[[threadgroup(n)]]`` within its table and not already taken
-    by another parameter's attribute, as Apple's compiler requires."""
-    if index > MAX_BINDING_INDEX:
+    """A ``[[buffer(n)]]``, ``[[threadgroup(n)]]``, ``[[texture(n)]]`` or ``[[sampler(n)]]``
+    within its table and not already taken by another parameter's attribute, as Apple's
+    compiler requires."""
+    if index > MAX_INDEX[table]:
         raise ParseError(f"kernel {kernel}: '{table}' attribute parameter is out of bounds: must "
-                         f"be between 0 and {MAX_BINDING_INDEX} (parameter `{piece}`)", offset)
+                         f"be between 0 and {MAX_INDEX[table]} (parameter `{piece}`)", offset)
     if (table, index) in explicit:
         raise ParseError(f"kernel {kernel}: cannot reserve '{table}' resource location at index "
                          f"{index}: parameters `{explicit[table, index]}` and `{piece}` both ask "
@@ -169,7 +181,7 @@ def _check_binding(kernel: str, table: str, index: int, piece: str,
 def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
     params: List[Param] = []
     explicit: Dict[Tuple[str, int], str] = {}  # (table, index) -> the parameter bound there
-    next_buffer = next_tg = 0
+    next_buffer = next_tg = next_texture = next_sampler = 0
     for raw in _split_top_level(text):
         piece = " ".join(raw.split())
         if not piece or piece == "void":
@@ -180,10 +192,18 @@ def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
         if ("function_constant", "false") in attrs:
             params.append(Param(piece, P_ABSENT, 0))
             continue
-        attrs = [a for a in attrs if a != ("function_constant", "true")]
+        # [[user(name)]] names a stage's input or output; on a kernel's buffer Apple's compiler
+        # ignores it (SPIRV-Cross writes it there).
+        attrs = [a for a in attrs if a != ("function_constant", "true") and a[0] != "user"]
         attr = attrs[0] if attrs else None
         if attr is None:
-            if re.search(r"\bthreadgroup\b", piece):
+            if TEXTURE_TYPE.search(piece):
+                params.append(Param(piece, P_TEXTURE, next_texture))
+                next_texture += 1
+            elif SAMPLER_TYPE.search(piece):
+                params.append(Param(piece, P_SAMPLER, next_sampler))
+                next_sampler += 1
+            elif re.search(r"\bthreadgroup\b", piece):
                 params.append(Param(piece, P_THREADGROUP, next_tg))
                 next_tg += 1
             else:
@@ -191,9 +211,9 @@ def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
                 next_buffer += 1
             continue
         name, idx = attr
-        if name in ("buffer", "threadgroup") and idx.isdigit():
+        if name in MAX_INDEX and idx.isdigit():
             _check_binding(kernel, name, int(idx), piece, explicit, offset)
-        if len(attrs) > 1 or (name in ("buffer", "threadgroup") and not idx.isdigit()) or \
+        if len(attrs) > 1 or (name in MAX_INDEX and not idx.isdigit()) or \
                 (name in BUILTINS and idx):
             raise ParseError(f"kernel {kernel}: parameter attributes {' '.join(_ATTRIBUTE.findall(piece))} "
                              f"are not supported by the emulator (parameter `{piece}`)", offset)
@@ -203,6 +223,12 @@ def _parse_params(text: str, offset: int, kernel: str) -> List[Param]:
         elif name == "threadgroup":
             params.append(Param(piece, P_THREADGROUP, int(idx)))
             next_tg = int(idx) + 1
+        elif name == "texture":
+            params.append(Param(piece, P_TEXTURE, int(idx)))
+            next_texture = int(idx) + 1
+        elif name == "sampler":
+            params.append(Param(piece, P_SAMPLER, int(idx)))
+            next_sampler = int(idx) + 1
         elif name in BUILTINS:
             params.append(Param(piece, P_BUILTIN, BUILTINS.index(name)))
         else:
@@ -419,6 +445,22 @@ def _function_definitions(masked: str) -> List[_Definition]:
     return defs
 
 
+_STAGE_MARK = re.compile(r"\[\[\s*(?:vertex|fragment)\s*\]\]|\b(?:vertex|fragment)\b")
+
+
+def stage_function_edits(src: str) -> List[Tuple[int, int, str]]:
+    """Edits that blank the vertex and fragment functions of ``src`` (line for line): a file
+    may hold them beside its kernels (naga's, SPIRV-Cross's); the check reads them, and the
+    emulator, which dispatches compute kernels only, has no use for them."""
+    masked = _mask_strings_and_directives(src)
+    edits = []
+    for d in _function_definitions(masked):
+        start = _head_start(masked, d.open_paren)
+        if _STAGE_MARK.search(masked[start:d.open_paren]):
+            edits.append((start, d.body_close + 1, blank(src[start:d.body_close + 1])))
+    return edits
+
+
 def namespace_blocks(masked: str) -> List[Tuple[str, int, int]]:
     """(name, ``{``, ``}``) of every namespace block of ``masked``, outer ones first (an
     unnamed one's name is empty; ``namespace a::b {`` is one block named ``a::b``)."""
@@ -449,6 +491,29 @@ def semicolon_end(text: str, start: int) -> Optional[int]:
         elif c == ";" and depth == 0:
             return j + 1
     return None
+
+
+# Metal's `coherent` without a scope (`coherent device T* p`, as SPIRV-Cross writes it; MSL 3.2
+# spells it coherent(device)): device memory is coherent in the emulator, and the check has
+# no use for it either.
+_BARE_COHERENT = re.compile(r"\bcoherent\b(?!\s*\()")
+
+
+def bare_coherent_edits(text: str) -> List[Tuple[int, int, str]]:
+    """Edits that blank every `coherent` qualifier written without a scope."""
+    masked = _mask_strings_and_directives(text)
+    return [(m.start(), m.end(), " " * len(m.group())) for m in _BARE_COHERENT.finditer(masked)]
+
+
+# Where the parse pass met an emulated header that declares names (<simd/simd.h>): the
+# header leaves this mark instead of its declarations, which the user's code alone (what
+# the pass keeps) does not hold.
+_MARKED_INCLUDE = re.compile(r"^[ \t]*#[ \t]*pragma[ \t]+tsm_msl_include[ \t]+(<[\w/.]+>)[ \t]*$", re.M)
+
+
+def marked_include_edits(text: str) -> List[Tuple[int, int, str]]:
+    """Edits that put each header the parse pass marked back where it was included."""
+    return [(m.start(), m.end(), f"#include {m.group(1)}") for m in _MARKED_INCLUDE.finditer(text)]
 
 
 def function_name(cxx: str) -> str:

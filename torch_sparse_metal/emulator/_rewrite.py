@@ -25,8 +25,9 @@ from typing import Iterator, List, Set, Tuple
 
 from ._access_rewrite import checked_members, marked_stores
 from ._msl_text import (Kernel, ParseError, _ATTRIBUTE, _TYPE, _apply, _block_end, _call_pattern, _function_definitions,
-                        _mask_strings_and_directives, _match_close, _match_open, _source_lines, _split_top_level,
-                        blank, collective_names, declarator, function_name, semicolon_end)
+                        _head_start, _mask_strings_and_directives, _match_close, _match_open, _source_lines, _split_top_level,
+                        bare_coherent_edits, blank, collective_names, declarator, function_name, semicolon_end,
+                        stage_function_edits)
 # (the Metal backend and its tests take the binding table's parameter kinds from here)
 from ._msl_text import P_BUFFER, P_THREADGROUP  # noqa: F401
 
@@ -644,11 +645,22 @@ def _add_collective_sites(src: str) -> str:
     for d in helpers:
         if d.name not in reaching:
             continue
-        add_parameter(d.open_paren, d.close_paren,
-                      "::tsm_emu::Site caller_site_" if d.name in declared else with_default)
+        # An explicit specialisation (`template<> bool f(bool v)`, SPIRV-Cross's) may not
+        # repeat the default: it takes its primary template's.
+        specialisation = re.search(r"\btemplate\s*<\s*>\s*(?:inline\s+|static\s+)*[^;{}()]*$",
+                                   masked[_head_start(masked, d.open_paren):d.open_paren])
+        add_parameter(d.open_paren, d.close_paren, "::tsm_emu::Site caller_site_"
+                      if d.name in declared or specialisation else with_default)
         inserts.append((d.body_open + 1, d.body_open + 1,
                         " ::tsm_emu::CallFrame tsm_emu_call_frame_(caller_site_);"))
     return _apply(src, inserts)
+
+
+def restrict_edits(src: str) -> List[Tuple[int, int, str]]:
+    """Edits that blank ``__restrict__``: a promise to the optimiser, which a checked pointer
+    (a class) cannot carry."""
+    masked = _mask_strings_and_directives(src)
+    return [(m.start(), m.end(), " " * len(m.group())) for m in re.finditer(r"\b__restrict(?:__)?\b", masked)]
 
 
 def rewrite(src: str, *, sanitize: bool = False) -> str:
@@ -658,6 +670,8 @@ def rewrite(src: str, *, sanitize: bool = False) -> str:
     checked types (tsm_emu/sanitize.h), so that no access leaves its buffer or variable;
     ``sanitize`` also marks stores and field accesses for the sanitizer.
     """
+    src = _apply(src, stage_function_edits(src))
+    src = _apply(src, bare_coherent_edits(src) + restrict_edits(src))
     src = _add_collective_sites(_braced_loops(_class_scope_specialisations(src)))
     src = _checked_threadgroup_scalars(src)
     src = _checked_references(_read_only_constant_references(src))

@@ -49,7 +49,7 @@ UNIFORM_BUILTINS = frozenset((
     "threadgroup_position_in_grid", "threads_per_threadgroup", "dispatch_threads_per_threadgroup",
     "threadgroups_per_grid", "threads_per_grid", "threads_per_simdgroup", "thread_execution_width",
     "simdgroups_per_threadgroup", "dispatch_simdgroups_per_threadgroup", "quadgroups_per_threadgroup",
-    "dispatch_quadgroups_per_threadgroup",
+    "dispatch_quadgroups_per_threadgroup", "grid_origin", "grid_size",
 ))
 
 _LITERALS = ("INTEGER_LITERAL", "FLOATING_LITERAL", "CXX_BOOL_LITERAL_EXPR", "CHARACTER_LITERAL",

@@ -29,6 +29,22 @@ struct tsm_launch {
   // that count per instruction (0: those stay 0, and a sanitized tiled matmul takes about
   // half the time: the accesses are logged inline, not by a call each).
   int32_t count_instructions;
+  // Called from Python's main thread: Python's C API, with which the calling thread (which
+  // then runs no kernel code) runs Python's pending signal handlers every few milliseconds
+  // while the dispatch runs. A handler that raised stops the dispatch, and its exception is
+  // left in `raised` (PyErr_Fetch's type, value, traceback: references the caller owns).
+  // Null functions: the caller runs kernel code too.
+  struct {
+    int (*gil_ensure)(void);                       // PyGILState_Ensure
+    void (*gil_release)(int);                      // PyGILState_Release
+    int (*check_signals)(void);                    // PyErr_CheckSignals
+    void (*fetch_error)(void**, void**, void**);   // PyErr_Fetch
+  } python;
+  void* raised[3];
+  // [[texture(n)]] and [[sampler(n)]] arguments (tsm_emu::TextureDesc, SamplerDesc; null
+  // where none is bound): Metal's argument tables hold 128 textures and 16 samplers.
+  const void* textures[128];
+  const void* samplers[16];
 };
 
 #define TSM_EMU_EXPORT __attribute__((visibility("default")))

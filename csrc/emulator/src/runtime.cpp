@@ -179,7 +179,7 @@ Regions* regions() {
 // scheduler's and the sanitizer's state), so the depth of runtime calls is tracked per
 // thread: 0 while kernel code runs. A request that arrives in runtime code takes effect
 // where it returns to kernel code, or at the next check of the scheduling loops.
-enum StopReason : int { kRunning = 0, kInterrupted = 1, kTimedOut = 2 };
+enum StopReason : int { kRunning = 0, kInterrupted = 1, kTimedOut = 2, kSignalled = 3 };
 std::atomic<int> g_stop{kRunning};
 thread_local volatile sig_atomic_t t_runtime_depth TSM_RUNTIME_TLS = 1;
 thread_local sigjmp_buf* t_crash_jump TSM_RUNTIME_TLS = nullptr;  // this worker's way out (set per dispatch)
@@ -196,6 +196,8 @@ KernelFault stop_fault() {
     return KernelFault{"hang", std::string("the dispatch did not finish within its time limit of ") +
                                    limit + " s (stopped; memory it wrote may be incomplete)"};
   }
+  if (g_stop.load() == kSignalled)
+    return KernelFault{"interrupted", "stopped: a Python signal handler raised while it ran"};
   return KernelFault{"interrupted", "stopped by Ctrl-C (SIGINT)"};
 }
 
@@ -985,6 +987,16 @@ class Watchdog {
   std::thread thread_;
 };
 
+// Python's pending signal handlers, run as its main thread would between bytecodes; true
+// when one raised (its exception is then in l->raised).
+bool run_python_signal_handlers(tsm_launch* l) {
+  const int gil = l->python.gil_ensure();
+  const bool raised = l->python.check_signals() != 0;
+  if (raised) l->python.fetch_error(&l->raised[0], &l->raised[1], &l->raised[2]);
+  l->python.gil_release(gil);
+  return raised && l->raised[0] != nullptr;
+}
+
 // ---- fork() ----------------------------------------------------------------------------
 //
 // A child forked while another thread of the parent is inside a dispatch has only the
@@ -992,6 +1004,9 @@ class Watchdog {
 // that do not exist there. The child starts afresh (the old pool is left to it unused: its
 // state is whatever the parent's threads were doing).
 std::mutex g_dispatch_lock;  // workers' stacks are reused between dispatches
+// How often a dispatch with a poll function (tsm_launch.poll) lets Python run its signal
+// handlers: a handler that raises stops the dispatch this long after the signal, at most.
+constexpr int kPollMs = 20;
 std::vector<std::unique_ptr<Worker>>* g_pool = nullptr;
 
 void after_fork_in_child() {
@@ -1564,7 +1579,9 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     }
     uint32_t sgs = (uint32_t(group_threads) + kSimdWidth - 1) / kSimdWidth;
     if (w->exchange.size() < sgs) w->exchange.resize(sgs);
-    w->args = DispatchArgs{l->buffers, l->buffer_bytes, w->dynamic_tg_ptrs.data()};
+    w->args = DispatchArgs{l->buffers, l->buffer_bytes, w->dynamic_tg_ptrs.data(),
+                           reinterpret_cast<const TextureDesc* const*>(l->textures),
+                           reinterpret_cast<const SamplerDesc* const*>(l->samplers)};
     sigjmp_buf jump;
     CrashGuard guard(&jump);
     SlotGuard slot(index);  // stop requests reach this thread from here on
@@ -1635,7 +1652,46 @@ static int dispatch(int k, tsm_launch* l, char* error, int error_len) {
     InterruptGuard interrupt(l->interruptible != 0);
     Watchdog watchdog(l->time_limit_s);
     g_dispatch_running.store(true);
-    if (workers == 1) {
+    if (l->python.check_signals != nullptr) {
+      // Python's signal handlers run only in its main thread, between bytecodes: this
+      // thread, the dispatch's caller, runs no kernel code but asks Python to run the
+      // handlers of signals that arrived, and stops the dispatch when one raised.
+      g_sole_sanitizer = workers == 1 && !sanitizers.empty() ? sanitizers[0].get() : nullptr;
+      std::mutex done_lock;
+      std::condition_variable done_cv;
+      unsigned running = 0;
+      std::vector<std::thread> threads;
+      auto run = [&](unsigned i) {
+        work(pool[i].get(), i);
+        std::lock_guard<std::mutex> g(done_lock);
+        --running;
+        done_cv.notify_all();
+      };
+      try {
+        for (unsigned i = 0; i < workers; ++i) {
+          {
+            std::lock_guard<std::mutex> g(done_lock);
+            ++running;
+          }
+          threads.emplace_back(run, i);
+        }
+      } catch (...) {  // out of threads
+        std::lock_guard<std::mutex> g(done_lock);
+        --running;
+      }
+      if (threads.empty()) {
+        work(pool[0].get(), 0);
+      } else {
+        std::unique_lock<std::mutex> g(done_lock);
+        while (!done_cv.wait_for(g, std::chrono::milliseconds(kPollMs), [&] { return running == 0; })) {
+          g.unlock();
+          if (l->raised[0] == nullptr && run_python_signal_handlers(l)) request_stop(kSignalled);
+          g.lock();
+        }
+      }
+      for (auto& t : threads) t.join();
+      g_sole_sanitizer = nullptr;
+    } else if (workers == 1) {
       g_sole_sanitizer = sanitizers.empty() ? nullptr : sanitizers[0].get();
       work(pool[0].get(), 0);  // catches everything
       g_sole_sanitizer = nullptr;

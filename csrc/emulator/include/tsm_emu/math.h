@@ -874,9 +874,15 @@ inline R refract(const X& i, const Y& n, const E& eta) {
   using metal::sincos;
 namespace fast {
 TSM_SINGLE_NAMES
+using metal::distance;
+using metal::length;
+using metal::normalize;
 }  // namespace fast
 namespace precise {
 TSM_SINGLE_NAMES
+using metal::distance;
+using metal::length;
+using metal::normalize;
 }  // namespace precise
 #undef TSM_SINGLE_NAMES
 #undef TSM_ARGS_3

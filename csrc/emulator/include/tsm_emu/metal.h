@@ -15,6 +15,7 @@
 #include "tsm_emu/atomic.h"
 #include "tsm_emu/simdgroup_matrix.h"
 #include "tsm_emu/tensor_ops.h"
+#include "tsm_emu/texture.h"
 #include "tsm_emu/logging.h"
 #include "tsm_emu/array.h"
 #include "tsm_emu/thread_array.h"
@@ -43,6 +44,9 @@ TSM_GLOBAL(bool2) TSM_GLOBAL(bool3) TSM_GLOBAL(bool4)
 TSM_GLOBAL(bfloat2) TSM_GLOBAL(bfloat3) TSM_GLOBAL(bfloat4)
 TSM_GLOBAL(packed_bfloat2) TSM_GLOBAL(packed_bfloat3) TSM_GLOBAL(packed_bfloat4)
 #undef TSM_GLOBAL
+namespace metal {
+using std::initializer_list;  // Metal's name for the type of a braced list argument
+}
 using metal::as_type;  // an operator of the language, named anywhere (see the check's metal_stdlib)
 
 #define METAL_FUNC inline __attribute__((always_inline))

@@ -42,7 +42,8 @@ struct ThreadInfo {
 
 // P_ABSENT: a parameter whose [[function_constant(b)]] is false (or has no value): it takes
 // no argument, and the kernel sees a null pointer (or a zeroed value).
-enum ParamKind : int { P_BUFFER = 0, P_THREADGROUP = 1, P_BUILTIN = 2, P_ABSENT = 3 };
+// P_TEXTURE, P_SAMPLER: a [[texture(n)]] or [[sampler(n)]] (texture.h).
+enum ParamKind : int { P_BUFFER = 0, P_THREADGROUP = 1, P_BUILTIN = 2, P_ABSENT = 3, P_TEXTURE = 4, P_SAMPLER = 5 };
 
 enum Builtin : int {
   B_THREAD_POSITION_IN_GRID,
@@ -63,6 +64,8 @@ enum Builtin : int {
   B_QUADGROUP_INDEX_IN_THREADGROUP,
   B_QUADGROUPS_PER_THREADGROUP,
   B_DISPATCH_QUADGROUPS_PER_THREADGROUP,
+  B_GRID_ORIGIN,
+  B_GRID_SIZE,
 };
 
 struct ParamSpec {
@@ -70,15 +73,21 @@ struct ParamSpec {
   int index;  // buffer / threadgroup index, or Builtin
 };
 
+struct TextureDesc;  // texture.h
+struct SamplerDesc;
+
 struct DispatchArgs {
   void* const* buffers;
   const uint64_t* buffer_bytes;
   void* const* threadgroup;  // this threadgroup's dynamic [[threadgroup(n)]] blocks
+  const TextureDesc* const* textures;
+  const SamplerDesc* const* samplers;
 };
 
 // Described to Python so it can convert scalars and check argument widths.
 struct TypeInfo {
-  int passing;       // 0 pointer, 1 reference, 2 value
+  int passing;       // 0 pointer, 1 reference, 2 value, 3 texture, 4 sampler
+                     // (a texture's size is its TextureKind | its access << 8)
   int size;          // sizeof the pointee / referee / value
   char scalar;       // f float, h half, b bfloat, d double, i signed, u unsigned, o bool, s other
   int is_const;
@@ -320,7 +329,7 @@ struct pointee<ptr<T>> {
 };
 
 template <class A>
-constexpr TypeInfo type_info() {
+constexpr TypeInfo plain_type_info() {
   using NoRef = std::remove_cv_t<std::remove_reference_t<A>>;
   constexpr bool is_pointer = std::is_pointer<NoRef>::value || is_checked_ptr<NoRef>::value;
   using Pointee = std::conditional_t<is_pointer, typename pointee<NoRef>::type, std::remove_reference_t<A>>;
@@ -328,6 +337,32 @@ constexpr TypeInfo type_info() {
   return TypeInfo{is_pointer ? 0 : (std::is_reference<A>::value ? 1 : 2), int(sizeof(Bare)),
                   scalar_code<Bare>::value, int(std::is_const<Pointee>::value)};
 }
+
+// Texture and sampler types (texture.h) are told by these members.
+template <class X, class = void>
+struct is_texture : std::false_type {};
+template <class X>
+struct is_texture<X, std::void_t<decltype(X::tsm_kind)>> : std::true_type {};
+template <class X, class = void>
+struct is_sampler : std::false_type {};
+template <class X>
+struct is_sampler<X, std::void_t<decltype(&X::tsm_sampler_state)>> : std::true_type {};
+
+template <class A>
+constexpr TypeInfo type_info() {
+  using V = std::remove_cv_t<std::remove_reference_t<A>>;
+  if constexpr (is_texture<V>::value) {
+    using T = typename V::tsm_texel_type;
+    return TypeInfo{3, int(V::tsm_kind) | (int(V::tsm_access) << 8),
+                    std::is_same<T, float>::value ? 'f' : std::is_same<T, _Float16>::value ? 'h' : std::is_signed<T>::value ? 'i' : 'u',
+                    0};
+  } else if constexpr (is_sampler<V>::value) {
+    return TypeInfo{4, 0, 's', 0};
+  } else {
+    return plain_type_info<A>();
+  }
+}
+
 
 // Inline: a kernel's built-in arguments are each a constant `which`, so the switch folds.
 inline u3 builtin_value(int which, const ThreadInfo& t) {
@@ -357,6 +392,8 @@ inline u3 builtin_value(int which, const ThreadInfo& t) {
       u3 a = t.dispatch_threads_per_threadgroup;
       return s((a.x * a.y * a.z + 3) / 4);
     }
+    case B_GRID_ORIGIN: return u3{0, 0, 0};
+    case B_GRID_SIZE: return t.threads_per_grid;
   }
   fault("launch", "unknown built-in");
 }
@@ -384,6 +421,12 @@ inline A make_arg(const ParamSpec& p, const DispatchArgs& d, const ThreadInfo& t
   } else if constexpr (std::is_reference<A>::value) {
     void* base = p.kind == P_THREADGROUP ? d.threadgroup[p.index] : d.buffers[p.index];
     return *static_cast<std::remove_reference_t<A>*>(base);
+  } else if constexpr (is_texture<std::remove_cv_t<A>>::value) {
+    if (p.kind != P_TEXTURE) fault("launch", "a texture parameter without [[texture(n)]]");
+    return std::remove_cv_t<A>(d.textures[p.index]);
+  } else if constexpr (is_sampler<std::remove_cv_t<A>>::value) {
+    if (p.kind != P_SAMPLER) fault("launch", "a sampler parameter without [[sampler(n)]]");
+    return std::remove_cv_t<A>(d.samplers[p.index]);
   } else {
     using V = std::remove_cv_t<A>;
     if constexpr (builtin_traits<V>::ok) {

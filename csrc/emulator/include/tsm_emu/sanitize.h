@@ -250,6 +250,10 @@ class ptr : public sanitize_detail::ptr_base<T> {
   // A C-style cast of a raw pointer to another pointee type, (device uint*)&out[i].
   template <class U, class = std::enable_if_t<!std::is_convertible<U*, T*>::value>>
   explicit ptr(U* p) : ptr(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(p))) {}
+  // From a buffer's device address, (device T*)address (SPIRV-Cross's buffer device
+  // addresses): its region is found by address, as a raw pointer's.
+  template <class I, std::enable_if_t<std::is_integral<I>::value && sizeof(I) == sizeof(void*), int> = 0>
+  explicit ptr(I address) : ptr(reinterpret_cast<T*>(static_cast<uintptr_t>(address))) {}
   // ptr<float> -> ptr<volatile float> (to ptr<const float> it is its own base class).
   template <class U, class = std::enable_if_t<std::is_convertible<U*, T*>::value &&
                                               !std::is_base_of<ptr, ptr<U>>::value>>
@@ -396,9 +400,15 @@ auto element_address(P& p, I i) {
     return &p[i];
   }
 }
-template <class P, class I>
-auto element_address(P&& p, I i) -> decltype(p + ptrdiff_t(i)) {  // p[i] of a row: a temporary ptr
-  return p + ptrdiff_t(i);
+// Of a temporary: a row's ptr (p[i] of a row), or a value subscripted in the expression that
+// made it (Tint's `transpose(m)[0].y`), which lives to the end of that expression.
+template <class P, class I, std::enable_if_t<!std::is_lvalue_reference<P>::value, int> = 0>
+auto element_address(P&& p, I i) {
+  if constexpr (std::is_base_of<sanitize_detail::ptr_marker, std::remove_cv_t<P>>::value || std::is_pointer<P>::value) {
+    return p + ptrdiff_t(i);
+  } else {
+    return &p[i];
+  }
 }
 
 namespace sanitize_detail {
@@ -450,6 +460,17 @@ TSM_ACCESS_INLINE decltype(auto) member_of(P&& p, Path... path) {
 template <class T, class U>
 ptr<T> ptr_cast(const ptr<U>& p) {
   return ptr<T>(p);
+}
+
+// reinterpret_cast<device T*>(address) of a 64-bit integer, or of a raw pointer.
+template <class T, class I, std::enable_if_t<std::is_integral<I>::value, int> = 0>
+ptr<T> ptr_cast(I address) {
+  static_assert(sizeof(I) == sizeof(void*), "an integer converts to a pointer when it is 64-bit (a device address)");
+  return ptr<T>(address);
+}
+template <class T, class U>
+ptr<T> ptr_cast(U* p) {
+  return ptr<T>(reinterpret_cast<T*>(const_cast<std::remove_cv_t<U>*>(p)));
 }
 
 // reinterpret_cast<ulong>(p) of a checked pointer (PyTorch's atomic.h aligns one so): its

@@ -662,6 +662,27 @@ TSM_VEC_BINOP(<<, tsm_detail::shl<T>(a.d_[i], b.d_[i]))
 TSM_VEC_BINOP(>>, tsm_detail::shr<T>(a.d_[i], b.d_[i]))
 #undef TSM_VEC_BINOP
 
+// A shift's operands may differ in signedness, as scalars' may (naga's `int4 >> uint4`): the
+// result has the left operand's type.
+#define TSM_VEC_MIXED_SHIFT(op, f)                                                                    \
+  template <class T, class U, int N,                                                                  \
+            std::enable_if_t<!std::is_same<T, U>::value && std::is_integral<T>::value &&              \
+                                 std::is_integral<U>::value && !std::is_same<T, bool>::value, int> = 0> \
+  inline vec<T, N> operator op(const vec<T, N>& a, const vec<U, N>& b) {                              \
+    vec<T, N> r{};                                                                                    \
+    for (int i = 0; i < N; ++i) r.d_[i] = tsm_detail::f<T>(a.d_[i], static_cast<T>(b.d_[i]));        \
+    return r;                                                                                         \
+  }                                                                                                   \
+  template <class T, class U, int N,                                                                  \
+            std::enable_if_t<!std::is_same<T, U>::value && std::is_integral<T>::value &&              \
+                                 std::is_integral<U>::value && !std::is_same<T, bool>::value, int> = 0> \
+  inline vec<T, N>& operator op##=(vec<T, N>& a, const vec<U, N>& b) {                                \
+    return a = a op b;                                                                                \
+  }
+TSM_VEC_MIXED_SHIFT(<<, shl)
+TSM_VEC_MIXED_SHIFT(>>, shr)
+#undef TSM_VEC_MIXED_SHIFT
+
 #define TSM_VEC_BOOLOP(op)                                                           \
   template <class A, class B>                                                        \
   inline typename tsm_detail::as_bool_vec<tsm_detail::vbin_t<A, B>>::type            \

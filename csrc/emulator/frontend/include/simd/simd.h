@@ -1,0 +1,3 @@
+// The check reads the emulator's <simd/simd.h>: one declaration of the names for both.
+#pragma once
+#include "../../../include/simd/simd.h"
