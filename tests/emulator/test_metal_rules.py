@@ -267,6 +267,14 @@ kernel void k(device float* y [[buffer(0)]]) {
   simdgroup_load(m, staged, 8);
   simdgroup_store(m, y, 8);
 }""", "no matching function for call to 'simdgroup_load'", 5, ALL),
+    ("vector_constructor_short_of_components", """
+kernel void k(device uint4* y [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  y[i] = uint4(i, uint2(0));
+}""", "a vector constructor's arguments must give each of the vector's components", 3, ALL),
+    ("vector_constructor_from_a_shorter_vector", """
+kernel void k(device float4* y [[buffer(0)]]) {
+  y[0] = float4(float2(1.0f));
+}""", "a vector constructor's arguments must give each of the vector's components", 3, ALL),
 ]
 
 

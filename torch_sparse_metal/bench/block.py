@@ -75,7 +75,7 @@ def format_table(rows: List[Dict[str, object]], chips: Sequence[Chip]) -> str:
         cells = "".join(f"{b['bound_us']:>18.2f}{ratio:>9.2f}"
                         for b, ratio in zip(r["bounds"], r["against_dense"]))
         lines.append(f"{r['form']:<10}{r['sparsity']:>7.0%} {r['phase']:<9}"
-                     f"{c['device_bytes_read'] + c['device_bytes_written']:>12}{c['fmas']:>13}"
+                     f"{roofline.device_bytes(c):>12}{c['fmas']:>13}"
                      f"{c['device_transactions']:>14}" + cells)
     if rows:
         r = rows[0]

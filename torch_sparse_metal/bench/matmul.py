@@ -94,7 +94,7 @@ def run_emulator(shapes: Optional[Sequence[Shape]] = None, kernels: Sequence[str
             seconds = time.perf_counter() - start
             keep.append(out)
             counters = dict(launches[0].counters)
-            moved = counters["device_bytes_read"] + counters["device_bytes_written"]
+            moved = roofline.device_bytes(counters)
             flops = 2 * m * n * k
             tol = 1e-4 * math.sqrt(k) if dtype == torch.float32 else 2e-2 * math.sqrt(k)
             ok = bool(torch.allclose(out.double(), expected, rtol=tol, atol=tol))

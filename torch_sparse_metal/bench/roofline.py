@@ -27,6 +27,12 @@ def chip(key: str) -> Chip:
                          f"{', '.join(ROOFLINE_CHIPS)}") from None
 
 
+def device_bytes(counters: Mapping[str, int]) -> int:
+    """Bytes a launch's threads read from and wrote to device memory (what they asked for,
+    not the transactions that served it)."""
+    return counters["device_bytes_read"] + counters["device_bytes_written"]
+
+
 def bound(counters: Mapping[str, int], chip: Chip,
           segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> Dict[str, object]:
     """The bound for one launch's (or a sum of launches') counters on ``chip``:

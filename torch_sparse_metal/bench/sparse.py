@@ -61,7 +61,7 @@ def format_table(rows: List[Dict[str, object]], chips: Sequence[Chip]) -> str:
     for r in rows:
         c = r["counters"]
         lines.append(f"{r['size']:<11}{r['phase']:<9}{r['kernel']:<38}"
-                     f"{c['device_bytes_read'] + c['device_bytes_written']:>11}{c['fmas']:>10}"
+                     f"{roofline.device_bytes(c):>11}{c['fmas']:>10}"
                      + roofline.cells(c, chips))
     if rows:
         lines.append(f"density {rows[0]['density']}, batch {rows[0]['batch']}; transactions of "

@@ -22,6 +22,7 @@ from ..emulator import instrumented, record
 from ..nn import SparseLinear
 from ..nn.functional import cross_entropy
 from ..optim import AdamW
+from . import roofline
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 
@@ -60,7 +61,7 @@ def run(widths=(784, 256, 128, 10), density: float = 0.1, batch: int = 128, step
                     fn()
                 sync()
                 if counting:
-                    device_bytes[name] = sum(l.counters["device_bytes_read"] + l.counters["device_bytes_written"]
+                    device_bytes[name] = sum(roofline.device_bytes(l.counters)
                                              for l in launches)
                     return
                 if step:

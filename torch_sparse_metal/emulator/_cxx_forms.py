@@ -154,24 +154,72 @@ def _cast(expression, to: str, prepared: _Prepared, preprocessed: str) -> List[T
     return _wrap(expression, f"static_cast<{to}>(", prepared, preprocessed)
 
 
-def void_pointer_conversions(calls, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
-    """An argument converted implicitly to a ``device``, ``constant`` or ``threadgroup``
-    void pointer is converted by a cast the emulator's C++ sees. There every pointer
-    converts to both ``ptr<void>`` and ``ptr<const void>`` by a constructor, so overloads on
-    the address space of a void pointer (PyTorch's ``val_at_offs(constant void*, long)``
-    and ``(device void*, long)``) would be ambiguous for a ``device float*``; the cast makes
-    the argument the parameter's type exactly, as clang chose it."""
+def pointer_argument_conversions(calls, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
+    """Pointer arguments that the emulator's C++ would convert ambiguously, where every raw
+    pointer converts to every checked pointer by a constructor:
+
+    * converted implicitly to a ``device``, ``constant`` or ``threadgroup`` void pointer:
+      overloads on the address space of a void pointer (PyTorch's ``val_at_offs(constant
+      void*, long)`` and ``(device void*, long)``) would be ambiguous for a ``device
+      float*``; a cast makes the argument the parameter's type exactly, as clang chose it;
+    * an array in device or constant memory (a member of a buffer's struct), decayed: between
+      ``spvDescriptorArray(const device spvDescriptor<T>*)`` and ``(const device void*)``
+      (SPIRV-Cross's descriptor arrays), where Metal's decay matches the first exactly. The
+      argument becomes ``tsm_emu::checked_pointer(a)``, the checked pointer to its first
+      element, which reaches ``ptr<const T>`` as a base class and ``ptr<const void>`` only by
+      a constructor."""
     k = _cindex().CursorKind
     edits: List[Tuple[int, int, str]] = []
     for call in calls:
         if call.referenced is None:
             continue
         for argument in call.get_arguments():
-            to = re.fullmatch(r"((?:const )?)(__global|__constant|__local) void \*", argument.type.spelling)
+            if argument.kind != k.UNEXPOSED_EXPR:
+                continue
             inner = next(argument.get_children(), None)
-            if argument.kind == k.UNEXPOSED_EXPR and to is not None and inner is not None \
-                    and "*" in inner.type.spelling and " void *" not in inner.type.spelling:
-                edits += _cast(argument, f"{to.group(1)}{_MSL_SPACES[to.group(2)]} void*", prepared, preprocessed)
+            to = re.fullmatch(r"((?:const )?)(__global|__constant|__local) void \*", argument.type.spelling)
+            if to is not None:
+                if inner is not None and "*" in inner.type.spelling and " void *" not in inner.type.spelling:
+                    edits += _cast(argument, f"{to.group(1)}{_MSL_SPACES[to.group(2)]} void*", prepared, preprocessed)
+                continue
+            if _type_kind(argument.type) != "Pointer" or _address_space(argument.type) not in ("__global", "__constant"):
+                continue
+            while inner is not None and inner.kind == k.UNEXPOSED_EXPR and _type_kind(inner.type) == "Pointer":
+                inner = next(inner.get_children(), None)  # through the implicit conversions (const)
+            if inner is not None and _type_kind(inner.type) == "ConstantArray":
+                edits += _wrap(argument, "::tsm_emu::checked_pointer(", prepared, preprocessed)
+    return edits
+
+
+_SWIZZLE = re.compile(r"[xyzw]{2,4}|[rgba]{2,4}")
+
+
+def swizzle_arguments(calls, prepared: _Prepared, preprocessed: str) -> List[Tuple[int, int, str]]:
+    """A swizzle of two or more components (``v.xy``) given to a function template: in MSL an
+    rvalue of the vector type, which ``T`` deduces; in the emulator's C++ a proxy over the
+    vector's storage, which ``T`` would deduce instead (``x + x`` of two proxies is a vector,
+    not a proxy: SPIRV-Cross's ``spvSMod(v.xy, v.zw)`` did not build). The argument becomes
+    ``tsm_emu::swizzle_value(v.xy)``, the vector."""
+    k = _cindex().CursorKind
+    lib = _cindex().conf.lib
+    edits: List[Tuple[int, int, str]] = []
+    for call in calls:
+        callee = call.referenced
+        if callee is None or callee.kind not in (k.FUNCTION_DECL, k.CXX_METHOD):
+            continue
+        pattern = lib.clang_getSpecializedCursorTemplate(callee)
+        if pattern is None or pattern.kind != k.FUNCTION_TEMPLATE:
+            continue
+        for argument in call.get_arguments():
+            node = argument
+            while node is not None and node.kind == k.UNEXPOSED_EXPR:
+                tokens = [t.spelling for t in node.get_tokens()]
+                inner = next(node.get_children(), None)
+                if len(tokens) >= 3 and tokens[-2] == "." and _SWIZZLE.fullmatch(tokens[-1]) and \
+                        inner is not None and "ext_vector_type" in inner.type.get_canonical().spelling:
+                    edits += _wrap(argument, "::tsm_emu::swizzle_value(", prepared, preprocessed)
+                    break
+                node = inner
     return edits
 
 
@@ -211,14 +259,22 @@ def threadgroup_array_arguments(calls, prepared: _Prepared, preprocessed: str) -
     return edits
 
 
-def thread_pointer_arguments(calls, unexposed, prepared: _Prepared, preprocessed: str
-                              ) -> List[Tuple[int, int, str]]:
-    """A thread pointer passed to a function template's parameter ``A* p`` (``thread A*``),
-    whose pointee names a template parameter: the emulator's C++ keeps such a parameter a
-    raw pointer, which a call deduces ``A`` from (see _rewrite._thread_pointers), while a
-    ``thread T*`` variable is a bounds-carrying ``thread_ptr<T>``, from which nothing deduces.
-    The argument becomes ``tsm_emu::raw_thread_pointer(p)``: the raw pointer, unchecked past
-    the call as the parameter is. Calls of ``calls`` and the calls among ``unexposed`` that
+def template_pointer_arguments(calls, unexposed, prepared: _Prepared, preprocessed: str
+                               ) -> List[Tuple[int, int, str]]:
+    """A pointer passed to a function template's parameter ``A* p`` whose pointee names a
+    template parameter, where the argument's type in the emulator's C++ is not the one the
+    parameter deduces ``A`` from:
+
+    * ``thread A*``: the emulator's C++ keeps such a parameter a raw pointer (see
+      _rewrite._thread_pointers), while a ``thread T*`` variable is a bounds-carrying
+      ``thread_ptr<T>``. The argument becomes ``tsm_emu::raw_thread_pointer(p)``: the raw
+      pointer, unchecked past the call as the parameter is.
+    * ``device A*`` (``constant``, ``threadgroup``): the parameter is a checked ``ptr<A>``,
+      while the address of an element or member (``&buf.inner[i]``, naga's atomic helpers)
+      is a raw pointer. The argument becomes ``tsm_emu::checked_pointer(p)``, which makes a
+      raw pointer checked and passes a checked one through.
+
+    Calls of ``calls`` and the calls among ``unexposed`` that
     clang could not resolve (``f(p, 1.0f)`` deducing ``A`` as ``__private float`` from the one
     and ``float`` from the other, which the check forgives: both are Metal's thread) are
     edited; a call in a template, whose callee clang leaves unresolved, is not."""
@@ -248,9 +304,11 @@ def thread_pointer_arguments(calls, unexposed, prepared: _Prepared, preprocessed
         sites.append((positions, children[1:]))
     for positions, arguments in sites:
         for i in sorted(positions):
-            if i < len(arguments) and _type_kind(arguments[i].type) == "Pointer" and \
-                    _address_space(arguments[i].type) in (None, "__private", "__generic"):
-                edits += _wrap(arguments[i], "::tsm_emu::raw_thread_pointer(", prepared, preprocessed)
+            if i >= len(arguments) or _type_kind(arguments[i].type) != "Pointer":
+                continue
+            thread = _address_space(arguments[i].type) in (None, "__private", "__generic")
+            edits += _wrap(arguments[i], "::tsm_emu::raw_thread_pointer(" if thread else "::tsm_emu::checked_pointer(",
+                           prepared, preprocessed)
     return edits
 
 
@@ -399,6 +457,89 @@ def _keep_one_definition(name: str, overloads: Dict[int, List[object]], source: 
                                               f"bodies; the emulator, which has one address space, "
                                               f"can run such overloads only when their bodies agree")
     return [(a, b, _msl_text.blank(preprocessed[a:b])) for a, b in spans[1:]]
+
+
+def stored_pointers(tu, path: str) -> None:
+    """Raise where a device or constant pointer (or reference) designates data that holds
+    pointers: an argument buffer's struct, SPIRV-Cross's descriptor arrays. Metal stores a
+    pointer in 8 bytes; the emulator's checked pointer is 32, so such data would not be laid
+    out as the host wrote it, and the kernel would read addresses from the wrong bytes. (A
+    ``device T* device*`` is laid out as Metal's: the pointers it holds stay raw.)"""
+    k = _cindex().CursorKind
+    kinds = {k.VAR_DECL, k.PARM_DECL, k.FIELD_DECL, k.CSTYLE_CAST_EXPR, k.CXX_STATIC_CAST_EXPR,
+             k.CXX_REINTERPRET_CAST_EXPR, k.CXX_FUNCTIONAL_CAST_EXPR}
+    memo: Dict[str, Optional[Tuple[str, str, str]]] = {}
+
+    def msl(spelling: str) -> str:
+        spelling = _MSL_AS_PATTERN.sub(lambda m: _MSL_SPACES.get(m.group(1), ""), spelling)
+        return " ".join(spelling.replace(" *", "*").split()).replace(" *", "*").replace("* ", "*")
+
+    def object_space(t) -> Optional[str]:
+        """The address space of an object of type ``t``: of an array, its elements'; of a
+        pointer, the qualifier after its ``*`` (``__global T *__generic`` is a thread pointer)."""
+        t = t.get_canonical()
+        while _type_kind(t) in ("ConstantArray", "IncompleteArray"):
+            t = t.get_array_element_type().get_canonical()
+        if _type_kind(t) == "Pointer":
+            m = re.search(r"\*\s*(?:(?:const|volatile)\s+)*(__\w+)?[\s\w]*$", t.spelling)
+            return m.group(1) if m else None
+        for word in t.spelling.split():
+            if word.startswith("__"):
+                return word
+            if word not in ("const", "volatile"):
+                return None
+        return None
+
+    def held_pointer(t, depth: int = 0) -> Optional[Tuple[str, str]]:
+        """(the member path, the pointer type) of a pointer ``t`` holds."""
+        t = t.get_canonical()
+        kind = _type_kind(t)
+        if kind == "Pointer":
+            return "", t.spelling
+        if kind == "ConstantArray":
+            return held_pointer(t.get_array_element_type(), depth + 1)
+        if kind == "Record" and depth < 8:
+            for field in t.get_fields():
+                inner = held_pointer(field.type, depth + 1)
+                if inner:
+                    return (f"{field.spelling}.{inner[0]}" if inner[0] else field.spelling), inner[1]
+        return None
+
+    def stored(t, depth: int = 0) -> Optional[Tuple[str, str, str]]:
+        """(the type, the member path, the pointer type) of a device or constant pointer in
+        ``t`` (or ``t`` itself) to data that holds a pointer."""
+        t = t.get_canonical()
+        key = t.spelling
+        if key in memo:
+            return memo[key]
+        memo[key] = None
+        kind, found = _type_kind(t), None
+        if kind in ("Pointer", "LValueReference") and object_space(t.get_pointee()) in ("__global", "__constant"):
+            pointee = t.get_pointee().get_canonical()
+            held = held_pointer(pointee) if _type_kind(pointee) in ("Record", "ConstantArray") else None
+            found = (pointee.spelling, *held) if held else None
+        elif kind == "ConstantArray":
+            found = stored(t.get_array_element_type(), depth + 1)
+        elif kind == "Record" and depth < 8:
+            found = next(filter(None, (stored(f.type, depth + 1) for f in t.get_fields())), None)
+        memo[key] = found
+        return found
+
+    for top in tu.cursor.get_children():
+        if top.location.file is None or top.location.file.name != path:
+            continue
+        for cursor in top.walk_preorder():
+            if cursor.kind == k.PARM_DECL and not cursor.spelling:
+                continue  # (an implicit copy constructor's, in every address space clang declares)
+            if cursor.kind in kinds and _type_kind(cursor.type) != "Invalid" and stored(cursor.type):
+                holder, member, pointer = stored(cursor.type)
+                held = f"{member}: {msl(pointer)}" if member else msl(pointer)
+                raise _emulator_limit(cursor, (
+                    f"{re.sub(r'^(?:(?:const|volatile|device|constant) )+', '', msl(holder))}, in device or "
+                    f"constant memory, holds a pointer ({held}): "
+                    "Metal stores a pointer in 8 bytes, the emulator's checked pointer takes 32, so the "
+                    "emulator cannot lay out argument buffers or descriptor arrays of pointers as the GPU "
+                    "does, and does not run them"))
 
 
 def _emulator_limit(cursor, message: str) -> MetalCompileError:

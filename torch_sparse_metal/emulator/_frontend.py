@@ -67,9 +67,10 @@ _NOT_METAL_RULES = (
     re.compile(r"too few elements in vector initialization"),  # Metal zero-fills the rest
     re.compile(r"double precision constant requires"),         # a warning; Metal's literals are float
     re.compile(r"cannot (increment|decrement) value of type .*vec<"),  # ++ and -- work on vectors
-    # A float scalar with a half vector (ggml's `slope*pmask4[i]`).
-    re.compile(r"scalar operand type has greater rank than the type of the vector element\. "
-               r"\(('float' and .*_Float16.*|.*_Float16.* and 'float')\)$"),
+    # A scalar of a greater rank than a vector's elements, converted to the element type:
+    # the rank rule is OpenCL's alone in clang (ggml's `slope*pmask4[i]`, a float and a half4;
+    # SPIRV-Cross's `remainder == 0` of a short2).
+    re.compile(r"scalar operand type has greater rank than the type of the vector element\. "),
     # clang has no conversion between _Float16 and __bf16; Metal converts half and bfloat
     # explicitly (MLX's fp8.h: static_cast<bfloat16_t>(half)).
     re.compile(r"(static_cast|C-style cast|functional-style cast) from .*\b(_Float16|__bf16)\b.* to "
@@ -132,6 +133,32 @@ def _constructs_a_constant_object(diagnostic) -> bool:
     return bool(re.match(r"no matching constructor for initialization of '.*\b__constant\b", diagnostic.spelling)) \
         and any("cannot be used to construct an object in address space '__constant'" in n.spelling
                 for n in diagnostic.children)
+
+
+_AMBIGUOUS_MEMBER = re.compile(r"(?:use of overloaded operator '([^']*)'|call to member function '(\w+)') is ambiguous")
+
+
+def _ambiguous_on_a_temporary(diagnostic, path: str, lines: List[str]) -> bool:
+    """A member function overloaded on the object's address space, called on a temporary
+    (Tint's ``make_array()[0u]`` of its ``tint_array``): clang's C++ for OpenCL gives the
+    temporary no address space, so the ``device`` and ``threadgroup`` overloads tie, where
+    Metal's temporary is in ``thread`` and takes that overload. Forgiven when every candidate
+    clang names is declared (in ``lines``, the text clang read) with a ``device`` or
+    ``threadgroup`` object and a ``thread`` one of the same name is declared too."""
+    m = _AMBIGUOUS_MEMBER.match(diagnostic.spelling)
+    if not m:
+        return False
+    name = re.escape(f"operator{m.group(1)}" if m.group(1) else m.group(2))
+    qualified = r"\b{}\s*\([^;{{}}]*\)\s*(?:const\s+)?({})\b"
+    candidates = [n for n in diagnostic.children if n.spelling.startswith("candidate function")]
+    if not candidates:
+        return False
+    for note in candidates:
+        line = note.location.line
+        if note.location.file is None or note.location.file.name != path or not 0 < line <= len(lines) or \
+                not re.search(qualified.format(name, "device|threadgroup"), lines[line - 1]):
+            return False
+    return any(re.search(qualified.format(name, "thread"), text) for text in lines)
 
 
 _DEDUCTION_MISMATCH = re.compile(r"candidate template ignored: cannot deduce a type for '(\w+)' that would make "
@@ -543,7 +570,7 @@ def diagnose(preprocessed: str, *, language_version: str, main_file: str = "<msl
 
     errors = [d for d in tu.diagnostics if d.severity >= cindex.Diagnostic.Error]
     not_metal = [_not_metal(d.spelling) or _constructs_a_constant_object(d) or _fails_by_thread_spaces_only(d)
-                 for d in errors]
+                 or _ambiguous_on_a_temporary(d, path, lines) for d in errors]
     # clang's error, though not Metal's, still makes the template specialisation it is in
     # invalid; calls of that specialisation then fail for no reason of Metal's.
     forgiven = {m.group(1) for d, skip in zip(errors, not_metal) if skip for n in d.children

@@ -10,7 +10,7 @@ import math
 import numbers
 import os
 import threading
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -140,14 +140,16 @@ class Kernel:
 
     def __call__(self, *args, threads=None, group_size=None,
                  threadgroup_memory: Optional[Sequence[int]] = None,
-                 textures: Optional[Sequence[Optional[torch.Tensor]]] = None,
-                 samplers: Optional[Sequence[Optional[_textures.Sampler]]] = None,
+                 textures: Optional[Union[Sequence[Optional[torch.Tensor]], Mapping[int, torch.Tensor]]] = None,
+                 samplers: Optional[Union[Sequence[Optional[_textures.Sampler]],
+                                          Mapping[int, _textures.Sampler]]] = None,
                  timeout: Optional[float] = None) -> None:
         """Dispatch the kernel; returns when every thread finished.
 
         ``textures``, ``samplers``: the tensors bound to its ``[[texture(n)]]`` and the
-        :class:`Sampler` states bound to its ``[[sampler(n)]]`` parameters, by index (None
-        where it declares none); the tensor layouts are in docs/emulator.md.
+        :class:`Sampler` states bound to its ``[[sampler(n)]]`` parameters: a list by index
+        (None where it declares none) or a mapping ``{n: tensor}``; the tensor layouts are in
+        docs/emulator.md.
         ``timeout``: seconds the dispatch may run before it is stopped with
         ``KernelFault("hang")`` (default: ``$TSM_EMU_TIMEOUT``, else no limit). Called from
         the main thread, Ctrl-C stops the dispatch and raises ``KeyboardInterrupt``, and so does

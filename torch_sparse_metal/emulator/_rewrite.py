@@ -47,6 +47,18 @@ def _cv(*qualifiers: str) -> str:
     return " ".join(re.sub(r"coherent\s*\([^()]*\)", " ", " ".join(qualifiers)).split())
 
 
+def _checked_pointee(quals: str, pointee: str) -> str:
+    """What ``ptr<...>`` holds for a pointee with qualifiers ``quals``: a volatile one through
+    ``tsm_emu::volatile_t``, which keeps volatile on scalars only (a volatile vector or
+    struct would have no assignment in C++; SPIRV-Cross's coherent blocks are
+    ``volatile device SSBO&``)."""
+    cv = quals.split()
+    if "volatile" in cv:
+        rest = " ".join(q for q in cv if q != "volatile")
+        return f"::tsm_emu::volatile_t<{rest + ' ' if rest else ''}{pointee}>"
+    return f"{quals + ' ' if quals else ''}{pointee}"
+
+
 # A buffer of pointers, `device T* device const* p`: the pointers in it are its elements.
 _POINTER_TO_POINTER = re.compile(
     _ADDRESS_SPACE_POINTER.pattern + r"\s*((?:(?:const|volatile)\s+)*)(?:device|constant|threadgroup)\b\s*"
@@ -116,7 +128,14 @@ def _checked_pointers(src: str) -> str:
         inner = _cv(m.group(2), src[m.start(3):m.end(3)], m.group(4))
         quals = _cv(m.group(1), m.group(5), m.group(6))
         edits.append((m.start(), m.end(), f"::tsm_emu::ptr<{inner}* {quals}>".replace(" >", ">")))
-    src = _apply(src, edits)
+    return _address_space_pointers(_apply(src, edits))
+
+
+def _address_space_pointers(src: str) -> str:
+    """Each ``device``, ``constant`` and ``threadgroup`` pointer of ``src`` as a checked
+    pointer; the pointers named in its pointee's template arguments too
+    (``const device spvBufferDescriptor<device T*>*``, SPIRV-Cross's descriptors), so that
+    they match partial specialisations on ``ptr<T>``."""
     masked = _mask_strings_and_directives(src)
     out, last = [], 0
     for m in _ADDRESS_SPACE_POINTER.finditer(masked):
@@ -126,8 +145,10 @@ def _checked_pointers(src: str) -> str:
         if "const" not in quals.split() and re.search(r"\bconstant\b", masked[m.start():m.start(3)]):
             quals = _cv("const", quals)
         pointee = " ".join(src[m.start(3):m.end(3)].split())
+        if "<" in pointee and _ADDRESS_SPACE_POINTER.search(pointee):
+            pointee = _address_space_pointers(pointee)
         # `const device auto* p = q + i;` (MLX's gemv): the initialiser is a checked pointer.
-        checked = "auto" if pointee == "auto" else f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}>"
+        checked = "auto" if pointee == "auto" else f"::tsm_emu::ptr<{_checked_pointee(quals, pointee)}>"
         start, end = m.start(), m.end()
         # reinterpret_cast<device T*>(p) cannot name a class type: use ptr_cast<T>(p).
         cast = re.search(r"\b(?:reinterpret|static|const)_cast\s*<\s*$", masked[max(0, start - 40):start])
@@ -213,17 +234,20 @@ def _uses(masked: str, name: str, start: int, end: int) -> List[int]:
 
 
 _REFERENCE_PARAM = re.compile(
-    r"(?<![\w:])((?:const\s+)?)(?:device|threadgroup)\s+((?:const\s+)?)(" + _TYPE + r")\s*&\s*(?:(\w+)|(?=[,)]))")
+    r"(?<![\w:])" + _QUALIFIERS + r"(?:device|threadgroup)\s+" + _QUALIFIERS + r"(" + _TYPE +
+    r")\s*&\s*(?:(\w+)|(?=[,)]))")
 
 
 _CONSTANT_REFERENCE = re.compile(
-    r"(?<![\w:])((?:const\s+)?)constant\s+((?:const\s+)?)(" + _TYPE + r")\s*&")
+    r"(?<![\w:])((?:const\s+)?)constant\s+((?:const\s+)?)(" + _TYPE + r")\s*\(?\s*&")
 
 
 def _read_only_constant_references(src: str) -> str:
     """``constant T& x`` -> ``const constant T& x``: what it designates is read-only whether
     it says const or not (MLX passes a kernel's ``const constant int&`` on to a helper's
-    ``constant int&``), as for constant pointers."""
+    ``constant int&``), as for constant pointers; a reference to an array too, ``constant T
+    (&src)[N]`` (SPIRV-Cross's array copies), where ``T`` deduces the same from a constant
+    array as from a thread one."""
     masked = _mask_strings_and_directives(src)
     return _apply(src, [(m.start(), m.start(), "const ") for m in _CONSTANT_REFERENCE.finditer(masked)
                         if not (m.group(1) or m.group(2))])
@@ -238,12 +262,17 @@ def _checked_references(src: str) -> str:
     masked = _mask_strings_and_directives(src)
     edits = []
     for m in _REFERENCE_PARAM.finditer(masked):
-        quals = " ".join((m.group(1) + " " + m.group(2)).split())
+        quals = _cv(m.group(1), m.group(2))  # (`volatile device T&`: SPIRV-Cross's coherent blocks)
         pointee = " ".join(src[m.start(3):m.end(3)].split())
         name = m.group(4)
-        checked = f"::tsm_emu::ptr<{quals + ' ' if quals else ''}{pointee}>"
-        if name is None:  # a function type's parameter (ggml: `void (*q)(device block &)`)
-            edits.append((m.start(), m.end(), checked))
+        checked = f"::tsm_emu::ptr<{_checked_pointee(quals, pointee)}>"
+        if name is None:
+            if re.search(r"\(\s*$", masked[:m.start()]) and re.match(r"\s*\)\s*[\w(*&:]", masked[m.end():]):
+                # a C-style cast, `(device float&)v.f4[0]` (SPIRV-Cross's std140 arrays):
+                # the same object read as another type, as a C++ reference cast does
+                edits.append((m.start(), m.end(), f"{quals + ' ' if quals else ''}{pointee}&"))
+            else:  # a function type's parameter (ggml: `void (*q)(device block &)`)
+                edits.append((m.start(), m.end(), checked))
             continue
         local = re.match(r"\s*=", masked[m.end():])
         if local and pointee == "auto":  # `threadgroup const auto& id = rowids[i];` (candle): deduced

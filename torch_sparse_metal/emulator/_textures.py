@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -169,8 +169,18 @@ def texture_desc(kernel: str, index: int, param: ParamInfo, tensor) -> Tuple[Tex
     return d, (tensor, name)
 
 
-def bind(kernel: str, params: Sequence[ParamInfo], textures: Optional[Sequence[object]],
-         samplers: Optional[Sequence[Optional[Sampler]]], launch) -> List[object]:
+def _by_index(kernel: str, table: str, given: Mapping[int, object], wanted: Dict[int, ParamInfo]) -> List[object]:
+    """A mapping {index: argument} as the list ``bind`` takes (None where nothing is given)."""
+    for index in given:
+        if not isinstance(index, int) or isinstance(index, bool) or index not in wanted:
+            declared = ", ".join(map(str, sorted(wanted))) or "none"
+            raise LaunchError(f"{kernel}: {table}= has key {index!r}; the kernel declares indices {declared}")
+    return [given.get(i) for i in range(max(wanted) + 1)] if wanted else []
+
+
+def bind(kernel: str, params: Sequence[ParamInfo],
+         textures: Optional[Union[Sequence[object], Mapping[int, object]]],
+         samplers: Optional[Union[Sequence[Optional[Sampler]], Mapping[int, Sampler]]], launch) -> List[object]:
     """Fill ``launch.textures`` and ``launch.samplers`` (a tsm_launch) from the arguments; what
     must stay alive during the dispatch is returned."""
     keep: List[object] = []
@@ -178,6 +188,8 @@ def bind(kernel: str, params: Sequence[ParamInfo], textures: Optional[Sequence[o
     sampler_params = {p.index: p for p in params if p.kind == P_SAMPLER}
     for table, given, wanted, limit in (("textures", textures, declared, MAX_TEXTURES),
                                         ("samplers", samplers, sampler_params, MAX_SAMPLERS)):
+        if isinstance(given, Mapping):  # {index: tensor}, as setTexture:atIndex: binds them
+            given = _by_index(kernel, table, given, wanted)
         given = list(given or [])
         if len(given) > limit:
             raise LaunchError(f"{kernel}: {len(given)} {table}; Metal binds at most {limit}")

@@ -40,12 +40,14 @@ def emulator_edits(preprocessed: str, *, language_version: str, main_file: str =
     prepared, tu, path = _parse(preprocessed, language_version_number(language_version), main_file,
                                 emulator=True)
     source = prepared.source
+    _cxx_forms.stored_pointers(tu, path)
     edits = _cxx_forms.address_space_overloads(tu, path, prepared, preprocessed)
     k = cindex.CursorKind
     found = _main_file_cursors(tu, path, (k.CALL_EXPR, k.CONDITIONAL_OPERATOR, k.UNEXPOSED_EXPR))
-    edits += _cxx_forms.void_pointer_conversions(found[k.CALL_EXPR], prepared, preprocessed)
+    edits += _cxx_forms.pointer_argument_conversions(found[k.CALL_EXPR], prepared, preprocessed)
+    edits += _cxx_forms.swizzle_arguments(found[k.CALL_EXPR], prepared, preprocessed)
     edits += _cxx_forms.threadgroup_array_arguments(found[k.CALL_EXPR], prepared, preprocessed)
-    edits += _cxx_forms.thread_pointer_arguments(found[k.CALL_EXPR], found[k.UNEXPOSED_EXPR], prepared, preprocessed)
+    edits += _cxx_forms.template_pointer_arguments(found[k.CALL_EXPR], found[k.UNEXPOSED_EXPR], prepared, preprocessed)
     edits += _cxx_forms.threadgroup_reference_arguments(found[k.CALL_EXPR], prepared, preprocessed)
     edits += _cxx_forms.bfloat_conditional_conversions(found[k.CONDITIONAL_OPERATOR], prepared, preprocessed)
     edits += _cxx_forms.address_space_specialisations(tu, path, prepared, preprocessed)

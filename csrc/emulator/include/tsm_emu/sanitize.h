@@ -162,6 +162,12 @@ T&& updated(T&& target) {
 template <class T>
 class ptr;
 
+// The pointee of a `volatile device T*` (or reference): volatile where T is a scalar, which
+// keeps a spinning load a load; a vector, matrix or struct stays as it is, since C++ gives
+// a volatile object of a class no assignment or copy (_rewrite._checked_pointee).
+template <class T>
+using volatile_t = std::conditional_t<std::is_scalar<std::remove_cv_t<T>>::value, volatile T, T>;
+
 namespace sanitize_detail {
 template <class E>
 struct element_access {
@@ -388,6 +394,21 @@ class tg_scalar {
 // checked pointer in place of the call (no access); this stands in where it does not.
 template <class X>
 X&& reference_argument(X&& x) { return static_cast<X&&>(x); }
+
+// A pointer passed to a function template's `device A*` (or constant, threadgroup)
+// parameter, which the emulator's C++ declares `ptr<A>`: a raw pointer (`&buf.inner[i]`)
+// becomes the checked pointer A is deduced from, its region found by address; a checked
+// pointer or threadgroup array passes through (_cxx_forms.template_pointer_arguments,
+// pointer_argument_conversions).
+template <class T>
+ptr<T> checked_pointer(T* p) {  // (an array in a buffer's struct decays to it)
+  return ptr<T>(p);
+}
+template <class P, std::enable_if_t<!std::is_pointer<std::remove_reference_t<P>>::value &&
+                                        !std::is_array<std::remove_reference_t<P>>::value, int> = 0>
+P&& checked_pointer(P&& p) {
+  return static_cast<P&&>(p);
+}
 
 // &p[i] in a sanitized build: an element's address is pointer arithmetic on a checked
 // pointer or threadgroup array (no access recorded, one past the end allowed); anything

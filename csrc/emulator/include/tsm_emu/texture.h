@@ -157,6 +157,9 @@ inline void store_texel(const TextureDesc* d, const Texel& t, uint32_t lod, cons
 namespace metal {
 
 enum class access { sample, read, write, read_write };
+// MSL 3.2: whether a texture's writes are coherent across the device or within a threadgroup;
+// the emulator's memory is coherent either way.
+enum memory_coherence { memory_coherence_threadgroup, memory_coherence_device };
 
 // ---- samplers (MSL 2.9) --------------------------------------------------------------------
 enum class coord { normalized, pixel };
@@ -334,6 +337,23 @@ inline void cube_face(const double dir[3], int64_t* face, double* u, double* v) 
   *v = (tc / ma + 1) / 2;
 }
 
+// Where a cube lookup lands: the face's layer (element * 6 + face), (u, v) normalized on that
+// face, and the sampler state made to stay on it (no filtering across faces).
+struct CubeSite {
+  int64_t layer;
+  double uv[3];
+  tsm_emu::SamplerDesc state;
+};
+inline CubeSite cube_site(const double dir[3], int64_t element, tsm_emu::SamplerDesc state) {
+  CubeSite site{0, {0, 0, 0}, state};
+  int64_t face;
+  cube_face(dir, &face, &site.uv[0], &site.uv[1]);
+  site.layer = element * 6 + face;
+  site.state.normalized = 1;
+  site.state.address[0] = site.state.address[1] = int(address::clamp_to_edge);
+  return site;
+}
+
 // Filtered sample at coordinates c (normalized or in texels, as the sampler says), plus an
 // integer texel offset: nearest or (bi/tri)linear, per component.
 inline void filtered(const TextureDesc* d, const tsm_emu::SamplerDesc& s, int dims, const double c[3],
@@ -464,18 +484,32 @@ struct texture_core {
   }
   // MSL 3.1's texture atomics: on r32Sint / r32Uint textures with access::read_write; the
   // texel's old value comes back as (old, 0, 0, 1).
-  template <class Op>
-  vec<T, 4> atomic_update(const Texel& t, Op op) const {
+  T* atomic_texel(const Texel& t) const {
     static_assert(A == access::read_write && sizeof(T) == 4 && std::is_integral<T>::value,
                   "texture atomics need an int or uint texture with access::read_write");
     const uint64_t i = tsm_emu::texel_index(d_, "atomic", t, 0);
     if (d_->format != tsm_emu::TF_I32 && d_->format != tsm_emu::TF_U32)
       tsm_emu::fault("launch", "texture atomics need a 32-bit integer pixel format (an int32 tensor: r32Sint / r32Uint)");
-    T* p = static_cast<T*>(d_->data) + i;
+    return static_cast<T*>(d_->data) + i;
+  }
+  template <class Op>
+  vec<T, 4> atomic_update(const Texel& t, Op op) const {
+    T* p = atomic_texel(t);
     T old = __atomic_load_n(p, __ATOMIC_RELAXED);
     while (!__atomic_compare_exchange_n(p, &old, op(old), true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
     }
     return vec<T, 4>(old, T(0), T(0), T(1));
+  }
+  vec<T, 4> atomic_loaded(const Texel& t) const {
+    return vec<T, 4>(__atomic_load_n(atomic_texel(t), __ATOMIC_RELAXED), T(0), T(0), T(1));
+  }
+  void atomic_stored(const Texel& t, T v) const { __atomic_store_n(atomic_texel(t), v, __ATOMIC_RELAXED); }
+  // `expected` is a thread vec<T, 4>*: its x is compared, and on failure gets the texel's value
+  // (a strong exchange: the emulator has no spurious failures).
+  template <class P>
+  bool atomic_exchanged(const Texel& t, const P& expected, T desired) const {
+    T& want = (*expected)[0];
+    return __atomic_compare_exchange_n(atomic_texel(t), &want, desired, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
   }
   template <class C, class... O>
   vec<T, 4> sampled(const sampler& s, int dims, const C& c, int64_t layer, const O&... o) const {
@@ -488,14 +522,10 @@ struct texture_core {
   template <class C, class... O>
   vec<T, 4> sampled_cube(const sampler& s, const C& c, int64_t element, const O&... o) const {
     static_assert(A == access::sample, "sample() needs a texture with access::sample");
-    double dir[3], uv[3] = {0, 0, 0}, v[4];
+    double dir[3], v[4];
     coordinates(c, dir);
-    int64_t face;
-    cube_face(dir, &face, &uv[0], &uv[1]);
-    tsm_emu::SamplerDesc st = s.tsm_sampler_state();
-    st.normalized = 1;
-    st.address[0] = st.address[1] = int(address::clamp_to_edge);  // no filtering across faces
-    filtered(d_, st, 2, uv, options(o...), element * 6 + face, v);
+    const CubeSite site = cube_site(dir, element, s.tsm_sampler_state());
+    filtered(d_, site.state, 2, site.uv, options(o...), site.layer, v);
     return as_vec<T>(v);
   }
   template <class C, class... O>
@@ -509,14 +539,10 @@ struct texture_core {
   }
   template <class C, class... O>
   vec<T, 4> gathered_cube(const sampler& s, const C& c, int64_t element, component which, const O&... o) const {
-    double dir[3], uv[3] = {0, 0, 0}, texels[4][4];
+    double dir[3], texels[4][4];
     coordinates(c, dir);
-    int64_t face;
-    cube_face(dir, &face, &uv[0], &uv[1]);
-    tsm_emu::SamplerDesc st = s.tsm_sampler_state();
-    st.normalized = 1;
-    st.address[0] = st.address[1] = int(address::clamp_to_edge);
-    footprint(d_, st, uv, options(o...), element * 6 + face, texels);
+    const CubeSite site = cube_site(dir, element, s.tsm_sampler_state());
+    footprint(d_, site.state, site.uv, options(o...), site.layer, texels);
     double v[4];
     for (int k = 0; k < 4; ++k) v[k] = texels[k][int(which)];
     return as_vec<T>(v);
@@ -526,11 +552,12 @@ struct texture_core {
 };
 
 template <class C>
-Texel at1(const C& c) {
+Texel at1(const C& c, int64_t layer = 0) {
   double x[3];
   coordinates(c, x);
   Texel t;
   t.x = int64_t(x[0]);
+  t.layer = layer;
   return t;
 }
 template <class C>
@@ -565,7 +592,13 @@ inline uint32_t lod_of(int64_t lod) { return lod < 0 ? 0xffffffffu : uint32_t(lo
   vec<T, 4> atomic_fetch_xor(__VA_ARGS__, T v) const { return this->atomic_update(TEXEL, [v](T o) { return T(o ^ v); }); } \
   vec<T, 4> atomic_fetch_min(__VA_ARGS__, T v) const { return this->atomic_update(TEXEL, [v](T o) { return o < v ? o : v; }); } \
   vec<T, 4> atomic_fetch_max(__VA_ARGS__, T v) const { return this->atomic_update(TEXEL, [v](T o) { return o > v ? o : v; }); } \
-  vec<T, 4> atomic_exchange(__VA_ARGS__, T v) const { return this->atomic_update(TEXEL, [v](T) { return v; }); }
+  vec<T, 4> atomic_exchange(__VA_ARGS__, T v) const { return this->atomic_update(TEXEL, [v](T) { return v; }); } \
+  vec<T, 4> atomic_load(__VA_ARGS__) const { return this->atomic_loaded(TEXEL); }                                 \
+  void atomic_store(__VA_ARGS__, T v) const { this->atomic_stored(TEXEL, v); }                                    \
+  template <class P>                                                                                             \
+  bool atomic_compare_exchange_weak(__VA_ARGS__, const P& expected, T v) const {                                 \
+    return this->atomic_exchanged(TEXEL, expected, v);                                                           \
+  }
 #define TSM_TEXTURE_SIZES_1D \
   uint get_width(uint lod = 0) const { return this->size(&tsm_emu::TextureDesc::width, lod); }
 #define TSM_TEXTURE_SIZES_2D \
@@ -578,7 +611,7 @@ inline uint32_t lod_of(int64_t lod) { return lod < 0 ? 0xffffffffu : uint32_t(lo
 #define TSM_TEXTURE_SAMPLES \
   uint get_num_samples() const { return this->d_ ? this->d_->samples : 0; }
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct texture1d : tsm_tex::texture_core<T, A, tsm_emu::TK_1D> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_1D>::texture_core;
   TSM_TEXTURE_ATOMICS(tsm_tex::at1(c), uint c)
@@ -592,9 +625,10 @@ struct texture1d : tsm_tex::texture_core<T, A, tsm_emu::TK_1D> {
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct texture1d_array : tsm_tex::texture_core<T, A, tsm_emu::TK_1D_ARRAY> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_1D_ARRAY>::texture_core;
+  TSM_TEXTURE_ATOMICS(tsm_tex::at1(c, array), uint c, uint array)
   TSM_TEXTURE_SIZES_1D
   TSM_TEXTURE_ARRAY_SIZE
   template <class C> vec<T, 4> read(const C& c, int64_t array, int64_t lod = 0) const {
@@ -612,7 +646,7 @@ struct texture1d_array : tsm_tex::texture_core<T, A, tsm_emu::TK_1D_ARRAY> {
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct texture2d : tsm_tex::texture_core<T, A, tsm_emu::TK_2D> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_2D>::texture_core;
   TSM_TEXTURE_ATOMICS(tsm_tex::at2(c), uint2 c)
@@ -629,7 +663,7 @@ struct texture2d : tsm_tex::texture_core<T, A, tsm_emu::TK_2D> {
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct texture2d_array : tsm_tex::texture_core<T, A, tsm_emu::TK_2D_ARRAY> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_2D_ARRAY>::texture_core;
   TSM_TEXTURE_ATOMICS(tsm_tex::at2(c, array), uint2 c, uint array)
@@ -650,7 +684,7 @@ struct texture2d_array : tsm_tex::texture_core<T, A, tsm_emu::TK_2D_ARRAY> {
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct texture3d : tsm_tex::texture_core<T, A, tsm_emu::TK_3D> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_3D>::texture_core;
   TSM_TEXTURE_ATOMICS(tsm_tex::at3(c), uint3 c)
@@ -665,10 +699,9 @@ struct texture3d : tsm_tex::texture_core<T, A, tsm_emu::TK_3D> {
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct texturecube : tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE>::texture_core;
-  TSM_TEXTURE_ATOMICS(tsm_tex::at2(c, face > 5 ? -1 : int64_t(face)), uint2 c, uint face)
   TSM_TEXTURE_SIZES_2D
   template <class C> vec<T, 4> read(const C& c, int64_t face, int64_t lod = 0) const {
     return this->fetch(tsm_tex::at2(c, face < 0 || face > 5 ? -1 : face), tsm_tex::lod_of(lod));
@@ -684,10 +717,9 @@ struct texturecube : tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE> {
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct texturecube_array : tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE_ARRAY> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE_ARRAY>::texture_core;
-  TSM_TEXTURE_ATOMICS(tsm_tex::at2(c, face > 5 ? -1 : int64_t(array) * 6 + face), uint2 c, uint face, uint array)
   TSM_TEXTURE_SIZES_2D
   TSM_TEXTURE_CUBE_ARRAY_SIZE
   template <class C> vec<T, 4> read(const C& c, int64_t face, int64_t array, int64_t lod = 0) const {
@@ -704,7 +736,7 @@ struct texturecube_array : tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE_ARRAY> {
   }
 };
 
-template <class T, access A = access::read>
+template <class T, access A = access::read, memory_coherence = memory_coherence_threadgroup>
 struct texture2d_ms : tsm_tex::texture_core<T, A, tsm_emu::TK_2D_MS> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_2D_MS>::texture_core;
   TSM_TEXTURE_SIZES_2D
@@ -716,7 +748,7 @@ struct texture2d_ms : tsm_tex::texture_core<T, A, tsm_emu::TK_2D_MS> {
   }
 };
 
-template <class T, access A = access::read>
+template <class T, access A = access::read, memory_coherence = memory_coherence_threadgroup>
 struct texture2d_ms_array : tsm_tex::texture_core<T, A, tsm_emu::TK_2D_MS_ARRAY> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_2D_MS_ARRAY>::texture_core;
   TSM_TEXTURE_SIZES_2D
@@ -729,9 +761,10 @@ struct texture2d_ms_array : tsm_tex::texture_core<T, A, tsm_emu::TK_2D_MS_ARRAY>
   }
 };
 
-template <class T, access A = access::read>
+template <class T, access A = access::read, memory_coherence = memory_coherence_threadgroup>
 struct texture_buffer : tsm_tex::texture_core<T, A, tsm_emu::TK_BUFFER> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_BUFFER>::texture_core;
+  TSM_TEXTURE_ATOMICS(tsm_tex::at1(c), uint c)
   TSM_TEXTURE_SIZES_1D
   template <class C> vec<T, 4> read(const C& c) const { return this->fetch(tsm_tex::at1(c), 0); }
   template <class V, class C> void write(const V& color, const C& c) const { this->put(color, tsm_tex::at1(c), 0); }
@@ -749,21 +782,15 @@ struct depth_core : tsm_tex::texture_core<T, A, Kind> {
   template <class C, class... O>
   T compared(const sampler& s, int dims, bool cube, const C& c, int64_t layer, float reference, const O&... o) const {
     static_assert(A == access::sample, "sample_compare() needs a depth texture with access::sample");
-    double x[3], uv[3] = {0, 0, 0};
+    double x[3];
     tsm_tex::coordinates(c, x);
-    tsm_emu::SamplerDesc st = s.tsm_sampler_state();
-    if (cube) {
-      int64_t face;
-      tsm_tex::cube_face(x, &face, &uv[0], &uv[1]);
-      layer = layer * 6 + face;
-      st.normalized = 1;
-      st.address[0] = st.address[1] = int(address::clamp_to_edge);
-    } else {
-      for (int i = 0; i < 3; ++i) uv[i] = x[i];
-    }
+    tsm_tex::CubeSite site{layer, {x[0], x[1], x[2]}, s.tsm_sampler_state()};
+    if (cube) site = tsm_tex::cube_site(x, layer, site.state);
+    layer = site.layer;
+    const tsm_emu::SamplerDesc& st = site.state;
     // Each texel compared, then filtered (percentage-closer filtering).
     const tsm_tex::Options opt = tsm_tex::options(o...);
-    const double* origin = uv;
+    const double* origin = site.uv;
     double texels[4][4];
     const bool linear = st.mag_filter == int(filter::linear) || st.min_filter == int(filter::linear);
     if (!linear) {
@@ -785,22 +812,15 @@ struct depth_core : tsm_tex::texture_core<T, A, Kind> {
                              const O&... o) const {
     double x[3], texels[4][4], v[4];
     tsm_tex::coordinates(c, x);
-    tsm_emu::SamplerDesc st = s.tsm_sampler_state();
-    if (cube) {
-      double dir[3] = {x[0], x[1], x[2]};
-      int64_t face;
-      tsm_tex::cube_face(dir, &face, &x[0], &x[1]);
-      layer = layer * 6 + face;
-      st.normalized = 1;
-      st.address[0] = st.address[1] = int(address::clamp_to_edge);
-    }
-    tsm_tex::footprint(this->d_, st, x, tsm_tex::options(o...), layer, texels);
-    for (int k = 0; k < 4; ++k) v[k] = tsm_tex::compare(st.compare, reference, texels[k][0]) ? 1 : 0;
+    tsm_tex::CubeSite site{layer, {x[0], x[1], x[2]}, s.tsm_sampler_state()};
+    if (cube) site = tsm_tex::cube_site(x, layer, site.state);
+    tsm_tex::footprint(this->d_, site.state, site.uv, tsm_tex::options(o...), site.layer, texels);
+    for (int k = 0; k < 4; ++k) v[k] = tsm_tex::compare(site.state.compare, reference, texels[k][0]) ? 1 : 0;
     return tsm_tex::as_vec<T>(v);
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct depth2d : depth_core<T, A, tsm_emu::TK_2D> {
   using depth_core<T, A, tsm_emu::TK_2D>::depth_core;
   TSM_TEXTURE_SIZES_2D
@@ -822,7 +842,7 @@ struct depth2d : depth_core<T, A, tsm_emu::TK_2D> {
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct depth2d_array : depth_core<T, A, tsm_emu::TK_2D_ARRAY> {
   using depth_core<T, A, tsm_emu::TK_2D_ARRAY>::depth_core;
   TSM_TEXTURE_SIZES_2D
@@ -848,7 +868,7 @@ struct depth2d_array : depth_core<T, A, tsm_emu::TK_2D_ARRAY> {
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct depthcube : depth_core<T, A, tsm_emu::TK_CUBE> {
   using depth_core<T, A, tsm_emu::TK_CUBE>::depth_core;
   TSM_TEXTURE_SIZES_2D
@@ -867,7 +887,7 @@ struct depthcube : depth_core<T, A, tsm_emu::TK_CUBE> {
   }
 };
 
-template <class T, access A = access::sample>
+template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct depthcube_array : depth_core<T, A, tsm_emu::TK_CUBE_ARRAY> {
   using depth_core<T, A, tsm_emu::TK_CUBE_ARRAY>::depth_core;
   TSM_TEXTURE_SIZES_2D
@@ -890,7 +910,7 @@ struct depthcube_array : depth_core<T, A, tsm_emu::TK_CUBE_ARRAY> {
   }
 };
 
-template <class T, access A = access::read>
+template <class T, access A = access::read, memory_coherence = memory_coherence_threadgroup>
 struct depth2d_ms : depth_core<T, A, tsm_emu::TK_2D_MS> {
   using depth_core<T, A, tsm_emu::TK_2D_MS>::depth_core;
   TSM_TEXTURE_SIZES_2D
@@ -902,7 +922,7 @@ struct depth2d_ms : depth_core<T, A, tsm_emu::TK_2D_MS> {
   }
 };
 
-template <class T, access A = access::read>
+template <class T, access A = access::read, memory_coherence = memory_coherence_threadgroup>
 struct depth2d_ms_array : depth_core<T, A, tsm_emu::TK_2D_MS_ARRAY> {
   using depth_core<T, A, tsm_emu::TK_2D_MS_ARRAY>::depth_core;
   TSM_TEXTURE_SIZES_2D

@@ -978,6 +978,15 @@ struct _numeric_limits_impl<vec<T, N>> {
 }  // namespace metal
 
 namespace tsm_emu {
+// A swizzle given to a function template (_cxx_forms.swizzle_arguments): its vector, as MSL's
+// `v.xy` is an rvalue of the vector type; C++ would deduce the proxy that reads it.
+template <class X>
+typename metal::tsm_detail::vinfo<X>::vec_type swizzle_value(const X& x) {
+  return x;
+}
+}  // namespace tsm_emu
+
+namespace tsm_emu {
 // An operand of `c ? x : y` in a template where one operand has a template parameter's type
 // and the other an arithmetic type (the rewriter wraps both, each given the other's type):
 // converted as Metal's usual arithmetic conversions convert the pair when one is a bfloat
