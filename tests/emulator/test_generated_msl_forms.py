@@ -484,3 +484,22 @@ def test_swizzles_given_to_function_templates_are_vectors(sanitize):
     want_mod = np.where((r == 0) | ((x >= 0) == (y >= 0)), r, r + y)
     assert o[[1, 3], :2].tolist() == (2 * x).tolist()
     assert o[[1, 3], 2:].tolist() == want_mod.tolist() == [[1, 2], [-1, 2]]
+
+
+POINTEE_TEMPLATE_ARGUMENTS = """
+#include <metal_stdlib>
+using namespace metal;
+template <typename T> struct Box;
+template <typename T> struct Box<device T*> { int n; };  // SPIRV-Cross's spvBufferDescriptor form
+kernel void k(device Box<device float*>* b [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  b[i].n = int(i) + 5;  // the pointee names the same specialisation as the declaration
+}
+"""
+
+
+@pytest.mark.parametrize("sanitize", SANITIZE)
+def test_pointers_in_a_pointees_template_arguments(sanitize):
+    lib = compile_shader(POINTEE_TEMPLATE_ARGUMENTS, sanitize=sanitize)
+    boxes = torch.zeros(3, dtype=torch.int32)
+    lib.k(boxes, threads=3)
+    assert boxes.tolist() == [5, 6, 7]

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from . import _matrix_products, _msl_text
 from ._clang import (_address_space, _cindex, _scalar_name, _strip_to_reference,
-                     _type_kind, presumed_location)
+                     _type_kind, element_type, presumed_location)
 from ._clang_view import _DOUBLE_LITERAL, _Prepared, _Text, _template_scopes
 from ..errors import MetalCompileError
 
@@ -167,7 +167,7 @@ def pointer_argument_conversions(calls, prepared: _Prepared, preprocessed: str) 
       (SPIRV-Cross's descriptor arrays), where Metal's decay matches the first exactly. The
       argument becomes ``tsm_emu::checked_pointer(a)``, the checked pointer to its first
       element, which reaches ``ptr<const T>`` as a base class and ``ptr<const void>`` only by
-      a constructor."""
+      a constructor. Arrays of structs only: a string literal stays a raw ``const char*``."""
     k = _cindex().CursorKind
     edits: List[Tuple[int, int, str]] = []
     for call in calls:
@@ -186,7 +186,8 @@ def pointer_argument_conversions(calls, prepared: _Prepared, preprocessed: str) 
                 continue
             while inner is not None and inner.kind == k.UNEXPOSED_EXPR and _type_kind(inner.type) == "Pointer":
                 inner = next(inner.get_children(), None)  # through the implicit conversions (const)
-            if inner is not None and _type_kind(inner.type) == "ConstantArray":
+            if inner is not None and _type_kind(inner.type) == "ConstantArray" and \
+                    _type_kind(element_type(inner.type)) == "Record":  # (not a string literal)
                 edits += _wrap(argument, "::tsm_emu::checked_pointer(", prepared, preprocessed)
     return edits
 

@@ -51,9 +51,9 @@ def _checked_pointee(quals: str, pointee: str) -> str:
     """What ``ptr<...>`` holds for a pointee with qualifiers ``quals``: a volatile one through
     ``tsm_emu::volatile_t``, which keeps volatile on scalars only (a volatile vector or
     struct would have no assignment in C++; SPIRV-Cross's coherent blocks are
-    ``volatile device SSBO&``)."""
+    ``volatile device SSBO&``); a volatile atomic as it is, whose functions take it."""
     cv = quals.split()
-    if "volatile" in cv:
+    if "volatile" in cv and not re.search(r"\batomic", pointee):  # (atomics take volatile)
         rest = " ".join(q for q in cv if q != "volatile")
         return f"::tsm_emu::volatile_t<{rest + ' ' if rest else ''}{pointee}>"
     return f"{quals + ' ' if quals else ''}{pointee}"

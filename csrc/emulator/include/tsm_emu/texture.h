@@ -702,6 +702,7 @@ struct texture3d : tsm_tex::texture_core<T, A, tsm_emu::TK_3D> {
 template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct texturecube : tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE>::texture_core;
+  TSM_TEXTURE_ATOMICS(tsm_tex::at2(c, face > 5 ? -1 : int64_t(face)), uint2 c, uint face)  // MSL 4.0
   TSM_TEXTURE_SIZES_2D
   template <class C> vec<T, 4> read(const C& c, int64_t face, int64_t lod = 0) const {
     return this->fetch(tsm_tex::at2(c, face < 0 || face > 5 ? -1 : face), tsm_tex::lod_of(lod));
@@ -720,6 +721,7 @@ struct texturecube : tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE> {
 template <class T, access A = access::sample, memory_coherence = memory_coherence_threadgroup>
 struct texturecube_array : tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE_ARRAY> {
   using tsm_tex::texture_core<T, A, tsm_emu::TK_CUBE_ARRAY>::texture_core;
+  TSM_TEXTURE_ATOMICS(tsm_tex::at2(c, face > 5 ? -1 : int64_t(array) * 6 + face), uint2 c, uint face, uint array)
   TSM_TEXTURE_SIZES_2D
   TSM_TEXTURE_CUBE_ARRAY_SIZE
   template <class C> vec<T, 4> read(const C& c, int64_t face, int64_t array, int64_t lod = 0) const {
