@@ -192,6 +192,16 @@ def pointer_argument_conversions(calls, prepared: _Prepared, preprocessed: str) 
     return edits
 
 
+def _function_template_of(call):
+    """The function template ``call`` calls a specialisation of, or None."""
+    k = _cindex().CursorKind
+    callee = call.referenced
+    if callee is None or callee.kind not in (k.FUNCTION_DECL, k.CXX_METHOD):
+        return None
+    pattern = _cindex().conf.lib.clang_getSpecializedCursorTemplate(callee)
+    return pattern if pattern is not None and pattern.kind == k.FUNCTION_TEMPLATE else None
+
+
 _SWIZZLE = re.compile(r"[xyzw]{2,4}|[rgba]{2,4}")
 
 
@@ -202,14 +212,9 @@ def swizzle_arguments(calls, prepared: _Prepared, preprocessed: str) -> List[Tup
     not a proxy: SPIRV-Cross's ``spvSMod(v.xy, v.zw)`` did not build). The argument becomes
     ``tsm_emu::swizzle_value(v.xy)``, the vector."""
     k = _cindex().CursorKind
-    lib = _cindex().conf.lib
     edits: List[Tuple[int, int, str]] = []
     for call in calls:
-        callee = call.referenced
-        if callee is None or callee.kind not in (k.FUNCTION_DECL, k.CXX_METHOD):
-            continue
-        pattern = lib.clang_getSpecializedCursorTemplate(callee)
-        if pattern is None or pattern.kind != k.FUNCTION_TEMPLATE:
+        if _function_template_of(call) is None:
             continue
         for argument in call.get_arguments():
             node = argument
@@ -290,11 +295,9 @@ def template_pointer_arguments(calls, unexposed, prepared: _Prepared, preprocess
 
     sites = []  # (the positions of template pointer parameters, the arguments)
     for call in calls:
-        callee = call.referenced
-        if callee is not None and callee.kind in (k.FUNCTION_DECL, k.CXX_METHOD):
-            pattern = lib.clang_getSpecializedCursorTemplate(callee)
-            if pattern is not None and pattern.kind == k.FUNCTION_TEMPLATE:
-                sites.append((pointer_parameters(pattern), list(call.get_arguments())))
+        pattern = _function_template_of(call)
+        if pattern is not None:
+            sites.append((pointer_parameters(pattern), list(call.get_arguments())))
     for expression in unexposed:  # (a call clang recovered from: the callee's name, then the arguments)
         children = list(expression.get_children())
         name = next(children[0].get_children(), None) if children and children[0].kind == k.DECL_REF_EXPR else None
@@ -478,18 +481,11 @@ def stored_pointers(tu, path: str) -> None:
     def object_space(t) -> Optional[str]:
         """The address space of an object of type ``t``: of an array, its elements'; of a
         pointer, the qualifier after its ``*`` (``__global T *__generic`` is a thread pointer)."""
-        t = t.get_canonical()
-        while _type_kind(t) in ("ConstantArray", "IncompleteArray"):
-            t = t.get_array_element_type().get_canonical()
+        t = element_type(t)
         if _type_kind(t) == "Pointer":
             m = re.search(r"\*\s*(?:(?:const|volatile)\s+)*(__\w+)?[\s\w]*$", t.spelling)
             return m.group(1) if m else None
-        for word in t.spelling.split():
-            if word.startswith("__"):
-                return word
-            if word not in ("const", "volatile"):
-                return None
-        return None
+        return _address_space(t)
 
     def held_pointer(t, depth: int = 0) -> Optional[Tuple[str, str]]:
         """(the member path, the pointer type) of a pointer ``t`` holds."""

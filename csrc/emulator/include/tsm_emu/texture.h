@@ -632,14 +632,10 @@ struct texture1d_array : tsm_tex::texture_core<T, A, tsm_emu::TK_1D_ARRAY> {
   TSM_TEXTURE_SIZES_1D
   TSM_TEXTURE_ARRAY_SIZE
   template <class C> vec<T, 4> read(const C& c, int64_t array, int64_t lod = 0) const {
-    tsm_tex::Texel t = tsm_tex::at1(c);
-    t.layer = array;
-    return this->fetch(t, tsm_tex::lod_of(lod));
+    return this->fetch(tsm_tex::at1(c, array), tsm_tex::lod_of(lod));
   }
   template <class V, class C> void write(const V& color, const C& c, int64_t array, int64_t lod = 0) const {
-    tsm_tex::Texel t = tsm_tex::at1(c);
-    t.layer = array;
-    this->put(color, t, tsm_tex::lod_of(lod));
+    this->put(color, tsm_tex::at1(c, array), tsm_tex::lod_of(lod));
   }
   template <class C, class... O> vec<T, 4> sample(const sampler& s, const C& c, int64_t array, const O&... o) const {
     return this->sampled(s, 1, c, array, o...);
